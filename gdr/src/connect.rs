@@ -1,0 +1,1 @@
+//! `connect` (see DESIGN.md); filled in by its issue.

@@ -1,0 +1,1 @@
+//! `cq` (see DESIGN.md); filled in by its issue.

@@ -1,0 +1,1 @@
+//! `cuda` (see DESIGN.md); filled in by its issue.

@@ -1,0 +1,1 @@
+//! `device` (see DESIGN.md); filled in by its issue.

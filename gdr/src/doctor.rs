@@ -1,0 +1,1 @@
+//! `doctor` (see DESIGN.md); filled in by its issue.

@@ -1,0 +1,319 @@
+//! The one error type of `gdr`.
+//!
+//! Every failure names the call that failed, the values that matter, the operating system's or
+//! driver's text for the code, and, where one is known, a hint that says how to fix it.
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// A fix hint attached to an error: printed after the message as `hint: ...`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Hint(pub Option<Cow<'static, str>>);
+
+impl Hint {
+    /// No hint.
+    pub const NONE: Hint = Hint(None);
+
+    /// A hint with the given text.
+    pub fn new(text: impl Into<Cow<'static, str>>) -> Self {
+        Hint(Some(text.into()))
+    }
+
+    /// The hint's text, if any.
+    pub fn text(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+}
+
+impl fmt::Display for Hint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(h) => write!(f, "; hint: {h}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl From<&'static str> for Hint {
+    fn from(s: &'static str) -> Self {
+        Hint::new(s)
+    }
+}
+
+impl From<String> for Hint {
+    fn from(s: String) -> Self {
+        Hint::new(s)
+    }
+}
+
+/// Everything that can go wrong in `gdr`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A libibverbs or librdmacm call returned an error.
+    #[error("{call}({args}) failed: {} (errno {errno}){hint}", errno_text(*.errno))]
+    Verbs {
+        /// The C function, e.g. `ibv_reg_mr`.
+        call: &'static str,
+        /// The arguments that matter, already formatted, e.g. `len=4096, access=LOCAL_WRITE`.
+        args: String,
+        /// The positive errno value.
+        errno: i32,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// A CUDA driver call returned an error.
+    #[error("{call}({args}) failed: {name} ({code}){hint}")]
+    Cuda {
+        /// The driver function, e.g. `cuPointerGetAttributes`.
+        call: &'static str,
+        /// The arguments that matter.
+        args: String,
+        /// The numeric `CUresult`.
+        code: i32,
+        /// The `CUresult` name, e.g. `CUDA_ERROR_INVALID_VALUE`.
+        name: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// The CUDA driver library cannot be used at all (absent, too old, or no device).
+    #[error("CUDA driver unavailable: {reason}{hint}")]
+    CudaUnavailable {
+        /// What was missing.
+        reason: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// No RDMA device matched the request.
+    #[error("no RDMA device matches {wanted:?} (available: {}){hint}", list_or_none(.available))]
+    DeviceNotFound {
+        /// What was asked for (a name, `name:port`, or a selection list).
+        wanted: String,
+        /// The devices that exist.
+        available: Vec<String>,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// A range lies outside the region or buffer it must lie in. Nothing was posted.
+    #[error("{what}: range offset={offset} len={len} lies outside [0, {limit}){hint}")]
+    OutOfBounds {
+        /// Which range (e.g. `local slice of write`, `remote slice`).
+        what: Cow<'static, str>,
+        /// Start of the requested range, relative to the region.
+        offset: u64,
+        /// Length of the requested range.
+        len: u64,
+        /// Length of the region.
+        limit: u64,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// An argument was rejected before any call was made.
+    #[error("invalid argument: {what}{hint}")]
+    InvalidArgument {
+        /// What was wrong, with the values.
+        what: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// The device, driver or kernel lacks a capability the operation needs.
+    #[error("unsupported: {what}{hint}")]
+    Unsupported {
+        /// The capability and where it is missing.
+        what: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// A peer sent something malformed or incompatible; the connection should be dropped.
+    #[error("protocol error from peer: {what}{hint}")]
+    Protocol {
+        /// What was wrong with the message.
+        what: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// A work request completed with an error status.
+    #[error("work request {wr_id} ({opcode}) completed with {status} (vendor error {vendor_err:#x}){hint}")]
+    Completion {
+        /// The `wr_id` of the failed request.
+        wr_id: u64,
+        /// The opcode as text.
+        opcode: String,
+        /// The `ibv_wc_status` as text.
+        status: String,
+        /// Provider-specific error code.
+        vendor_err: u32,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// A wait ran out of time.
+    #[error("{what} timed out after {millis} ms{hint}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// How long.
+        millis: u64,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// An I/O error outside verbs (sysfs, TCP, files).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, with the path or address.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// `Result<T, gdr::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A verbs error from a positive errno value.
+    pub fn verbs(
+        call: &'static str,
+        args: impl Into<String>,
+        errno: i32,
+        hint: impl Into<Hint>,
+    ) -> Self {
+        Error::Verbs {
+            call,
+            args: args.into(),
+            errno: errno.abs(),
+            hint: hint.into(),
+        }
+    }
+
+    /// A verbs error from the thread's current `errno` (for calls that return NULL or -1).
+    pub fn verbs_errno(call: &'static str, args: impl Into<String>, hint: impl Into<Hint>) -> Self {
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        Error::verbs(call, args, errno, hint)
+    }
+
+    /// An I/O error with context.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// An invalid-argument error.
+    pub fn invalid(what: impl Into<String>, hint: impl Into<Hint>) -> Self {
+        Error::InvalidArgument {
+            what: what.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// An unsupported-capability error.
+    pub fn unsupported(what: impl Into<String>, hint: impl Into<Hint>) -> Self {
+        Error::Unsupported {
+            what: what.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// A protocol error from a peer.
+    pub fn protocol(what: impl Into<String>) -> Self {
+        Error::Protocol {
+            what: what.into(),
+            hint: Hint::NONE,
+        }
+    }
+
+    /// The errno of a [`Error::Verbs`], if this is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Verbs { errno, .. } => Some(*errno),
+            Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// The hint, if the error carries one.
+    pub fn hint(&self) -> Option<&str> {
+        match self {
+            Error::Verbs { hint, .. }
+            | Error::Cuda { hint, .. }
+            | Error::CudaUnavailable { hint, .. }
+            | Error::DeviceNotFound { hint, .. }
+            | Error::OutOfBounds { hint, .. }
+            | Error::InvalidArgument { hint, .. }
+            | Error::Unsupported { hint, .. }
+            | Error::Protocol { hint, .. }
+            | Error::Completion { hint, .. }
+            | Error::Timeout { hint, .. } => hint.text(),
+            Error::Io { .. } => None,
+        }
+    }
+}
+
+/// The C library's text for an errno value, e.g. `Cannot allocate memory`.
+pub fn errno_text(errno: i32) -> String {
+    let mut s = std::io::Error::from_raw_os_error(errno).to_string();
+    // std appends " (os error N)"; we print the number ourselves.
+    if let Some(i) = s.find(" (os error") {
+        s.truncate(i);
+    }
+    s
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verbs_error_names_call_args_errno_and_hint() {
+        let e = Error::verbs("ibv_reg_mr", "len=4096", libc::ENOMEM, "raise ulimit -l");
+        assert_eq!(
+            e.to_string(),
+            "ibv_reg_mr(len=4096) failed: Cannot allocate memory (errno 12); hint: raise ulimit -l"
+        );
+        assert_eq!(e.errno(), Some(libc::ENOMEM));
+        assert_eq!(e.hint(), Some("raise ulimit -l"));
+    }
+
+    #[test]
+    fn negative_errno_is_normalised() {
+        let e = Error::verbs("ibv_modify_qp", "", -libc::EINVAL, Hint::NONE);
+        assert_eq!(e.errno(), Some(libc::EINVAL));
+        assert!(
+            e.to_string().ends_with("Invalid argument (errno 22)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn device_not_found_lists_what_exists() {
+        let e = Error::DeviceNotFound {
+            wanted: "mlx5_9".into(),
+            available: vec![],
+            hint: Hint::new("load rdma_rxe"),
+        };
+        assert_eq!(
+            e.to_string(),
+            "no RDMA device matches \"mlx5_9\" (available: none); hint: load rdma_rxe"
+        );
+    }
+}

@@ -1,0 +1,1 @@
+//! `gpu_mr` (see DESIGN.md); filled in by its issue.

@@ -1,0 +1,1 @@
+//! `mr` (see DESIGN.md); filled in by its issue.

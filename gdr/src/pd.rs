@@ -1,0 +1,1 @@
+//! `pd` (see DESIGN.md); filled in by its issue.

@@ -1,0 +1,1 @@
+//! `qp` (see DESIGN.md); filled in by its issue.

@@ -1,0 +1,1 @@
+//! `topology` (see DESIGN.md); filled in by its issue.

@@ -1,0 +1,1 @@
+//! `wr` (see DESIGN.md); filled in by its issue.
