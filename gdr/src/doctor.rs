@@ -1,1 +1,0 @@
-//! `doctor` (see DESIGN.md); filled in by its issue.

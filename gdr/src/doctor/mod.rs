@@ -1,0 +1,1 @@
+//! `doctor` (see DESIGN.md): being written.

@@ -1,1 +1,0 @@
-//! `topology` (see DESIGN.md); filled in by its issue.
