@@ -1,1 +1,73 @@
-//! `pd` (see DESIGN.md); filled in by its issue.
+//! Protection domains.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use gdr_sys::ibv;
+
+use crate::device::Context;
+use crate::error::{Error, Result};
+
+/// A protection domain (`ibv_pd`): memory regions and queue pairs of one domain may work together.
+/// It keeps its [`Context`] alive; regions and queue pairs keep it alive in turn.
+pub struct ProtectionDomain {
+    pd: NonNull<ibv::ibv_pd>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: ibv_pd handles may be used from any thread; the verbs that take one are thread-safe.
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: as above; no interior mutability on our side.
+unsafe impl Sync for ProtectionDomain {}
+
+impl fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProtectionDomain")
+            .field("device", &self.ctx.name())
+            .finish()
+    }
+}
+
+impl ProtectionDomain {
+    /// Allocates a protection domain on `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<ProtectionDomain>> {
+        // SAFETY: `ctx` is an open context kept alive by the Arc we store.
+        let pd = unsafe { ibv::ibv_alloc_pd(ctx.as_raw()) };
+        let pd = NonNull::new(pd).ok_or_else(|| {
+            Error::verbs_errno(
+                "ibv_alloc_pd",
+                format!("device={}", ctx.name()),
+                "the device's max_pd may be exhausted",
+            )
+        })?;
+        Ok(Arc::new(ProtectionDomain {
+            pd,
+            ctx: ctx.clone(),
+        }))
+    }
+
+    /// The raw `ibv_pd`, for FFI. Valid while `self` lives.
+    pub fn as_raw(&self) -> *mut ibv::ibv_pd {
+        self.pd.as_ptr()
+    }
+
+    /// The device context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: every region and queue pair of this domain holds an Arc to it, so none is alive.
+        let rc = unsafe { ibv::ibv_dealloc_pd(self.pd.as_ptr()) };
+        if rc != 0 {
+            log::warn!(
+                "ibv_dealloc_pd({}) failed: {}",
+                self.ctx.name(),
+                crate::error::errno_text(rc.abs())
+            );
+        }
+    }
+}
