@@ -1,0 +1,263 @@
+//! What kind of memory an address is, according to the CUDA driver (`cuPointerGetAttributes`).
+
+use gdr_sys::cuda as sys;
+
+use super::context::{ContextGuard, PrimaryContext};
+use super::{check, init, no_hint};
+use crate::error::Result;
+
+/// The kind of memory behind an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum MemoryKind {
+    /// GPU memory (`cuMemAlloc`, `cuMemAllocAsync`, `cuMemCreate`+map): the only kind GPUDirect
+    /// RDMA registers.
+    Device,
+    /// Host memory pinned by CUDA (`cuMemAllocHost`, `cuMemHostAlloc`, `cuMemHostRegister`).
+    HostPinned,
+    /// Unified memory (`cuMemAllocManaged`), which migrates between CPU and GPU.
+    Managed,
+    /// Ordinary host memory CUDA does not know (heap, stack, mmap), mapped in this process.
+    PageableHost,
+    /// An address neither CUDA nor this process's memory map knows.
+    Unknown,
+}
+
+impl MemoryKind {
+    /// Short lowercase name, e.g. `device`, `host-pinned`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemoryKind::Device => "device",
+            MemoryKind::HostPinned => "host-pinned",
+            MemoryKind::Managed => "managed",
+            MemoryKind::PageableHost => "pageable-host",
+            MemoryKind::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for MemoryKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What [`classify`] found about one address.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PointerInfo {
+    /// The address asked about.
+    pub address: u64,
+    /// Its kind.
+    pub kind: MemoryKind,
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`: the GPU the memory belongs to (for pinned host
+    /// memory, the device of the allocating context). `None` for memory CUDA does not know.
+    pub ordinal: Option<i32>,
+    /// `CU_POINTER_ATTRIBUTE_CONTEXT` as an integer handle; 0 when the allocation has no context
+    /// (stream-ordered pool allocations) or CUDA does not know the address.
+    pub context: usize,
+    /// Start of the allocation holding the address (`cuMemGetAddressRange`), if CUDA knows it.
+    pub allocation_base: Option<u64>,
+    /// Length of that allocation in bytes.
+    pub allocation_len: Option<u64>,
+    /// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE`, when the driver reports it.
+    pub gpu_direct_rdma_capable: Option<bool>,
+}
+
+impl PointerInfo {
+    /// Bytes from [`address`](Self::address) to the end of its allocation, if known.
+    pub fn bytes_to_end(&self) -> Option<u64> {
+        let base = self.allocation_base?;
+        let len = self.allocation_len?;
+        (base + len).checked_sub(self.address)
+    }
+
+    /// Offset of [`address`](Self::address) inside its allocation, if known.
+    pub fn offset_in_allocation(&self) -> Option<u64> {
+        self.address.checked_sub(self.allocation_base?)
+    }
+
+    /// Makes the memory's own context current: the allocation's context, or the primary context
+    /// of its device when it has none (pool allocations). The previous context is restored when
+    /// the returned guard drops.
+    ///
+    /// # Safety
+    /// The allocation must still be alive (so a non-zero [`context`](Self::context) is valid)
+    /// while the guard lives.
+    pub unsafe fn make_context_current(&self) -> Result<ContextGuard> {
+        if self.context != 0 {
+            // SAFETY: the context of a live allocation is alive (caller's contract).
+            unsafe { ContextGuard::from_raw(self.context as sys::CUcontext) }
+        } else {
+            ContextGuard::primary(self.ordinal.unwrap_or(0))
+        }
+    }
+}
+
+/// Classifies `address` with `cuPointerGetAttributes` (memory type, device ordinal, managed flag,
+/// context) and, for memory CUDA knows, finds its allocation with `cuMemGetAddressRange` under the
+/// memory's own context (so the answer does not depend on which context the caller has current).
+///
+/// Any address may be passed: nothing is dereferenced.
+///
+/// # Errors
+/// [`crate::Error::CudaUnavailable`] without a driver; [`crate::Error::Cuda`] if the driver
+/// rejects the query.
+pub fn classify(address: u64) -> Result<PointerInfo> {
+    use sys::CUpointer_attribute as P;
+    init()?;
+    let mut attrs = [
+        P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        P::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        P::CU_POINTER_ATTRIBUTE_CONTEXT,
+    ];
+    // Every slot is 8 zeroed bytes: large enough for each attribute's type (unsigned int, int,
+    // bool, CUcontext); the low bytes hold the value on little- and big-endian alike for the
+    // zero/non-zero tests, and we read 32-bit values from the first 4 bytes.
+    let mut slots = [[0u8; 8]; 4];
+    let mut data: [*mut libc::c_void; 4] = [
+        slots[0].as_mut_ptr().cast(),
+        slots[1].as_mut_ptr().cast(),
+        slots[2].as_mut_ptr().cast(),
+        slots[3].as_mut_ptr().cast(),
+    ];
+    // SAFETY: initialised driver; `attrs` and `data` have 4 entries each, every data pointer points
+    // to 8 writable bytes, enough for the attribute's type; `address` is not dereferenced.
+    let rc = unsafe {
+        sys::cuPointerGetAttributes(
+            attrs.len() as u32,
+            attrs.as_mut_ptr(),
+            data.as_mut_ptr(),
+            address,
+        )
+    };
+    check(
+        rc,
+        "cuPointerGetAttributes",
+        || format!("ptr={address:#x}, attributes=MEMORY_TYPE,DEVICE_ORDINAL,IS_MANAGED,CONTEXT"),
+        no_hint,
+    )?;
+    let u32_at = |i: usize| u32::from_ne_bytes(slots[i][..4].try_into().unwrap_or([0; 4]));
+    let memory_type = u32_at(0);
+    let ordinal = u32_at(1) as i32;
+    let managed = slots[2].iter().any(|b| *b != 0);
+    let context = u64::from_ne_bytes(slots[3]) as usize;
+
+    // CU_MEMORYTYPE_HOST = 1, DEVICE = 2, ARRAY = 3, UNIFIED = 4; 0: CUDA does not know it.
+    let kind = if managed {
+        MemoryKind::Managed
+    } else {
+        match memory_type {
+            2 | 3 => MemoryKind::Device,
+            1 => MemoryKind::HostPinned,
+            4 => MemoryKind::Managed,
+            _ => {
+                if host_mapping_contains(address) {
+                    MemoryKind::PageableHost
+                } else {
+                    MemoryKind::Unknown
+                }
+            }
+        }
+    };
+    let mut info = PointerInfo {
+        address,
+        kind,
+        ordinal: None,
+        context: 0,
+        allocation_base: None,
+        allocation_len: None,
+        gpu_direct_rdma_capable: None,
+    };
+    if matches!(kind, MemoryKind::PageableHost | MemoryKind::Unknown) {
+        return Ok(info);
+    }
+    info.ordinal = (ordinal >= 0).then_some(ordinal);
+    info.context = context;
+
+    // The range query needs the memory's own context current (CUDA_ERROR_NOT_FOUND or
+    // INVALID_CONTEXT otherwise). A null context means a pool allocation: use the primary one.
+    let primary;
+    let _guard = if context != 0 {
+        // SAFETY: CUDA just reported this as the live allocation's context; the caller's
+        // allocation must outlive this call (it is theirs, we only query it).
+        unsafe { ContextGuard::from_raw(context as sys::CUcontext) }?
+    } else {
+        primary = PrimaryContext::retain(info.ordinal.unwrap_or(0))?;
+        // SAFETY: `primary` is declared before `_guard`, so the guard drops first.
+        unsafe { primary.make_current() }?
+    };
+    let mut base: sys::CUdeviceptr = 0;
+    let mut size: usize = 0;
+    // SAFETY: initialised driver, a context is current, valid out-pointers.
+    let rc = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, address) };
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        info.allocation_base = Some(base);
+        info.allocation_len = Some(size as u64);
+    } else if kind != MemoryKind::HostPinned {
+        // Pinned host memory may legitimately have no device range; device memory must.
+        check(
+            rc,
+            "cuMemGetAddressRange",
+            || format!("dptr={address:#x}, kind={kind}"),
+            no_hint,
+        )?;
+    }
+    let mut capable: u64 = 0;
+    // SAFETY: 8 writable bytes for an unsigned-int attribute; errors are ignored (older drivers).
+    let rc = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut capable as *mut u64).cast(),
+            P::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+            address,
+        )
+    };
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        info.gpu_direct_rdma_capable = Some(capable != 0);
+    }
+    Ok(info)
+}
+
+/// `true` if `address` lies in a mapping listed in `/proc/self/maps`.
+fn host_mapping_contains(address: u64) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    maps_contain(&maps, address)
+}
+
+/// Parses `/proc/<pid>/maps` text: `start-end perms ...` in hex.
+pub(crate) fn maps_contain(maps: &str, address: u64) -> bool {
+    maps.lines().any(|line| {
+        let range = line.split_whitespace().next().unwrap_or("");
+        let Some((s, e)) = range.split_once('-') else {
+            return false;
+        };
+        match (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) {
+            (Ok(s), Ok(e)) => s <= address && address < e,
+            _ => false,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_parsing_finds_ranges() {
+        let maps = "55d0c0000000-55d0c0021000 rw-p 00000000 00:00 0 [heap]\n\
+                    7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n";
+        assert!(maps_contain(maps, 0x55d0c0000000));
+        assert!(maps_contain(maps, 0x55d0c0020fff));
+        assert!(!maps_contain(maps, 0x55d0c0021000));
+        assert!(!maps_contain(maps, 0x10));
+        assert!(!maps_contain("garbage\n", 0x10));
+    }
+
+    #[test]
+    fn heap_memory_is_in_our_own_map() {
+        let v = vec![0u8; 4096];
+        assert!(host_mapping_contains(v.as_ptr() as u64));
+        assert!(!host_mapping_contains(0x10));
+    }
+}
