@@ -1,1 +1,310 @@
-//! `doctor` (see DESIGN.md): being written.
+//! "Will GPUDirect RDMA work here, and fast?": findings and a verdict per GPU-NIC pair.
+//!
+//! [`diagnose`] is a pure function from a [`Snapshot`] (see [`crate::topology`]) to a
+//! [`Report`]: no I/O, so every verdict is tested on recorded machines. Each [`Finding`] has a
+//! stable id (e.g. `pcie.acs`), a [`Severity`], the device or pair it is about, the values it was
+//! decided on, and a concrete fix.
+//!
+//! A check that lacks its input says [`Severity::Unknown`], never [`Severity::Ok`]: for example
+//! ACS bits live in the extended configuration space, which only root can read.
+//!
+//! ```
+//! use gdr::topology::Snapshot;
+//! let report = gdr::doctor::diagnose(&Snapshot::new("empty"));
+//! assert!(!report.gpudirect_usable);
+//! assert_eq!(report.exit_code(), 1);
+//! ```
+
+mod host;
+mod nccl;
+mod nic;
+mod pair;
+pub mod path;
+mod render;
+
+use crate::topology::Snapshot;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+pub use path::PathClass;
+
+/// The version of the report's JSON shape.
+pub const REPORT_FORMAT: u32 = 1;
+
+/// How bad a finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Checked and fine.
+    Ok,
+    /// The input needed for the check is missing; not known to be fine.
+    Unknown,
+    /// Works, but slower or more fragile than it should.
+    Warn,
+    /// Breaks GPUDirect RDMA (or the operation named) until fixed.
+    Fail,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Severity::Ok => "OK",
+            Severity::Unknown => "UNKNOWN",
+            Severity::Warn => "WARN",
+            Severity::Fail => "FAIL",
+        })
+    }
+}
+
+/// One checked fact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// Stable identifier, e.g. `pcie.acs`, `port.rate`, `peermem.module`.
+    pub id: String,
+    /// How bad it is.
+    pub severity: Severity,
+    /// What it is about: `host`, a GPU (`GPU 0000:07:00.0`), an RDMA port (`mlx5_0 port 1`) or a
+    /// pair (`GPU 0000:07:00.0 <-> mlx5_0`).
+    pub subject: String,
+    /// One sentence for people.
+    pub message: String,
+    /// The values read that the verdict rests on.
+    pub evidence: Vec<String>,
+    /// What to do about it (commands, kernel parameters, NCCL settings); `None` when nothing is
+    /// needed.
+    pub fix: Option<String>,
+}
+
+impl Finding {
+    pub(crate) fn new(
+        id: &str,
+        severity: Severity,
+        subject: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Finding {
+            id: id.to_string(),
+            severity,
+            subject: subject.into(),
+            message: message.into(),
+            evidence: Vec::new(),
+            fix: None,
+        }
+    }
+
+    pub(crate) fn evidence(mut self, e: impl Into<String>) -> Self {
+        self.evidence.push(e.into());
+        self
+    }
+
+    pub(crate) fn fix(mut self, f: impl Into<String>) -> Self {
+        self.fix = Some(f.into());
+        self
+    }
+}
+
+/// Whether GPUDirect RDMA can be used for a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictKind {
+    /// Usable at full speed as far as the snapshot shows.
+    Usable,
+    /// Usable, but something on the path costs bandwidth or latency.
+    UsableButSlow,
+    /// Will not work until the reasons are fixed.
+    NotUsable,
+}
+
+impl fmt::Display for VerdictKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            VerdictKind::Usable => "usable",
+            VerdictKind::UsableButSlow => "usable but slow",
+            VerdictKind::NotUsable => "not usable",
+        })
+    }
+}
+
+/// The verdict for one pair, with why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The verdict.
+    pub kind: VerdictKind,
+    /// Why it is slow or not usable (empty when usable).
+    pub reasons: Vec<String>,
+    /// What could not be checked and might still change the verdict.
+    pub unverified: Vec<String>,
+}
+
+/// One GPU as the report sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSummary {
+    /// PCI address, e.g. `0000:07:00.0`.
+    pub bdf: String,
+    /// Name from CUDA, or the PCI ids when CUDA was not read.
+    pub name: String,
+    /// CUDA ordinal, when CUDA was read.
+    pub cuda_ordinal: Option<i32>,
+    /// NUMA node (`None`: not reported by the platform).
+    pub numa_node: Option<i32>,
+    /// The RDMA device of the best pair for this GPU.
+    pub best_nic: Option<String>,
+}
+
+/// One RDMA device as the report sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NicSummary {
+    /// Device name, e.g. `mlx5_0`.
+    pub name: String,
+    /// PCI address (`None`: a software device such as rxe).
+    pub bdf: Option<String>,
+    /// NUMA node.
+    pub numa_node: Option<i32>,
+    /// Firmware version.
+    pub fw_ver: Option<String>,
+    /// The port used for pairs (the first active one, else the first).
+    pub port: Option<u32>,
+    /// Link layer of that port.
+    pub link_layer: Option<String>,
+    /// Rate of that port.
+    pub rate: Option<String>,
+    /// Index of the RoCE v2 IPv4 GID of that port (Ethernet only).
+    pub roce_v2_gid_index: Option<u32>,
+}
+
+/// One GPU-NIC pair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairReport {
+    /// GPU PCI address.
+    pub gpu: String,
+    /// RDMA device name.
+    pub nic: String,
+    /// Port of the RDMA device.
+    pub port: Option<u32>,
+    /// PCIe path class (`None`: the NIC has no PCI function or a device is missing from sysfs).
+    pub path: Option<PathClass>,
+    /// The deepest PCI device both sit below (`None`: only the root complex or nothing).
+    pub common_ancestor: Option<String>,
+    /// Bridges between the two, GPU side first.
+    pub bridges: Vec<String>,
+    /// GPU NUMA node.
+    pub gpu_numa: Option<i32>,
+    /// NIC NUMA node.
+    pub nic_numa: Option<i32>,
+    /// Whether this is the best NIC for this GPU.
+    pub best: bool,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Findings about this pair.
+    pub findings: Vec<Finding>,
+}
+
+/// An NCCL environment variable recommended for this host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NcclSetting {
+    /// Variable name, e.g. `NCCL_IB_HCA`.
+    pub name: String,
+    /// Value to set.
+    pub value: String,
+    /// Why.
+    pub why: String,
+}
+
+/// The doctor's answer for one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// [`REPORT_FORMAT`].
+    pub format: u32,
+    /// Where the snapshot came from.
+    pub source: String,
+    /// Whether at least one pair is usable (possibly slow): the exit code's answer.
+    pub gpudirect_usable: bool,
+    /// GPUs.
+    pub gpus: Vec<GpuSummary>,
+    /// RDMA devices.
+    pub nics: Vec<NicSummary>,
+    /// Every GPU-NIC pair.
+    pub pairs: Vec<PairReport>,
+    /// Findings about the host, single GPUs and single RDMA ports.
+    pub findings: Vec<Finding>,
+    /// NCCL settings that fit this host.
+    pub nccl: Vec<NcclSetting>,
+}
+
+impl Report {
+    /// 0 when GPUDirect RDMA can work for at least one pair (warnings allowed), 1 when it
+    /// cannot or no GPU-NIC pair exists.
+    pub fn exit_code(&self) -> i32 {
+        if self.gpudirect_usable {
+            0
+        } else {
+            1
+        }
+    }
+
+    /// The report as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// The report as a table for people; `color` adds ANSI colours to severities and verdicts.
+    pub fn to_table(&self, color: bool) -> String {
+        render::table(self, color)
+    }
+
+    /// Every finding: host-level first, then per pair.
+    pub fn all_findings(&self) -> impl Iterator<Item = &Finding> {
+        self.findings
+            .iter()
+            .chain(self.pairs.iter().flat_map(|p| p.findings.iter()))
+    }
+
+    /// The findings with this id.
+    pub fn findings_with_id<'a>(&'a self, id: &'a str) -> impl Iterator<Item = &'a Finding> + 'a {
+        self.all_findings().filter(move |f| f.id == id)
+    }
+}
+
+/// Diagnose a snapshot. Pure: reads nothing but `snap`.
+pub fn diagnose(snap: &Snapshot) -> Report {
+    let host = host::HostFacts::new(snap);
+    let mut findings = host::check(snap, &host);
+    let (nics, nic_facts, nic_findings) = nic::check(snap, &host);
+    findings.extend(nic_findings);
+    findings.extend(nccl::check_env(snap));
+    let mut pairs = Vec::new();
+    for gpu in &host.gpus {
+        for nic in &nic_facts {
+            pairs.push(pair::check(snap, &host, gpu, nic));
+        }
+    }
+    pair::mark_best(&mut pairs);
+    let gpus = host
+        .gpus
+        .iter()
+        .map(|g| GpuSummary {
+            bdf: g.bdf.clone(),
+            name: g.name.clone(),
+            cuda_ordinal: g.cuda.as_ref().map(|c| c.ordinal),
+            numa_node: g.numa,
+            best_nic: pairs
+                .iter()
+                .find(|p| p.best && p.gpu == g.bdf)
+                .map(|p| p.nic.clone()),
+        })
+        .collect();
+    let nccl = nccl::recommend(&pairs, &nics);
+    let gpudirect_usable = pairs
+        .iter()
+        .any(|p| p.verdict.kind != VerdictKind::NotUsable);
+    Report {
+        format: REPORT_FORMAT,
+        source: snap.source.clone(),
+        gpudirect_usable,
+        gpus,
+        nics,
+        pairs,
+        findings,
+        nccl,
+    }
+}

@@ -1,0 +1,462 @@
+//! Per GPU-NIC pair: PCIe path class and NUMA, ACS on every bridge, link training on every hop,
+//! NCCL_NET_GDR_LEVEL, and the verdict.
+
+use super::host::{GpuFacts, HostFacts, Tri};
+use super::nic::NicFacts;
+use super::path::{classify, PathClass, PciPath};
+use super::{Finding, PairReport, Severity, Verdict, VerdictKind};
+use crate::topology::pcie::{self, Acs};
+use crate::topology::Snapshot;
+
+pub(crate) fn check(
+    snap: &Snapshot,
+    host: &HostFacts,
+    gpu: &GpuFacts,
+    nic: &NicFacts,
+) -> PairReport {
+    let subject = format!("GPU {} <-> {}", gpu.bdf, nic.name);
+    let mut findings = Vec::new();
+    let mut blocking = nic.blocking.clone();
+    let mut slow = Vec::new();
+    let mut unverified = Vec::new();
+
+    // GPU-side capability.
+    match gpu.cuda.as_ref().and_then(|c| c.gpudirect_rdma_supported) {
+        Some(false) => blocking.push(format!("CUDA reports no GPUDirect RDMA on {}", gpu.bdf)),
+        Some(true) => {}
+        None => unverified.push("CUDA GPUDirect attributes".to_string()),
+    }
+    // Registration path.
+    if !host.peermem {
+        match host.dmabuf {
+            Tri::No => blocking.push("no peer-memory module and dma-buf not possible".into()),
+            Tri::Unknown => unverified.push("dma-buf readiness (no peer-memory module)".into()),
+            Tri::Yes => {}
+        }
+    }
+
+    let path = nic
+        .bdf
+        .as_deref()
+        .and_then(|nb| classify(snap, &gpu.bdf, nb));
+    if let (Some(p), Some(nb)) = (&path, nic.bdf.as_deref()) {
+        findings.push(path_finding(
+            snap,
+            host,
+            gpu,
+            nic,
+            nb,
+            p,
+            &subject,
+            &mut slow,
+            &mut unverified,
+        ));
+        findings.push(acs_finding(snap, p, &subject, &mut slow, &mut unverified));
+        findings.extend(link_findings(snap, gpu, nic, nb, p, &subject, &mut slow));
+        // IOMMU translation for either end.
+        for bdf in [gpu.bdf.as_str(), nb] {
+            if let Some(g) = snap.pci_device(bdf).and_then(|d| d.iommu_group) {
+                if host.translated_groups.contains(&g) {
+                    slow.push(format!("IOMMU translates DMA for {bdf} (group {g})"));
+                }
+            }
+        }
+        findings.extend(gdr_level_finding(snap, p.class, &subject, &mut slow));
+    } else if nic.bdf.is_some() {
+        findings.push(
+            Finding::new(
+                "pcie.path",
+                Severity::Unknown,
+                &subject,
+                "PCIe path unknown: a device is missing from /sys/bus/pci/devices",
+            )
+            .evidence(format!(
+                "GPU {} in sysfs: {}",
+                gpu.bdf,
+                snap.pci_device(&gpu.bdf).is_some()
+            )),
+        );
+        unverified.push("PCIe path".into());
+    }
+    slow.extend(nic.slow.iter().cloned());
+
+    let kind = if !blocking.is_empty() {
+        VerdictKind::NotUsable
+    } else if !slow.is_empty() {
+        VerdictKind::UsableButSlow
+    } else {
+        VerdictKind::Usable
+    };
+    let reasons = match kind {
+        VerdictKind::NotUsable => {
+            let mut r = blocking;
+            r.extend(slow);
+            r
+        }
+        _ => slow,
+    };
+    PairReport {
+        gpu: gpu.bdf.clone(),
+        nic: nic.name.clone(),
+        port: nic.port,
+        path: path.as_ref().map(|p| p.class),
+        common_ancestor: path.as_ref().and_then(|p| p.common_ancestor.clone()),
+        bridges: path.as_ref().map(|p| p.bridges.clone()).unwrap_or_default(),
+        gpu_numa: gpu.numa,
+        nic_numa: nic.numa,
+        best: false,
+        verdict: Verdict {
+            kind,
+            reasons,
+            unverified,
+        },
+        findings,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn path_finding(
+    snap: &Snapshot,
+    host: &HostFacts,
+    gpu: &GpuFacts,
+    nic: &NicFacts,
+    nic_bdf: &str,
+    p: &PciPath,
+    subject: &str,
+    slow: &mut Vec<String>,
+    unverified: &mut Vec<String>,
+) -> Finding {
+    let numa = |n: Option<i32>| n.map_or("unknown".to_string(), |n| n.to_string());
+    let (sev, msg) = match p.class {
+        PathClass::Pix => (
+            Severity::Ok,
+            "PIX: GPU and NIC under one PCIe switch".to_string(),
+        ),
+        PathClass::Pxb => (
+            Severity::Ok,
+            "PXB: GPU and NIC behind several PCIe bridges, not through the CPU".to_string(),
+        ),
+        PathClass::Phb => {
+            slow.push("path PHB: peer traffic crosses the CPU's host bridge".into());
+            (Severity::Warn, "PHB: traffic between GPU and NIC crosses the CPU's host bridge; NCCL's default (NCCL_NET_GDR_LEVEL=PXB) does not use GPUDirect here".to_string())
+        }
+        PathClass::Sys => {
+            slow.push(format!(
+                "path SYS: GPU on NUMA node {}, NIC on NUMA node {}",
+                numa(gpu.numa),
+                numa(nic.numa)
+            ));
+            (Severity::Warn, "SYS: GPU and NIC sit on different NUMA nodes / root complexes; every transfer crosses the CPU interconnect (about half the bandwidth)".to_string())
+        }
+    };
+    let path_of = |b: &str| {
+        snap.pci_device(b)
+            .map(|d| d.path.clone())
+            .unwrap_or_default()
+    };
+    let mut f = Finding::new("pcie.path", sev, subject, msg)
+        .evidence(format!(
+            "GPU {}: {} (NUMA {})",
+            gpu.bdf,
+            path_of(&gpu.bdf),
+            numa(gpu.numa)
+        ))
+        .evidence(format!(
+            "NIC {} {}: {} (NUMA {})",
+            nic.name,
+            nic_bdf,
+            path_of(nic_bdf),
+            numa(nic.numa)
+        ))
+        .evidence(p.why.clone());
+    if host.vm {
+        f = f.evidence("virtual machine: this tree is the hypervisor's, not the hardware's");
+        unverified.push("real PCIe path (virtual machine)".into());
+    }
+    if p.class >= PathClass::Phb {
+        f = f.fix(format!(
+            "use a NIC on the GPU's own PCIe switch / NUMA node (see the best NIC for {}), or move one card; pin the process to the NIC's NUMA node (`numactl --cpunodebind={n} --membind={n}`)",
+            gpu.bdf,
+            n = nic.numa.unwrap_or(0)
+        ));
+    }
+    f
+}
+
+fn acs_finding(
+    snap: &Snapshot,
+    p: &PciPath,
+    subject: &str,
+    slow: &mut Vec<String>,
+    unverified: &mut Vec<String>,
+) -> Finding {
+    let mut redirect = Vec::new();
+    let mut unknown = Vec::new();
+    let mut evidence = Vec::new();
+    for b in &p.bridges {
+        let Some(d) = snap.pci_device(b) else {
+            unknown.push(b.clone());
+            evidence.push(format!("{b}: not in sysfs"));
+            continue;
+        };
+        let Some(bytes) = d.config_bytes() else {
+            unknown.push(b.clone());
+            evidence.push(format!("{b}: config space not read"));
+            continue;
+        };
+        match pcie::acs(&bytes) {
+            Acs::NotReadable { len } => {
+                unknown.push(b.clone());
+                evidence.push(format!(
+                    "{b}: only {len} config bytes readable (extended capabilities need root)"
+                ));
+            }
+            Acs::Absent => evidence.push(format!("{b}: no ACS capability")),
+            Acs::Present { offset, control } => {
+                let bits = control.set_bits();
+                let bits_txt = if bits.is_empty() {
+                    "none".to_string()
+                } else {
+                    bits.join(" ")
+                };
+                evidence.push(format!(
+                    "{b}: ACS at {offset:#x}, control {:#06x}: {bits_txt}",
+                    control.raw
+                ));
+                if control.redirects_p2p() {
+                    redirect.push(b.clone());
+                }
+            }
+        }
+    }
+    if p.bridges.is_empty() {
+        return Finding::new(
+            "pcie.acs",
+            Severity::Ok,
+            subject,
+            "no PCI bridge between GPU and NIC: nothing to redirect",
+        );
+    }
+    let mut f = if !redirect.is_empty() {
+        slow.push(format!(
+            "ACS redirects peer-to-peer on {}",
+            redirect.join(", ")
+        ));
+        let setpci: Vec<String> = redirect
+            .iter()
+            .map(|b| format!("setpci -s {b} ECAP_ACS+0x6.w=0000"))
+            .collect();
+        Finding::new(
+            "pcie.acs",
+            Severity::Warn,
+            subject,
+            format!("ACS redirects peer-to-peer traffic up to the root complex on {}", redirect.join(", ")),
+        )
+        .fix(format!(
+            "on bare metal, clear ACS Control on these bridges: now `{}` (as root, lost at reboot); persistently boot with `pci=disable_acs_redir={}` (Linux >= 5.1; `pci=config_acs=` on newer kernels) or disable ACS in the BIOS. Keep ACS in VMs that need device isolation. (`pcie_acs_override` does not clear these bits.)",
+            setpci.join("; "),
+            redirect.join(";")
+        ))
+    } else if !unknown.is_empty() {
+        unverified.push(format!("ACS on {}", unknown.join(", ")));
+        Finding::new(
+            "pcie.acs",
+            Severity::Unknown,
+            subject,
+            format!("ACS state unknown on {}", unknown.join(", ")),
+        )
+        .fix("run `gdr doctor` as root (or `sudo lspci -vvv -s <bridge> | grep ACSCtl`)")
+    } else {
+        Finding::new(
+            "pcie.acs",
+            Severity::Ok,
+            subject,
+            "no ACS redirect on any bridge between GPU and NIC",
+        )
+    };
+    for e in evidence {
+        f = f.evidence(e);
+    }
+    f
+}
+
+fn link_findings(
+    snap: &Snapshot,
+    gpu: &GpuFacts,
+    nic: &NicFacts,
+    nic_bdf: &str,
+    p: &PciPath,
+    subject: &str,
+    slow: &mut Vec<String>,
+) -> Vec<Finding> {
+    let mut hops = vec![gpu.bdf.clone()];
+    hops.extend(p.bridges.iter().cloned());
+    hops.push(nic_bdf.to_string());
+    let mut down = Vec::new();
+    let mut idle = Vec::new();
+    let mut ok = Vec::new();
+    let mut known = 0;
+    let mut narrowest: Option<(f64, String)> = None;
+    for b in &hops {
+        let Some(d) = snap.pci_device(b) else {
+            continue;
+        };
+        let cs = d
+            .current_link_speed
+            .as_deref()
+            .and_then(pcie::link_speed_gts);
+        let ms = d.max_link_speed.as_deref().and_then(pcie::link_speed_gts);
+        let (Some(cs), Some(ms), Some(cw), Some(mw)) =
+            (cs, ms, d.current_link_width, d.max_link_width)
+        else {
+            continue;
+        };
+        if cw == 0 || mw == 0 {
+            continue;
+        }
+        known += 1;
+        let txt = format!(
+            "{b}: {cs} GT/s x{cw} of {ms} GT/s x{mw} (Gen{} x{cw})",
+            pcie::generation(cs)
+        );
+        let bw = pcie::link_gbps(cs, cw);
+        // A GPU lowers its link speed when idle; its width should stay.
+        let is_gpu = b == &gpu.bdf;
+        if cw < mw || (cs < ms && !is_gpu) {
+            down.push(txt);
+        } else if cs < ms {
+            idle.push(txt);
+        } else {
+            ok.push(txt);
+        }
+        let full_bw = if is_gpu { pcie::link_gbps(ms, cw) } else { bw };
+        if narrowest.as_ref().map_or(true, |(x, _)| full_bw < *x) {
+            narrowest = Some((full_bw, b.clone()));
+        }
+    }
+    let mut out = Vec::new();
+    if known == 0 {
+        out.push(Finding::new(
+            "pcie.link",
+            Severity::Unknown,
+            subject,
+            "link speed/width not reported for any device on the path (common in VMs)",
+        ));
+        return out;
+    }
+    let mut f = if !down.is_empty() {
+        slow.push(format!(
+            "PCIe link below its maximum on {}",
+            down.iter()
+                .map(|d| d.split(':').take(3).collect::<Vec<_>>().join(":"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        Finding::new("pcie.link", Severity::Warn, subject, format!("{} PCIe link(s) on the path trained below their maximum", down.len()))
+            .fix("reseat the card or riser, check the slot's wiring (an x16 card in an x8 slot) and BIOS link-speed settings; `lspci -vv -s <bdf> | grep -E 'LnkCap|LnkSta'` shows both")
+    } else {
+        Finding::new(
+            "pcie.link",
+            Severity::Ok,
+            subject,
+            "every PCIe link on the path at its maximum speed and width",
+        )
+    };
+    for d in down {
+        f = f.evidence(format!("downtrained: {d}"));
+    }
+    for d in idle {
+        f = f.evidence(format!("{d}: speed below max is normal for an idle GPU; recheck under load (`nvidia-smi -q -d PCIE`)"));
+    }
+    for d in ok {
+        f = f.evidence(d);
+    }
+    out.push(f);
+    if let (Some((bw, at)), Some(rate)) = (narrowest, nic.rate_gbps) {
+        if bw < rate {
+            slow.push(format!(
+                "PCIe link at {at} carries {bw:.0} Gb/s, less than the {rate} Gb/s port"
+            ));
+            out.push(
+                Finding::new(
+                    "pcie.bandwidth",
+                    Severity::Warn,
+                    subject,
+                    format!("the narrowest PCIe link ({at}, {bw:.0} Gb/s) is slower than the {rate} Gb/s port"),
+                )
+                .fix("put GPU and NIC in slots whose whole path runs at the NIC's generation and width"),
+            );
+        }
+    }
+    out
+}
+
+fn gdr_level_finding(
+    snap: &Snapshot,
+    class: PathClass,
+    subject: &str,
+    slow: &mut Vec<String>,
+) -> Option<Finding> {
+    let v = snap.env.get("NCCL_NET_GDR_LEVEL")?;
+    Some(match PathClass::parse_nccl_level(v) {
+        Ok(level) => {
+            let level_txt = level.map_or("LOC", PathClass::name);
+            if level.map_or(true, |l| l < class) {
+                slow.push(format!("NCCL_NET_GDR_LEVEL={v} keeps NCCL off GPUDirect on this {class} path"));
+                Finding::new(
+                    "nccl.gdr_level",
+                    Severity::Warn,
+                    subject,
+                    format!("NCCL_NET_GDR_LEVEL={level_txt} is stricter than this pair's {class} path: NCCL will stage through host memory"),
+                )
+                .evidence(format!("NCCL_NET_GDR_LEVEL={v}"))
+                .fix(format!("export NCCL_NET_GDR_LEVEL={class} if GPUDirect on a {class} path measures faster than staging (`gdr bw --use-cuda`), or unset it"))
+            } else if class >= PathClass::Sys {
+                Finding::new(
+                    "nccl.gdr_level",
+                    Severity::Warn,
+                    subject,
+                    format!("NCCL_NET_GDR_LEVEL={level_txt} lets NCCL use GPUDirect across NUMA nodes, usually slower than staging"),
+                )
+                .evidence(format!("NCCL_NET_GDR_LEVEL={v}"))
+                .fix("unset NCCL_NET_GDR_LEVEL (default PXB) unless a measurement shows SYS-path GPUDirect is faster")
+            } else {
+                Finding::new("nccl.gdr_level", Severity::Ok, subject, format!("NCCL_NET_GDR_LEVEL={level_txt} allows GPUDirect on this {class} path"))
+                    .evidence(format!("NCCL_NET_GDR_LEVEL={v}"))
+            }
+        }
+        Err(raw) => Finding::new(
+            "nccl.gdr_level",
+            Severity::Warn,
+            subject,
+            format!("NCCL_NET_GDR_LEVEL={raw} is not a level name; numeric levels mean different things across NCCL versions"),
+        )
+        .fix("use a name: LOC, PIX, PXB, PHB or SYS"),
+    })
+}
+
+/// Mark the best pair of every GPU: best verdict, then nearest path, then fastest port.
+pub(crate) fn mark_best(pairs: &mut [PairReport]) {
+    let mut gpus: Vec<String> = pairs.iter().map(|p| p.gpu.clone()).collect();
+    gpus.dedup();
+    for g in gpus {
+        let best = pairs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.gpu == g)
+            .min_by(|(_, a), (_, b)| {
+                let key = |p: &PairReport| {
+                    (
+                        p.verdict.kind,
+                        p.path.map_or(9, |c| c as u8),
+                        p.verdict.reasons.len(),
+                    )
+                };
+                key(a).cmp(&key(b))
+            })
+            .map(|(i, _)| i);
+        if let Some(i) = best {
+            pairs[i].best = true;
+        }
+    }
+}
