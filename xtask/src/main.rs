@@ -1,1 +1,77 @@
-fn main() {}
+//! `cargo xtask`: project automation for gdr.
+//!
+//! * `setup`: install the system packages the workspace and the VM need (apt, idempotent).
+//! * `vm -- <command...>`: boot the Soft-RoCE VM, run the command inside as root with `rxe0` up.
+//! * `test`: host tests, then the device tests inside one VM boot.
+//! * `demo`: the README's main job, run inside the VM.
+//! * `gpu-bundle`: collect the `gpu_*` test binaries for the GPU machine.
+
+mod bundle;
+mod cargo;
+mod demo;
+mod setup;
+mod test;
+mod vm;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "gdr project automation", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install the system packages gdr and its Soft-RoCE VM need (apt-get; idempotent).
+    Setup,
+    /// Boot the Soft-RoCE VM and run a command inside it as root, with rxe0 up.
+    Vm {
+        #[command(flatten)]
+        opts: vm::VmOpts,
+        /// The command and its arguments (after `--`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Run all tests: host tests, then the device tests inside one VM boot.
+    Test(test::TestOpts),
+    /// Run the main job (currently: query rxe0 through gdr-sys) inside the VM.
+    Demo {
+        #[command(flatten)]
+        opts: vm::VmOpts,
+    },
+    /// Build the `gpu_*` test binaries, the gdr binary and examples into gpu-bundle/.
+    GpuBundle,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Setup => setup::setup().map(|()| 0),
+        Command::Vm { opts, command } => vm::run_command(&opts, &command),
+        Command::Test(opts) => test::test(&opts),
+        Command::Demo { opts } => demo::demo(&opts),
+        Command::GpuBundle => bundle::gpu_bundle().map(|()| 0),
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Errors are plain messages: xtask prints them and exits 1.
+pub type Result<T> = std::result::Result<T, String>;
+
+/// Prints one short progress line.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        eprintln!("xtask: {}", format!($($arg)*))
+    };
+}
