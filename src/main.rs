@@ -1,1 +1,31 @@
-fn main() {}
+//! `gdr`: the command-line tool of the gdr GPUDirect RDMA library.
+//!
+//! A thin dispatcher: each subcommand lives in its own module under `src/cli/`.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// GPUDirect RDMA tools: diagnose a host, query devices, measure bandwidth and latency.
+#[derive(Debug, Parser)]
+#[command(name = "gdr", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Will GPUDirect RDMA work on this host, and fast? One verdict per GPU-NIC pair, with fixes.
+    Doctor(cli::doctor::DoctorArgs),
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Doctor(args) => cli::doctor::run(args),
+    };
+    ExitCode::from(code)
+}

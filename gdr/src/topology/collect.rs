@@ -27,6 +27,15 @@ impl CollectOptions {
             .collect();
         CollectOptions { env, cuda: None }
     }
+
+    /// For this machine: the process's NCCL variables and the CUDA driver's facts
+    /// ([`super::query_cuda`]; its `error` says why when libcuda is absent).
+    pub fn live() -> Self {
+        CollectOptions {
+            cuda: Some(super::query_cuda()),
+            ..CollectOptions::from_process_env()
+        }
+    }
 }
 
 /// Collect a snapshot of the machine whose `/sys` and `/proc` lie below `root` (`/` for this

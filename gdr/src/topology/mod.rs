@@ -10,9 +10,11 @@
 //! reason, so a verdict that depended on it can say "unknown" instead of guessing.
 
 mod collect;
+mod cuda;
 pub mod pcie;
 
 pub use collect::{collect, collect_with, CollectOptions};
+pub use cuda::query_cuda;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -1,0 +1,3 @@
+//! One module per `gdr` subcommand.
+
+pub mod doctor;
