@@ -156,7 +156,10 @@ fn dmabuf_readiness(snap: &Snapshot, gpus: &[GpuFacts]) -> (Tri, Vec<String>, Ve
             }
         }
         None => {
-            evidence.push("CUDA driver version: unknown".into());
+            evidence.push(match snap.cuda.as_ref().and_then(|c| c.error.as_deref()) {
+                Some(e) => format!("CUDA driver version: unknown ({e})"),
+                None => "CUDA driver version: unknown (not collected)".into(),
+            });
             unknown = true;
         }
     }
@@ -466,7 +469,7 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
     if tri == Tri::No {
         f = f.fix("install the NVIDIA open kernel module (>= 515, e.g. the `-open` driver packages), a kernel >= 5.12 and a CUDA driver >= 11.7; rdma-core >= 34 for ibv_reg_dmabuf_mr");
     } else if tri == Tri::Unknown {
-        f = f.fix("run `gdr doctor` on the machine itself (not --root) with libcuda loadable to read the CUDA facts");
+        f = f.fix("run `gdr doctor` on the machine itself (not with --root) where the NVIDIA driver's libcuda.so.1 loads, so the CUDA driver facts are read");
     }
     out.push(f);
     out

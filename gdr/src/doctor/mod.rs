@@ -260,7 +260,8 @@ impl Report {
     }
 
     /// The findings with this id.
-    pub fn findings_with_id<'a>(&'a self, id: &'a str) -> impl Iterator<Item = &'a Finding> + 'a {
+    pub fn findings_with_id<'a>(&'a self, id: &str) -> impl Iterator<Item = &'a Finding> + 'a {
+        let id = id.to_string();
         self.all_findings().filter(move |f| f.id == id)
     }
 }

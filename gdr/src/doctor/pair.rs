@@ -384,6 +384,8 @@ fn link_findings(
                     subject,
                     format!("the narrowest PCIe link ({at}, {bw:.0} Gb/s) is slower than the {rate} Gb/s port"),
                 )
+                .evidence(format!("narrowest link: {at}, {bw:.0} Gb/s per direction after encoding"))
+                .evidence(format!("port rate: {rate} Gb/s"))
                 .fix("put GPU and NIC in slots whose whole path runs at the NIC's generation and width"),
             );
         }
