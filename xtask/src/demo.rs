@@ -12,19 +12,22 @@ struct Payload {
     script: String,
 }
 
-/// The one function to change when the demo changes. Today: query rxe0 through gdr-sys.
-///
-/// For the RDMA write demo this becomes, for example:
-/// build `["build", "--example", "rdma_write"]` and the script
-/// `"$EX" --server & sleep 1; "$EX" --connect "$GDR_TEST_ADDR"; rc=$?; wait; exit $rc`
-/// (one rxe device, two processes: they reach each other through rxe0's own address).
+/// The demo: `examples/rdma_write.rs` as server and client, two processes on the VM's one rxe
+/// device (they reach each other through rxe0's own address). The client writes a pattern into
+/// the server's registered memory; the server verifies every byte.
 fn payload(target_dir: &std::path::Path) -> Payload {
-    let example = target_dir.join("debug/examples/query_device");
+    let example = shell_quote(&target_dir.join("debug/examples/rdma_write").to_string_lossy());
     Payload {
-        build: vec!["build", "-p", "gdr-sys", "--example", "query_device"],
+        build: vec!["build", "--example", "rdma_write"],
         script: format!(
-            "exec {} \"$GDR_TEST_DEVICE\"\n",
-            shell_quote(&example.to_string_lossy())
+            "{example} --server --size 1048576 &\n\
+             server=$!\n\
+             sleep 1\n\
+             {example} --connect \"$GDR_TEST_ADDR\" --size 1048576 --iters 20\n\
+             client=$?\n\
+             wait $server; server=$?\n\
+             [ $client -eq 0 ] && [ $server -eq 0 ] && echo 'demo: RDMA write verified' || echo 'demo: FAILED'\n\
+             exit $((client | server))\n"
         ),
     }
 }
