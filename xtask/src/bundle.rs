@@ -5,6 +5,7 @@
 
 use std::fs;
 use std::path::Path;
+use std::process::{Command, Stdio};
 
 use crate::{cargo, say, Result};
 
@@ -19,10 +20,17 @@ pub fn gpu_bundle() -> Result<()> {
         .filter(|a| a.test && a.name.starts_with("gpu_"))
         .collect();
     say!("building the gdr binary and the examples");
-    let tools: Vec<_> = cargo::build(&["build", "--workspace", "--bins", "--examples"])?
-        .into_iter()
-        .filter(|a| !a.test && (a.kind == "bin" || a.kind == "example"))
-        .collect();
+    let tools: Vec<_> = cargo::build(&[
+        "build",
+        "--workspace",
+        "--exclude",
+        "xtask",
+        "--bins",
+        "--examples",
+    ])?
+    .into_iter()
+    .filter(|a| !a.test && (a.kind == "bin" || a.kind == "example"))
+    .collect();
 
     let _ = fs::remove_dir_all(&bundle);
     for d in ["tests", "bin", "examples"] {
@@ -57,11 +65,16 @@ pub fn gpu_bundle() -> Result<()> {
     fs::write(&run_sh, script).map_err(|e| format!("cannot write {}: {e}", run_sh.display()))?;
     set_executable(&run_sh)?;
 
+    let size = dir_size(&bundle);
     say!(
-        "gpu-bundle/: {} gpu_* test binaries, {} binaries and examples",
+        "gpu-bundle/: {} gpu_* test binaries, {} binaries and examples, {:.1} MiB (debug info stripped)",
         tests.len(),
-        tools.len()
+        tools.len(),
+        size as f64 / (1024.0 * 1024.0)
     );
+    if size > CARRY_LIMIT {
+        say!("WARNING: that is over the 64 MiB the `run` tool carries");
+    }
     for t in &tests {
         say!("  {}", t.label());
     }
@@ -71,10 +84,38 @@ pub fn gpu_bundle() -> Result<()> {
     Ok(())
 }
 
+/// What the `run` tool carries to the GPU machine at most.
+const CARRY_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// Copies an executable without its debug info (debug builds are mostly DWARF; the symbol table
+/// stays, so backtraces keep function names). Falls back to a plain copy without `strip`.
 fn copy(from: &Path, to: &Path) -> Result<()> {
+    let stripped = Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(to)
+        .arg(from)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if stripped {
+        return Ok(());
+    }
     fs::copy(from, to)
         .map(|_| ())
         .map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
 }
 
 fn set_executable(p: &Path) -> Result<()> {

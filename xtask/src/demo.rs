@@ -16,7 +16,11 @@ struct Payload {
 /// device (they reach each other through rxe0's own address). The client writes a pattern into
 /// the server's registered memory; the server verifies every byte.
 fn payload(target_dir: &std::path::Path) -> Payload {
-    let example = shell_quote(&target_dir.join("debug/examples/rdma_write").to_string_lossy());
+    let example = shell_quote(
+        &target_dir
+            .join("debug/examples/rdma_write")
+            .to_string_lossy(),
+    );
     Payload {
         build: vec!["build", "--example", "rdma_write"],
         script: format!(
