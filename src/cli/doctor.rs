@@ -60,7 +60,7 @@ fn load(args: &DoctorArgs) -> gdr::Result<Snapshot> {
 }
 
 fn use_color() -> bool {
-    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").map_or(true, |v| v.is_empty())
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn print(text: &str) {

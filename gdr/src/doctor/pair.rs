@@ -330,7 +330,7 @@ fn link_findings(
             ok.push(txt);
         }
         let full_bw = if is_gpu { pcie::link_gbps(ms, cw) } else { bw };
-        if narrowest.as_ref().map_or(true, |(x, _)| full_bw < *x) {
+        if narrowest.as_ref().is_none_or(|(x, _)| full_bw < *x) {
             narrowest = Some((full_bw, b.clone()));
         }
     }
@@ -403,7 +403,7 @@ fn gdr_level_finding(
     Some(match PathClass::parse_nccl_level(v) {
         Ok(level) => {
             let level_txt = level.map_or("LOC", PathClass::name);
-            if level.map_or(true, |l| l < class) {
+            if level.is_none_or(|l| l < class) {
                 slow.push(format!("NCCL_NET_GDR_LEVEL={v} keeps NCCL off GPUDirect on this {class} path"));
                 Finding::new(
                     "nccl.gdr_level",

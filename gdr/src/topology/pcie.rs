@@ -23,7 +23,7 @@ pub fn bytes_to_hex(bytes: &[u8]) -> String {
 
 /// Bytes of a hex string (even length, no separators); `None` if malformed.
 pub fn hex_to_bytes(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 || !hex.is_ascii() {
+    if !hex.len().is_multiple_of(2) || !hex.is_ascii() {
         return None;
     }
     (0..hex.len())
