@@ -469,7 +469,10 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
     if tri == Tri::No {
         f = f.fix("install the NVIDIA open kernel module (>= 515, e.g. the `-open` driver packages), a kernel >= 5.12 and a CUDA driver >= 11.7; rdma-core >= 34 for ibv_reg_dmabuf_mr");
     } else if tri == Tri::Unknown {
-        f = f.fix("run `gdr doctor` on the machine itself (not with --root) where the NVIDIA driver's libcuda.so.1 loads, so the CUDA driver facts are read");
+        f = f.fix(match &snap.cuda {
+            None => "CUDA facts were not collected (a --root read or a capture without them): run `gdr doctor` on the machine itself",
+            Some(_) => "install the NVIDIA driver so that libcuda.so.1 loads (the evidence says why it did not), then run `gdr doctor` again",
+        });
     }
     out.push(f);
     out
