@@ -1,5 +1,6 @@
 //! Connection setup: an out-of-band TCP exchange of endpoints and remote regions with a
-//! versioned, length-bounded wire format ([`wire`]).
+//! versioned, length-bounded wire format ([`wire`]), and rdma_cm ([`cm`]) to connect by IP
+//! address and port like `rping` or `ucmatose` peers do.
 //!
 //! ```no_run
 //! use gdr::connect::{PeerInfo, TcpLink};
@@ -11,6 +12,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cm;
 pub mod wire;
 
 use std::io::{Read, Write};

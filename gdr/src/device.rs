@@ -124,6 +124,7 @@ impl DeviceList {
         Ok(Arc::new(Context {
             ctx,
             name: name.to_string(),
+            borrowed_from: None,
         }))
     }
 }
@@ -140,6 +141,9 @@ impl Drop for DeviceList {
 pub struct Context {
     ctx: NonNull<ibv::ibv_context>,
     name: String,
+    /// For contexts librdmacm opened: what keeps them open (the `rdma_cm_id`). `None` means we
+    /// opened the context and close it in Drop.
+    borrowed_from: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: libibverbs contexts are thread-safe: verbs on one context may be called from any thread.
@@ -195,6 +199,27 @@ impl Context {
         let port = port.unwrap_or(1);
         ctx.query_port(port)?;
         Ok((ctx, port))
+    }
+
+    /// Wraps a context that librdmacm opened (`rdma_cm_id::verbs`); `owner` keeps it open and is
+    /// dropped with the last user of the context instead of closing it.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a valid `ibv_context` that stays open at least as long as `owner` lives.
+    pub(crate) unsafe fn borrowed(
+        raw: NonNull<ibv::ibv_context>,
+        owner: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Arc<Context> {
+        // SAFETY: the caller guarantees `raw` is valid; its device and name outlive it.
+        let name = unsafe { CStr::from_ptr(ibv::ibv_get_device_name((*raw.as_ptr()).device)) }
+            .to_string_lossy()
+            .into_owned();
+        Arc::new(Context {
+            ctx: raw,
+            name,
+            borrowed_from: Some(owner),
+        })
     }
 
     /// The device's kernel name.
@@ -361,6 +386,10 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if self.borrowed_from.is_some() {
+            // librdmacm owns the context; dropping `borrowed_from` releases our hold on it.
+            return;
+        }
         // SAFETY: every child object holds an Arc<Context>, so none is alive any more.
         let rc = unsafe { ibv::ibv_close_device(self.ctx.as_ptr()) };
         if rc != 0 {

@@ -516,6 +516,18 @@ impl QueuePair {
         ))
     }
 
+    /// Applies attributes computed elsewhere (by `rdma_init_qp_attr` for rdma_cm connections).
+    pub(crate) fn apply(
+        &self,
+        attr: &mut ibv::ibv_qp_attr,
+        mask: i32,
+        target: QpState,
+    ) -> Result<()> {
+        self.modify(attr, ibv::ibv_qp_attr_mask(mask as u32), target, |_| {
+            Hint::new("rdma_cm computed these attributes; is the queue pair on the cm_id's device and port?")
+        })
+    }
+
     fn to_init(&self) -> Result<()> {
         use ibv::ibv_qp_attr_mask as M;
         // SAFETY: plain old data.

@@ -1,0 +1,691 @@
+//! rdma_cm: connect by IP address and port, as `rping`/`ucmatose` peers do.
+//!
+//! The connection manager resolves the peer's IP address to a device, port and route, then runs
+//! the connection handshake; gdr builds the queue pair itself (on the device rdma_cm chose) and
+//! drives it through INIT -> RTR -> RTS with the attributes rdma_cm computes. Each side may
+//! advertise one region in the connection's private data.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use gdr::{connect::cm, cq::CompletionQueue, pd::ProtectionDomain, qp::QueuePair};
+//! // Client: resolve, build on the resolved device, connect.
+//! let pending = cm::Connector::resolve("10.0.0.1:7471".parse().unwrap(), Duration::from_secs(5))?;
+//! let pd = ProtectionDomain::new(pending.context())?;
+//! let cq = CompletionQueue::new(pending.context(), 64)?;
+//! let qp = QueuePair::builder(&pd, &cq, &cq).port(pending.port()).build()?;
+//! let conn = pending.connect(qp, None)?;
+//! println!("server region: {:?}", conn.remote_region());
+//! # Ok::<(), gdr::Error>(())
+//! ```
+
+use std::net::SocketAddr;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gdr_sys::ibv;
+
+use crate::device::Context;
+use crate::error::{Error, Hint, Result};
+use crate::mr::RemoteRegion;
+use crate::qp::{QpState, QueuePair};
+
+/// An rdma_cm event channel.
+struct EventChannel(NonNull<ibv::rdma_event_channel>);
+
+// SAFETY: the channel is a file descriptor plus library state that librdmacm locks.
+unsafe impl Send for EventChannel {}
+// SAFETY: as above; we only read events from one place at a time (owners hold &mut or a Mutex).
+unsafe impl Sync for EventChannel {}
+
+impl EventChannel {
+    fn new() -> Result<Arc<EventChannel>> {
+        // SAFETY: no preconditions.
+        let ch = unsafe { ibv::rdma_create_event_channel() };
+        NonNull::new(ch)
+            .map(|c| Arc::new(EventChannel(c)))
+            .ok_or_else(|| {
+                Error::verbs_errno(
+                    "rdma_create_event_channel",
+                    "",
+                    "is /dev/infiniband/rdma_cm present? load rdma_ucm",
+                )
+            })
+    }
+
+    /// Waits for the next event, copies what we need, acknowledges it.
+    fn next(&self, timeout: Duration) -> Result<Event> {
+        // SAFETY: the channel is valid while self lives.
+        let fd = unsafe { (*self.0.as_ptr()).fd };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc < 0 {
+            return Err(Error::io(
+                "poll on the rdma_cm event channel",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        if rc == 0 {
+            return Err(Error::Timeout {
+                what: "rdma_cm event".into(),
+                millis: timeout.as_millis() as u64,
+                hint: Hint::new(
+                    "is the peer listening on that address and port, and reachable over RDMA?",
+                ),
+            });
+        }
+        let mut ev: *mut ibv::rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the fd is readable, so this does not block; `ev` receives an event we ack below.
+        if unsafe { ibv::rdma_get_cm_event(self.0.as_ptr(), &mut ev) } != 0 {
+            return Err(Error::verbs_errno("rdma_get_cm_event", "", Hint::NONE));
+        }
+        // SAFETY: `ev` is a valid event until acknowledged.
+        let e = unsafe { &*ev };
+        let private = if matches!(
+            e.event,
+            ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST
+                | ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE
+                | ibv::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED
+        ) {
+            // SAFETY: for connection events the `conn` member is active; private_data points to
+            // private_data_len bytes (or is NULL).
+            let conn = unsafe { &e.param.conn };
+            if conn.private_data.is_null() {
+                Vec::new()
+            } else {
+                // SAFETY: as above.
+                unsafe {
+                    std::slice::from_raw_parts(
+                        conn.private_data.cast::<u8>(),
+                        conn.private_data_len as usize,
+                    )
+                }
+                .to_vec()
+            }
+        } else {
+            Vec::new()
+        };
+        let out = Event {
+            kind: e.event,
+            status: e.status,
+            id: e.id,
+            private,
+        };
+        // SAFETY: acknowledges the event we took; nothing refers to it afterwards.
+        unsafe { ibv::rdma_ack_cm_event(ev) };
+        Ok(out)
+    }
+}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        // SAFETY: every id on this channel holds an Arc to it, so none is left.
+        unsafe { ibv::rdma_destroy_event_channel(self.0.as_ptr()) }
+    }
+}
+
+struct Event {
+    kind: u32,
+    status: i32,
+    id: *mut ibv::rdma_cm_id,
+    private: Vec<u8>,
+}
+
+fn event_name(kind: u32) -> String {
+    // SAFETY: rdma_event_str returns a static string for any value.
+    unsafe { std::ffi::CStr::from_ptr(ibv::rdma_event_str(kind)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// An `rdma_cm_id`, destroyed on drop.
+struct CmId {
+    id: NonNull<ibv::rdma_cm_id>,
+    channel: Arc<EventChannel>,
+}
+
+// SAFETY: cm ids may be used from any thread; librdmacm locks its own state.
+unsafe impl Send for CmId {}
+// SAFETY: as above.
+unsafe impl Sync for CmId {}
+
+impl CmId {
+    fn new(channel: &Arc<EventChannel>) -> Result<Arc<CmId>> {
+        let mut id: *mut ibv::rdma_cm_id = std::ptr::null_mut();
+        // SAFETY: valid channel and out-pointer.
+        let rc = unsafe {
+            ibv::rdma_create_id(
+                channel.0.as_ptr(),
+                &mut id,
+                std::ptr::null_mut(),
+                ibv::rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::verbs_errno(
+                "rdma_create_id",
+                "ps=RDMA_PS_TCP",
+                Hint::NONE,
+            ));
+        }
+        Ok(Arc::new(CmId {
+            id: NonNull::new(id).expect("rdma_create_id succeeded"),
+            channel: channel.clone(),
+        }))
+    }
+
+    fn raw(&self) -> *mut ibv::rdma_cm_id {
+        self.id.as_ptr()
+    }
+
+    /// The context librdmacm opened for this id (after address resolution or a connect request).
+    fn context(self: &Arc<Self>) -> Result<Arc<Context>> {
+        // SAFETY: the id is valid; `verbs` is set once the id is bound to a device.
+        let verbs = unsafe { (*self.raw()).verbs };
+        let verbs = NonNull::new(verbs).ok_or_else(|| {
+            Error::invalid("the rdma_cm id is not bound to a device yet", Hint::NONE)
+        })?;
+        let owner: Arc<dyn std::any::Any + Send + Sync> = self.clone();
+        // SAFETY: librdmacm keeps the context open while the id exists; `owner` keeps the id.
+        Ok(unsafe { Context::borrowed(verbs, owner) })
+    }
+
+    fn port(&self) -> u8 {
+        // SAFETY: the id is valid.
+        unsafe { (*self.raw()).port_num }
+    }
+
+    /// Moves `qp` to `state` with the attributes rdma_cm computes for this connection.
+    fn transition(&self, qp: &QueuePair, state: u32, target: QpState) -> Result<()> {
+        // SAFETY: plain old data.
+        let mut attr: ibv::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = state;
+        let mut mask = 0;
+        // SAFETY: valid id and output pointers.
+        if unsafe { ibv::rdma_init_qp_attr(self.raw(), &mut attr, &mut mask) } != 0 {
+            return Err(Error::verbs_errno(
+                "rdma_init_qp_attr",
+                format!("state={target:?}"),
+                Hint::NONE,
+            ));
+        }
+        qp.apply(&mut attr, mask, target)
+    }
+
+    fn expect(&self, want: u32, timeout: Duration, what: &str) -> Result<Event> {
+        let e = self.channel.next(timeout)?;
+        check_event(&e, want, what)?;
+        Ok(e)
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // SAFETY: every event of this id was acknowledged; no QP was created through the id.
+        unsafe { ibv::rdma_destroy_id(self.id.as_ptr()) };
+    }
+}
+
+fn check_event(e: &Event, want: u32, what: &str) -> Result<()> {
+    use ibv::rdma_cm_event_type::*;
+    if e.kind == want && e.status == 0 {
+        return Ok(());
+    }
+    let hint = match e.kind {
+        RDMA_CM_EVENT_ADDR_ERROR => "no RDMA device has a route to that address: give the RoCE netdev an IP address in the peer's subnet, or check the IB/IPoIB address",
+        RDMA_CM_EVENT_ROUTE_ERROR => "route resolution failed: check the GID table and IP routing (`ip route get`), and the subnet manager on InfiniBand",
+        RDMA_CM_EVENT_REJECTED => "the peer rejected the connection: is anything listening on that port (rping -s, gdr cm listener)?",
+        RDMA_CM_EVENT_UNREACHABLE | RDMA_CM_EVENT_CONNECT_ERROR => "the peer did not answer the connection request: check that it runs and that RoCE traffic (UDP 4791) passes",
+        _ => "see rdma_cm(7)",
+    };
+    let status = if e.status < 0 {
+        crate::error::errno_text(-e.status)
+    } else {
+        format!("status {}", e.status)
+    };
+    Err(Error::Protocol {
+        what: format!(
+            "{what}: expected {}, got {} ({status})",
+            event_name(want),
+            event_name(e.kind)
+        ),
+        hint: Hint::new(hint),
+    })
+}
+
+/// Private data each side sends: magic, version, and an optional region.
+mod private {
+    use crate::mr::RemoteRegion;
+
+    const MAGIC: &[u8; 4] = b"GDRc";
+    /// Encoded length (fits the 56 bytes a connect request carries).
+    pub const LEN: usize = 4 + 1 + 1 + 20;
+
+    pub fn encode(r: Option<RemoteRegion>) -> [u8; LEN] {
+        let mut b = [0u8; LEN];
+        b[..4].copy_from_slice(MAGIC);
+        b[4] = 1;
+        if let Some(r) = r {
+            b[5] = 1;
+            b[6..14].copy_from_slice(&r.addr.to_be_bytes());
+            b[14..22].copy_from_slice(&r.len.to_be_bytes());
+            b[22..26].copy_from_slice(&r.rkey.to_be_bytes());
+        }
+        b
+    }
+
+    /// The peer's region; `None` when the peer is not a gdr program (no magic) or sent none.
+    /// Private data may be zero-padded by the transport: trailing bytes are ignored.
+    pub fn decode(b: &[u8]) -> Result<Option<RemoteRegion>, String> {
+        if b.len() < LEN || &b[..4] != MAGIC {
+            return Ok(None);
+        }
+        if b[4] != 1 {
+            return Err(format!(
+                "peer's private data has version {}, this build speaks 1",
+                b[4]
+            ));
+        }
+        if b[5] == 0 {
+            return Ok(None);
+        }
+        let addr = u64::from_be_bytes(b[6..14].try_into().expect("8 bytes"));
+        let len = u64::from_be_bytes(b[14..22].try_into().expect("8 bytes"));
+        let rkey = u32::from_be_bytes(b[22..26].try_into().expect("4 bytes"));
+        if addr.checked_add(len).is_none() {
+            return Err(format!("peer's region {addr:#x}+{len} overflows"));
+        }
+        Ok(Some(RemoteRegion { addr, len, rkey }))
+    }
+}
+
+fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero sockaddr_storage is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is large enough and suitably aligned for sockaddr_in.
+            unsafe { std::ptr::write(std::ptr::addr_of_mut!(ss).cast::<libc::sockaddr_in>(), sin) };
+            (
+                ss,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe {
+                std::ptr::write(
+                    std::ptr::addr_of_mut!(ss).cast::<libc::sockaddr_in6>(),
+                    sin6,
+                )
+            };
+            (
+                ss,
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        }
+    }
+}
+
+fn conn_param(qp: &QueuePair, data: &[u8; private::LEN]) -> ibv::rdma_conn_param {
+    let cfg = qp.config();
+    // SAFETY: plain old data.
+    let mut p: ibv::rdma_conn_param = unsafe { std::mem::zeroed() };
+    p.private_data = data.as_ptr().cast();
+    p.private_data_len = private::LEN as u8;
+    p.responder_resources = cfg.max_rd_atomic.unwrap_or(16);
+    p.initiator_depth = cfg.max_rd_atomic.unwrap_or(16);
+    p.retry_count = cfg.retry_count.min(7);
+    p.rnr_retry_count = cfg.rnr_retry.min(7);
+    p.qp_num = qp.qp_num();
+    p
+}
+
+/// A connection made through rdma_cm: the connected queue pair and the region the peer
+/// advertised. Dropping it disconnects.
+pub struct CmConnection {
+    qp: QueuePair,
+    remote: Option<RemoteRegion>,
+    id: Arc<CmId>,
+}
+
+impl CmConnection {
+    /// The connected queue pair (RTS).
+    pub fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// The region the peer advertised in its private data, if any.
+    pub fn remote_region(&self) -> Option<RemoteRegion> {
+        self.remote
+    }
+}
+
+impl Drop for CmConnection {
+    fn drop(&mut self) {
+        // SAFETY: valid id; disconnect moves the QP to the error state through the CM.
+        unsafe { ibv::rdma_disconnect(self.id.raw()) };
+    }
+}
+
+/// The active side after address and route resolution: build the queue pair on
+/// [`Connector::context`] and [`Connector::port`], then [`Connector::connect`].
+pub struct Connector {
+    id: Arc<CmId>,
+    ctx: Arc<Context>,
+    timeout: Duration,
+}
+
+impl Connector {
+    /// Resolves `addr` to a device, port and route (`rdma_resolve_addr`, `rdma_resolve_route`).
+    pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<Connector> {
+        let channel = EventChannel::new()?;
+        let id = CmId::new(&channel)?;
+        let (mut ss, _) = sockaddr_of(&addr);
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: valid id; `ss` holds a sockaddr of the right family.
+        if unsafe {
+            ibv::rdma_resolve_addr(
+                id.raw(),
+                std::ptr::null_mut(),
+                std::ptr::addr_of_mut!(ss).cast(),
+                ms,
+            )
+        } != 0
+        {
+            return Err(Error::verbs_errno(
+                "rdma_resolve_addr",
+                format!("dst={addr}"),
+                "is the address an IP of an RDMA-capable interface's peer?",
+            ));
+        }
+        id.expect(
+            ibv::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
+            timeout,
+            &format!("resolving {addr}"),
+        )?;
+        // SAFETY: valid id with a resolved address.
+        if unsafe { ibv::rdma_resolve_route(id.raw(), ms) } != 0 {
+            return Err(Error::verbs_errno(
+                "rdma_resolve_route",
+                format!("dst={addr}"),
+                Hint::NONE,
+            ));
+        }
+        id.expect(
+            ibv::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
+            timeout,
+            &format!("resolving a route to {addr}"),
+        )?;
+        let ctx = id.context()?;
+        Ok(Connector { id, ctx, timeout })
+    }
+
+    /// The device rdma_cm resolved the address to.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The port on that device.
+    pub fn port(&self) -> u8 {
+        self.id.port()
+    }
+
+    /// Connects `qp` (built on [`Connector::context`], in INIT) and advertises `region`.
+    pub fn connect(self, qp: QueuePair, region: Option<RemoteRegion>) -> Result<CmConnection> {
+        check_qp(&qp, &self.ctx, self.id.port())?;
+        let data = private::encode(region);
+        let mut param = conn_param(&qp, &data);
+        // SAFETY: valid id with a resolved route; `param` and `data` live across the call.
+        if unsafe { ibv::rdma_connect(self.id.raw(), &mut param) } != 0 {
+            return Err(Error::verbs_errno(
+                "rdma_connect",
+                format!("qpn={:#x}", qp.qp_num()),
+                Hint::NONE,
+            ));
+        }
+        let e = self.id.expect(
+            ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE,
+            self.timeout,
+            "connecting",
+        )?;
+        let remote = private::decode(&e.private).map_err(Error::protocol)?;
+        self.id
+            .transition(&qp, ibv::ibv_qp_state::IBV_QPS_RTR, QpState::Rtr)?;
+        self.id
+            .transition(&qp, ibv::ibv_qp_state::IBV_QPS_RTS, QpState::Rts)?;
+        // SAFETY: valid id after CONNECT_RESPONSE with the QP in RTS.
+        if unsafe { ibv::rdma_establish(self.id.raw()) } != 0 {
+            return Err(Error::verbs_errno(
+                "rdma_establish",
+                format!("qpn={:#x}", qp.qp_num()),
+                Hint::NONE,
+            ));
+        }
+        Ok(CmConnection {
+            qp,
+            remote,
+            id: self.id,
+        })
+    }
+}
+
+fn check_qp(qp: &QueuePair, ctx: &Arc<Context>, port: u8) -> Result<()> {
+    if qp.pd().context().as_raw() != ctx.as_raw() {
+        return Err(Error::invalid(
+            format!("the queue pair is on {}, rdma_cm resolved the peer to {}", qp.pd().context().name(), ctx.name()),
+            "build the protection domain, completion queues and queue pair on the context rdma_cm returns",
+        ));
+    }
+    if qp.config().port != port {
+        return Err(Error::invalid(
+            format!(
+                "the queue pair uses port {}, rdma_cm resolved port {port}",
+                qp.config().port
+            ),
+            "build it with .port(connector.port())",
+        ));
+    }
+    Ok(())
+}
+
+/// The passive side: listens on an address and port.
+pub struct Listener {
+    id: Arc<CmId>,
+    channel: Arc<EventChannel>,
+}
+
+impl Listener {
+    /// Binds and listens (`rdma_bind_addr`, `rdma_listen`). Use `0.0.0.0:PORT` for every device.
+    pub fn bind(addr: SocketAddr) -> Result<Listener> {
+        let channel = EventChannel::new()?;
+        let id = CmId::new(&channel)?;
+        let (mut ss, _) = sockaddr_of(&addr);
+        // SAFETY: valid id and sockaddr.
+        if unsafe { ibv::rdma_bind_addr(id.raw(), std::ptr::addr_of_mut!(ss).cast()) } != 0 {
+            return Err(Error::verbs_errno(
+                "rdma_bind_addr",
+                format!("addr={addr}"),
+                "is the port in use, or the address not on an RDMA-capable interface?",
+            ));
+        }
+        // SAFETY: bound id.
+        if unsafe { ibv::rdma_listen(id.raw(), 16) } != 0 {
+            return Err(Error::verbs_errno(
+                "rdma_listen",
+                format!("addr={addr}"),
+                Hint::NONE,
+            ));
+        }
+        Ok(Listener { id, channel })
+    }
+
+    /// The port actually bound (useful after binding port 0).
+    pub fn port(&self) -> u16 {
+        // SAFETY: bound id.
+        u16::from_be(unsafe { ibv::rdma_get_src_port(self.id.raw()) })
+    }
+
+    /// Waits for a connection request.
+    pub fn next_request(&self, timeout: Duration) -> Result<ConnectRequest> {
+        let e = self.channel.next(timeout)?;
+        check_event(
+            &e,
+            ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
+            "waiting for a connection request",
+        )?;
+        let id = Arc::new(CmId {
+            id: NonNull::new(e.id).expect("connect request carries an id"),
+            channel: self.channel.clone(),
+        });
+        let remote = match private::decode(&e.private) {
+            Ok(r) => r,
+            Err(what) => {
+                // SAFETY: valid new id; rejecting frees the peer from waiting.
+                unsafe { ibv::rdma_reject(id.raw(), std::ptr::null(), 0) };
+                return Err(Error::protocol(what));
+            }
+        };
+        let ctx = id.context()?;
+        Ok(ConnectRequest {
+            id,
+            ctx,
+            remote,
+            timeout,
+        })
+    }
+}
+
+/// A peer's connection request: build the queue pair on [`ConnectRequest::context`] and
+/// [`ConnectRequest::port`], then [`ConnectRequest::accept`] (or drop it to reject).
+pub struct ConnectRequest {
+    id: Arc<CmId>,
+    ctx: Arc<Context>,
+    remote: Option<RemoteRegion>,
+    timeout: Duration,
+}
+
+impl ConnectRequest {
+    /// The device the request arrived on.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The port it arrived on.
+    pub fn port(&self) -> u8 {
+        self.id.port()
+    }
+
+    /// The region the peer advertised.
+    pub fn remote_region(&self) -> Option<RemoteRegion> {
+        self.remote
+    }
+
+    /// Accepts with `qp` (built on [`ConnectRequest::context`], in INIT), advertising `region`.
+    pub fn accept(self, qp: QueuePair, region: Option<RemoteRegion>) -> Result<CmConnection> {
+        check_qp(&qp, &self.ctx, self.id.port())?;
+        self.id
+            .transition(&qp, ibv::ibv_qp_state::IBV_QPS_RTR, QpState::Rtr)?;
+        self.id
+            .transition(&qp, ibv::ibv_qp_state::IBV_QPS_RTS, QpState::Rts)?;
+        let data = private::encode(region);
+        let mut param = conn_param(&qp, &data);
+        // SAFETY: valid id from a connect request; `param`/`data` live across the call.
+        if unsafe { ibv::rdma_accept(self.id.raw(), &mut param) } != 0 {
+            return Err(Error::verbs_errno(
+                "rdma_accept",
+                format!("qpn={:#x}", qp.qp_num()),
+                Hint::NONE,
+            ));
+        }
+        let deadline = Instant::now() + self.timeout;
+        // The ESTABLISHED event arrives on the listener's channel, for this id.
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let e = self.id.channel.next(left)?;
+            if e.id == self.id.raw() {
+                check_event(
+                    &e,
+                    ibv::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+                    "accepting",
+                )?;
+                break;
+            }
+            log::debug!(
+                "ignoring {} for another id while accepting",
+                event_name(e.kind)
+            );
+        }
+        Ok(CmConnection {
+            qp,
+            remote: self.remote,
+            id: self.id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_data_round_trip_and_foreign_peers() {
+        let r = RemoteRegion::new(0x1000, 4096, 0xabc);
+        let b = private::encode(Some(r));
+        assert_eq!(private::decode(&b).unwrap(), Some(r));
+        let mut padded = b.to_vec();
+        padded.resize(56, 0);
+        assert_eq!(
+            private::decode(&padded).unwrap(),
+            Some(r),
+            "transport padding is ignored"
+        );
+        assert_eq!(private::decode(&private::encode(None)).unwrap(), None);
+        assert_eq!(
+            private::decode(&[0; 56]).unwrap(),
+            None,
+            "a non-gdr peer (rping) sends no magic"
+        );
+        let mut v2 = b;
+        v2[4] = 2;
+        assert!(private::decode(&v2).unwrap_err().contains("version 2"));
+        let mut overflow = b;
+        overflow[6..14].copy_from_slice(&u64::MAX.to_be_bytes());
+        assert!(private::decode(&overflow)
+            .unwrap_err()
+            .contains("overflows"));
+    }
+
+    #[test]
+    fn sockaddr_conversion() {
+        let (ss, len) = sockaddr_of(&"10.1.2.3:7471".parse().unwrap());
+        assert_eq!(len as usize, std::mem::size_of::<libc::sockaddr_in>());
+        // SAFETY: written as sockaddr_in above.
+        let sin = unsafe { &*std::ptr::addr_of!(ss).cast::<libc::sockaddr_in>() };
+        assert_eq!(u16::from_be(sin.sin_port), 7471);
+        assert_eq!(sin.sin_addr.s_addr.to_ne_bytes(), [10, 1, 2, 3]);
+    }
+}
