@@ -78,6 +78,11 @@ pub const HINT_NO_GPUDIRECT: &str =
 pub const HINT_MANAGED: &str = "allocate with cuMemAlloc or cuMemAllocAsync \
      (gdr::cuda::DeviceBuffer): registering managed memory would pin CPU pages and silently \
      measure the host path";
+/// Hint for device memory whose allocation is not GPUDirect RDMA capable.
+pub const HINT_NOT_GPUDIRECT_CAPABLE: &str =
+    "allocate with cuMemAlloc (gdr::cuda::DeviceBuffer::alloc), \
+     or with cuMemCreate and allocFlags.gpuDirectRDMACapable = 1; memory from the default \
+     stream-ordered pool (cuMemAllocAsync) is not GPUDirect RDMA capable";
 /// Hint for host memory passed as GPU memory.
 pub const HINT_HOST_MEMORY: &str =
     "this is host memory: register it with gdr::mr::MemoryRegion instead";
@@ -392,7 +397,10 @@ pub struct GpuRange {
 }
 
 /// The checks before any registration: the driver works, `address` is device memory (not host,
-/// managed or unknown memory), and `address..address+len` lies inside its allocation.
+/// managed or unknown memory), `address..address+len` lies inside its allocation, and CUDA does
+/// not report the allocation as unfit for GPUDirect RDMA
+/// (`CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 0`, as the default stream-ordered pool's
+/// memory does on the H200 with CUDA 13.0).
 ///
 /// # Errors
 /// [`Error::CudaUnavailable`] without a driver; [`Error::InvalidArgument`] for `len == 0`, host
@@ -454,6 +462,15 @@ pub fn check_gpu_range(address: u64, len: usize) -> Result<GpuRange> {
             limit: size,
             hint: Hint::new("register a range that lies inside one cuMemAlloc allocation"),
         });
+    }
+    if pointer.gpu_direct_rdma_capable == Some(false) {
+        return Err(Error::unsupported(
+            format!(
+                "GPUDirect RDMA on the allocation at {base:#x} ({size} bytes): CUDA reports \
+                 CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 0"
+            ),
+            HINT_NOT_GPUDIRECT_CAPABLE,
+        ));
     }
     let gpu = cuda::device_info(pointer.ordinal.unwrap_or(0))?;
     Ok(GpuRange {
@@ -780,22 +797,8 @@ fn register_inner(
     // promised so.
     let _ctx = unsafe { range.pointer.make_context_current() }?;
 
-    let one: u32 = 1;
-    // SAFETY: initialised driver, the memory's context is current, SYNC_MEMOPS takes an unsigned
-    // int; the address is not dereferenced.
-    let rc = unsafe {
-        cu::cuPointerSetAttribute(
-            (&one as *const u32).cast(),
-            cu::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
-            address,
-        )
-    };
-    if rc != cu::CUresult::CUDA_SUCCESS {
-        log::warn!(
-            "cuPointerSetAttribute(SYNC_MEMOPS, {address:#x}) failed: {}; copies to this memory \
-             may race with RDMA",
-            cuda::result_name(rc)
-        );
+    if let Err(e) = cuda::set_sync_memops(address) {
+        log::warn!("{e}; synchronous copies to this memory may race with RDMA");
     }
 
     let inputs = PathInputs {

@@ -91,6 +91,26 @@ fn gpu_classify_cumemalloc_and_subranges() {
     assert_ne!(info.context, 0, "cuMemAlloc memory belongs to a context");
     assert_eq!(info.allocation_base, Some(p));
     assert!(info.allocation_len.unwrap() >= 2 * MIB as u64);
+    assert_eq!(
+        info.gpu_direct_rdma_capable,
+        Some(true),
+        "cuMemAlloc memory is GPUDirect capable"
+    );
+    cuda::set_sync_memops(p).unwrap();
+    assert_eq!(
+        cuda::classify(p).unwrap().sync_memops,
+        Some(true),
+        "SYNC_MEMOPS set"
+    );
+    // SAFETY: `buf` (and so its context) lives until the end of this test.
+    let own = unsafe { cuda::ContextGuard::from_raw(info.context as _) }.unwrap();
+    assert_eq!(cuda::ContextGuard::current().unwrap(), own.as_raw());
+    drop(own);
+    let heap = vec![0u8; 64];
+    assert!(matches!(
+        cuda::set_sync_memops(heap.as_ptr() as u64),
+        Err(Error::InvalidArgument { .. })
+    ));
 
     let inner = cuda::classify(p + 4096 + 17).unwrap();
     assert_eq!(inner.kind, MemoryKind::Device);
@@ -174,8 +194,25 @@ fn gpu_classify_pool_allocation_uses_the_primary_context() {
             ContextGuard::current().unwrap().is_null(),
             "context restored"
         );
-        let range = gpu_mr::check_gpu_range(buf.device_ptr(), 4 * MIB).unwrap();
-        assert_eq!(range.len, 4 * MIB);
+        // The default pool's memory is not GPUDirect RDMA capable on the test machine: the
+        // pre-registration check must refuse it before any verbs call; if a driver reports it
+        // capable, the check must pass.
+        match info.gpu_direct_rdma_capable {
+            Some(false) => {
+                let e = gpu_mr::check_gpu_range(buf.device_ptr(), 4 * MIB).unwrap_err();
+                println!("pool memory: {e}");
+                assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+                assert_eq!(e.hint(), Some(gpu_mr::HINT_NOT_GPUDIRECT_CAPABLE));
+            }
+            _ => {
+                let range = gpu_mr::check_gpu_range(buf.device_ptr(), 4 * MIB).unwrap();
+                assert_eq!(range.len, 4 * MIB);
+            }
+        }
+        assert!(
+            ContextGuard::current().unwrap().is_null(),
+            "context restored"
+        );
         let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
         buf.copy_from_host(8192, &pattern).unwrap();
         let mut back = vec![0u8; 4096];

@@ -104,6 +104,10 @@ impl DeviceBuffer {
     /// stream the buffer owns, then waits for the allocation. This is how caching allocators get
     /// memory; `cuPointerGetAttributes` reports no context for it.
     ///
+    /// Memory from the default pool is not GPUDirect RDMA capable (on the H200 with CUDA 13.0,
+    /// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE` is 0), so
+    /// [`crate::gpu_mr::GpuMemoryRegion`] refuses it; use [`alloc`](Self::alloc) for RDMA buffers.
+    ///
     /// # Errors
     /// As [`alloc`](Self::alloc), plus [`Error::Unsupported`] when the driver lacks
     /// `cuMemAllocAsync` or the device has no memory pools.

@@ -36,7 +36,7 @@ mod pointer;
 
 pub use context::ContextGuard;
 pub use memory::{DeviceBuffer, ManagedBuffer, PinnedHostBuffer};
-pub use pointer::{classify, MemoryKind, PointerInfo};
+pub use pointer::{classify, set_sync_memops, MemoryKind, PointerInfo};
 
 use std::ffi::CStr;
 use std::sync::OnceLock;

@@ -60,6 +60,9 @@ pub struct PointerInfo {
     pub allocation_len: Option<u64>,
     /// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE`, when the driver reports it.
     pub gpu_direct_rdma_capable: Option<bool>,
+    /// `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`: synchronous memory operations on this allocation are
+    /// ordered with RDMA (set by [`set_sync_memops`] and by GPU registration).
+    pub sync_memops: Option<bool>,
 }
 
 impl PointerInfo {
@@ -167,6 +170,7 @@ pub fn classify(address: u64) -> Result<PointerInfo> {
         allocation_base: None,
         allocation_len: None,
         gpu_direct_rdma_capable: None,
+        sync_memops: None,
     };
     if matches!(kind, MemoryKind::PageableHost | MemoryKind::Unknown) {
         return Ok(info);
@@ -202,19 +206,58 @@ pub fn classify(address: u64) -> Result<PointerInfo> {
             no_hint,
         )?;
     }
-    let mut capable: u64 = 0;
-    // SAFETY: 8 writable bytes for an unsigned-int attribute; errors are ignored (older drivers).
+    info.gpu_direct_rdma_capable =
+        bool_attribute(P::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, address);
+    info.sync_memops = bool_attribute(P::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, address);
+    Ok(info)
+}
+
+/// One boolean pointer attribute, `None` if the driver does not report it.
+fn bool_attribute(attr: sys::CUpointer_attribute, address: u64) -> Option<bool> {
+    let mut v: u64 = 0;
+    // SAFETY: initialised driver (callers ran init()); 8 writable bytes hold the attribute's
+    // unsigned int / bool; the address is not dereferenced. Errors (older drivers) give None.
+    let rc = unsafe { sys::cuPointerGetAttribute((&mut v as *mut u64).cast(), attr, address) };
+    (rc == sys::CUresult::CUDA_SUCCESS).then_some(v != 0)
+}
+
+/// Sets `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` on the allocation holding `address`, so synchronous
+/// CUDA memory operations on it (cuMemcpy, cuMemset) complete before returning and do not race
+/// with RDMA into the same memory (the GPUDirect RDMA documentation asks for it). Runs in the
+/// memory's own context.
+///
+/// # Errors
+/// [`crate::Error::CudaUnavailable`] without a driver; [`crate::Error::InvalidArgument`] when
+/// `address` is not CUDA device or managed memory; [`crate::Error::Cuda`] from the driver.
+pub fn set_sync_memops(address: u64) -> Result<()> {
+    let info = classify(address)?;
+    if !matches!(info.kind, MemoryKind::Device | MemoryKind::Managed) {
+        return Err(crate::Error::invalid(
+            format!(
+                "SYNC_MEMOPS on {address:#x}: {} memory is not CUDA device memory",
+                info.kind
+            ),
+            "pass a pointer from cuMemAlloc",
+        ));
+    }
+    // SAFETY: classify just found a live allocation at `address`; the caller keeps it alive.
+    let _ctx = unsafe { info.make_context_current() }?;
+    let one: u32 = 1;
+    // SAFETY: initialised driver, the memory's context is current, SYNC_MEMOPS takes an unsigned
+    // int; the address is not dereferenced.
     let rc = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut capable as *mut u64).cast(),
-            P::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+        sys::cuPointerSetAttribute(
+            (&one as *const u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
             address,
         )
     };
-    if rc == sys::CUresult::CUDA_SUCCESS {
-        info.gpu_direct_rdma_capable = Some(capable != 0);
-    }
-    Ok(info)
+    check(
+        rc,
+        "cuPointerSetAttribute",
+        || format!("attribute=SYNC_MEMOPS, value=1, ptr={address:#x}"),
+        no_hint,
+    )
 }
 
 /// `true` if `address` lies in a mapping listed in `/proc/self/maps`.
