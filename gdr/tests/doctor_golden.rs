@@ -679,6 +679,63 @@ fn golden_reports_for_every_fixture() {
         check_golden(name, &load(name));
     }
     check_golden("nonroot-roce", &tree("nonroot-roce"));
+    for name in CAPTURED {
+        check_golden(name, &captured(name));
+    }
+}
+
+/// Snapshots captured on real machines with `gdr doctor dump` (committed as captured).
+const CAPTURED: &[&str] = &["h200-vm-live"];
+
+fn captured(name: &str) -> Snapshot {
+    let path = fixtures().join(format!("captured/{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    Snapshot::from_json(&text, &path.display().to_string()).unwrap()
+}
+
+#[test]
+fn captured_h200_agrees_with_the_probe() {
+    let s = captured("h200-vm-live");
+    let r = diagnose(&s);
+    assert_eq!(r.gpus.len(), 1);
+    assert_eq!(r.gpus[0].bdf, "0000:00:06.0");
+    assert_eq!(r.gpus[0].name, "NVIDIA H200");
+    assert_eq!(r.gpus[0].cuda_ordinal, Some(0));
+    assert!(r.nics.is_empty() && r.pairs.is_empty());
+    assert_eq!(
+        finding(&r, "inventory.rdma", "host").severity,
+        Severity::Fail
+    );
+    assert_eq!(
+        finding(&r, "dmabuf.readiness", "host").severity,
+        Severity::Ok
+    );
+    let cuda = finding(&r, "cuda.attributes", "0000:00:06.0");
+    assert_eq!(cuda.severity, Severity::Ok);
+    for attr in [
+        "GPU_DIRECT_RDMA_SUPPORTED=1",
+        "DMA_BUF_SUPPORTED=1",
+        "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED=1",
+        "GPU_DIRECT_RDMA_WRITES_ORDERING=100",
+    ] {
+        assert!(cuda.evidence.iter().any(|e| e == attr), "{attr}: {cuda:?}");
+    }
+    assert_eq!(r.exit_code(), 1);
+    // The builder's reconstruction of the same machine from the text probe agrees on the verdicts.
+    let built = diagnose(&h200_vm());
+    let ids = |r: &Report| -> Vec<(String, Severity)> {
+        let mut v: Vec<_> = r
+            .all_findings()
+            .map(|f| (f.id.clone(), f.severity))
+            .collect();
+        v.sort();
+        v
+    };
+    let (mut a, mut b) = (ids(&r), ids(&built));
+    // The probe did not read the memlock limit; the capture did.
+    a.retain(|x| x.0 != "memlock.limit");
+    b.retain(|x| x.0 != "memlock.limit");
+    assert_eq!(a, b);
 }
 
 fn finding<'a>(r: &'a Report, id: &str, subject_has: &str) -> &'a gdr::doctor::Finding {

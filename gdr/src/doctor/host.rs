@@ -407,6 +407,18 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
     } else {
         format!("memory peers: {}", peers.join(", "))
     };
+    // NVIDIA driver parameters that change peer mappings and PCIe ordering.
+    let params: Vec<String> = snap
+        .nvidia
+        .iter()
+        .flat_map(|n| n.params.iter())
+        .filter(|(k, v)| {
+            (k.as_str() == "RegistryDwords" && v.contains("PeerMappingOverride"))
+                || k.as_str() == "EnablePCIERelaxedOrderingMode"
+                || k.as_str() == "GrdmaPciTopoCheckOverride"
+        })
+        .map(|(k, v)| format!("nvidia param {k}: {v}"))
+        .collect();
     if host.peermem {
         out.push(
             Finding::new(
@@ -463,7 +475,7 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
         ),
     };
     let mut f = Finding::new("dmabuf.readiness", sev, "host", msg);
-    for e in ev {
+    for e in ev.into_iter().chain(params) {
         f = f.evidence(e);
     }
     if tri == Tri::No {
