@@ -772,7 +772,7 @@ impl Selection {
         let hit = self
             .items
             .iter()
-            .any(|(p, pp)| self.name_matches(p, name) && pp.map_or(true, |pp| pp == port));
+            .any(|(p, pp)| self.name_matches(p, name) && pp.is_none_or(|pp| pp == port));
         hit != self.exclude
     }
 

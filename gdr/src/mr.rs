@@ -506,7 +506,7 @@ impl MemoryRegion {
     /// Reads the 8-byte word at `offset` with one volatile load (for polling a flag the peer writes).
     pub fn read_u64_volatile(&self, offset: usize) -> Result<u64> {
         self.check("MemoryRegion::read_u64_volatile", offset, 8)?;
-        if (self.ptr() as usize + offset) % 8 != 0 {
+        if !(self.ptr() as usize + offset).is_multiple_of(8) {
             return Err(Error::invalid(
                 format!("offset {offset} is not 8-byte aligned"),
                 Hint::NONE,

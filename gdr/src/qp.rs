@@ -761,7 +761,7 @@ impl QueuePair {
                             Hint::NONE,
                         ));
                     }
-                    if r.addr() % 8 != 0 {
+                    if !r.addr().is_multiple_of(8) {
                         return Err(Error::invalid(
                             format!(
                                 "atomic {op:?}: remote address {:#x} is not 8-byte aligned",
