@@ -9,6 +9,11 @@
 //! rdma_write --connect 10.0.0.1 [--port 18515] [--device rxe0] [--size 1048576] [--iters 100]
 //! ```
 //!
+//! `--gpu [ORDINAL]` puts the buffer on either side in GPU memory (`cuMemAlloc`), registered with
+//! `GpuMemoryRegion` (dma-buf or peer memory, whichever the host supports; `--gpu-path` forces
+//! one): the NIC then reads from and writes into GPU memory directly. On a host without an RDMA
+//! device or without a usable GPU the program stops with the library's error and its hint.
+//!
 //! On a machine without an RDMA device, `cargo xtask demo` runs both sides in the Soft-RoCE VM.
 
 use std::net::TcpListener;
@@ -18,8 +23,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gdr::connect::{self, TcpLink};
 use gdr::cq::{CompletionQueue, WcOpcode};
+use gdr::cuda::DeviceBuffer;
 use gdr::device::{Context, Selection};
-use gdr::mr::{AccessFlags, MemoryRegion, RegionExt};
+use gdr::gpu_mr::{GpuMemoryRegion, RegistrationPath};
+use gdr::mr::{AccessFlags, LocalSlice, MemoryRegion, RegionExt, RemoteRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::wr::{RecvRequest, SendRequest};
@@ -48,6 +55,74 @@ struct Args {
     /// Number of writes.
     #[arg(long, short = 'n', default_value_t = 100)]
     iters: u32,
+    /// Use GPU memory on this CUDA device (default ordinal 0) instead of host memory.
+    #[arg(long, num_args = 0..=1, default_missing_value = "0")]
+    gpu: Option<i32>,
+    /// GPU registration path: auto, dmabuf or peermem.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "dmabuf", "peermem"])]
+    gpu_path: String,
+}
+
+/// The buffer of either side: host memory, or GPU memory the NIC reaches directly.
+enum Buffer {
+    Host(Arc<MemoryRegion>),
+    Gpu(Arc<GpuMemoryRegion>),
+}
+
+impl Buffer {
+    fn new(pd: &Arc<ProtectionDomain>, args: &Args, access: AccessFlags) -> gdr::Result<Buffer> {
+        let Some(ordinal) = args.gpu else {
+            return Ok(Buffer::Host(MemoryRegion::new(pd, args.size, access)?));
+        };
+        let path = match args.gpu_path.as_str() {
+            "dmabuf" => RegistrationPath::DmaBuf,
+            "peermem" => RegistrationPath::PeerMemory,
+            _ => RegistrationPath::Auto,
+        };
+        let buf = Arc::new(DeviceBuffer::alloc(ordinal, args.size)?);
+        let mr = GpuMemoryRegion::register(pd, buf, .., access, path)?;
+        println!(
+            "GPU {ordinal}: {} bytes registered through {:?}",
+            args.size,
+            mr.path()
+        );
+        Ok(Buffer::Gpu(mr))
+    }
+
+    fn slice(&self) -> gdr::Result<LocalSlice> {
+        match self {
+            Buffer::Host(m) => m.slice(..),
+            Buffer::Gpu(m) => m.slice(..),
+        }
+    }
+
+    fn remote(&self) -> RemoteRegion {
+        match self {
+            Buffer::Host(m) => m.remote(),
+            Buffer::Gpu(m) => m.remote(),
+        }
+    }
+
+    fn fill(&self, data: &[u8]) -> gdr::Result<()> {
+        match self {
+            Buffer::Host(m) => m.write(0, data),
+            Buffer::Gpu(m) => m
+                .buffer()
+                .expect("registered from a DeviceBuffer")
+                .copy_from_host(0, data),
+        }
+    }
+
+    /// The bytes, after the RDMA writes into it completed.
+    fn contents(&self) -> gdr::Result<Vec<u8>> {
+        match self {
+            Buffer::Host(m) => Ok(m.to_vec()),
+            Buffer::Gpu(m) => {
+                m.flush_rdma_writes()?;
+                m.buffer().expect("registered from a DeviceBuffer").to_vec()
+            }
+        }
+    }
 }
 
 /// The byte the client writes at `i` in iteration `iter`: every byte position and every
@@ -88,9 +163,9 @@ fn open(args: &Args) -> gdr::Result<Rdma> {
 
 fn server(args: &Args) -> gdr::Result<()> {
     let r = open(args)?;
-    let mr = MemoryRegion::new(
+    let mr = Buffer::new(
         &r.pd,
-        args.size,
+        args,
         AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
     )?;
     // The client's final write carries immediate data and consumes this receive.
@@ -114,7 +189,7 @@ fn server(args: &Args) -> gdr::Result<()> {
         )));
     }
     let iters = c.imm.unwrap_or(0);
-    let data = mr.to_vec();
+    let data = mr.contents()?;
     let last = iters.saturating_sub(1);
     if let Some(bad) = (0..data.len()).find(|&i| data[i] != pattern(i, last)) {
         link.send_bytes(b"FAIL")?;
@@ -134,7 +209,7 @@ fn server(args: &Args) -> gdr::Result<()> {
 
 fn client(args: &Args, host: &str) -> gdr::Result<()> {
     let r = open(args)?;
-    let mr = MemoryRegion::new(&r.pd, args.size, AccessFlags::LOCAL_WRITE)?;
+    let mr = Buffer::new(&r.pd, args, AccessFlags::LOCAL_WRITE)?;
     let mut link = TcpLink::connect((host, args.port), Duration::from_secs(30))?;
     let peer = connect::handshake(&mut link, &r.qp, &[])?;
     let remote = *peer
@@ -142,7 +217,7 @@ fn client(args: &Args, host: &str) -> gdr::Result<()> {
         .first()
         .ok_or_else(|| gdr::Error::protocol("server advertised no region"))?;
     let remote = remote.slice(0..args.size as u64)?;
-    let local = [mr.slice(..)?];
+    let local = [mr.slice()?];
     let iters = args.iters.max(1);
     let mut buf = vec![0u8; args.size];
     let mut busy = Duration::ZERO;
@@ -150,7 +225,7 @@ fn client(args: &Args, host: &str) -> gdr::Result<()> {
         buf.iter_mut()
             .enumerate()
             .for_each(|(i, b)| *b = pattern(i, iter));
-        mr.write(0, &buf)?;
+        mr.fill(&buf)?;
         let t = Instant::now();
         let req = SendRequest::write(&local, remote).id(u64::from(iter));
         let req = if iter + 1 == iters {
