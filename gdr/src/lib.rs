@@ -14,6 +14,49 @@
 //!
 //! Parents are kept alive by `Arc`: a queue pair holds its protection domain and completion
 //! queues, a region its protection domain, a protection domain its device context.
+//!
+//! ## Quick start: write into a peer's memory
+//!
+//! The client side of `examples/rdma_write.rs` (run both sides with `cargo xtask demo`, or on real
+//! hardware with `cargo run --example rdma_write -- --server` and `-- --connect HOST`):
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use gdr::{connect, cq::CompletionQueue, device::Context, pd::ProtectionDomain, qp::QueuePair};
+//! use gdr::mr::{AccessFlags, MemoryRegion, RegionExt};
+//! use gdr::wr::SendRequest;
+//!
+//! let ctx = Context::open("mlx5_0:1")?;                 // or an NCCL-style list, see device::Selection
+//! let pd = ProtectionDomain::new(&ctx)?;
+//! let cq = CompletionQueue::new(&ctx, 256)?;
+//! let qp = QueuePair::builder(&pd, &cq, &cq).build()?;  // RoCE v2 GID picked automatically
+//! let mr = MemoryRegion::with_data(&pd, b"hello, peer", AccessFlags::LOCAL_WRITE)?;
+//!
+//! // Exchange endpoints and regions over TCP, connect (INIT -> RTR -> RTS), meet at a barrier.
+//! let mut link = connect::TcpLink::connect("192.0.2.10:18515", Duration::from_secs(10))?;
+//! let peer = connect::handshake(&mut link, &qp, &[])?;
+//!
+//! // Bounds are checked here, against our region and the region the peer advertised.
+//! let remote = peer.regions[0].slice(0..11)?;
+//! qp.post_send(&SendRequest::write(&[mr.slice(..)?], remote).id(1))?;
+//! let done = cq.wait_for(1, Duration::from_secs(5))?;
+//! done[0].result()?;                                   // a failed completion becomes an Error with a hint
+//! # Ok::<(), gdr::Error>(())
+//! ```
+//!
+//! GPU memory works the same way: allocate a [`cuda::DeviceBuffer`], register it with
+//! [`gpu_mr::GpuMemoryRegion::register`] (the pointer is checked with `cuPointerGetAttributes`,
+//! then registered through dma-buf or peer memory, whichever the host supports) and slice it like
+//! a host region. Nothing the CPU would have to read from GPU memory (inline sends, byte views) is
+//! offered for it.
+//!
+//! ## Soundness
+//!
+//! Safe code cannot cause undefined behaviour: a posted request keeps every region it references
+//! alive until its completion is reaped ([`cq::CompletionQueue::poll`]) or the queue pair is reset
+//! or destroyed; ranges are checked before anything is posted; memory the NIC may write is only
+//! reachable through copies or `unsafe` views with a written contract; nothing panics on missing
+//! hardware or libraries (every such case is an [`Error`] with a hint).
 
 #![deny(missing_docs)]
 #![warn(unsafe_op_in_unsafe_fn)]
