@@ -106,6 +106,8 @@ fn gpu_classify_cumemalloc_and_subranges() {
     let own = unsafe { cuda::ContextGuard::from_raw(info.context as _) }.unwrap();
     assert_eq!(cuda::ContextGuard::current().unwrap(), own.as_raw());
     drop(own);
+    // A heap allocation on purpose (not an array on the stack): CUDA must call it pageable host memory.
+    #[allow(clippy::useless_vec)]
     let heap = vec![0u8; 64];
     assert!(matches!(
         cuda::set_sync_memops(heap.as_ptr() as u64),
