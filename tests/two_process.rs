@@ -171,3 +171,39 @@ fn peer_process_killed_mid_stream_gives_an_error_completion_not_a_hang() {
     );
     assert!(t.elapsed() < Duration::from_secs(30));
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE, run as root to drop privileges (cargo xtask test)"]
+fn locked_memory_limit_too_small_gives_the_memlock_hint() {
+    // Root may pin without limit (CAP_IPC_LOCK), so run the example as `nobody` with a typical
+    // distribution default of 8 MiB and ask for a 64 MiB region.
+    let out = Command::new("prlimit")
+        .args([
+            "--memlock=8388608",
+            "--",
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(example())
+        .args([
+            "--server",
+            "--port",
+            "18604",
+            "--device",
+            &env("GDR_TEST_DEVICE"),
+            "--size",
+            "67108864",
+        ])
+        .output()
+        .expect("prlimit and setpriv (util-linux) run the example");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("ibv_reg_mr(device="), "{t}");
+    assert!(t.contains("len=67108864"), "{t}");
+    assert!(t.contains("the locked-memory limit is 8192 KiB"), "{t}");
+    assert!(t.contains("ulimit -l unlimited"), "{t}");
+    eprintln!("{t}");
+}

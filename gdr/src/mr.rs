@@ -556,7 +556,7 @@ pub(crate) fn reg_mr_error(
 ) -> Error {
     let hint = match errno {
         libc::ENOMEM | libc::EAGAIN => Hint::new(format!(
-            "the locked-memory limit is {} ; raise it (`ulimit -l unlimited`, or memlock in /etc/security/limits.conf / LimitMEMLOCK= for services)",
+            "the locked-memory limit is {}; raise it (`ulimit -l unlimited`, or memlock in /etc/security/limits.conf / LimitMEMLOCK= for services)",
             memlock_limit_text()
         )),
         libc::EINVAL => Hint::new("the device rejected the access flags or the length (see its max_mr_size)"),
