@@ -107,16 +107,22 @@ fn check_tools_without_apt() -> Result<()> {
 
 /// Runs a command as root: directly when we are root, through sudo otherwise.
 fn run_privileged(program: &str, args: &[&str]) -> Result<()> {
+    // sudo resets the environment, so the variable goes through env(1).
     let mut cmd = if is_root() {
-        Command::new(program)
+        Command::new("env")
     } else if have("sudo") {
         let mut c = Command::new("sudo");
-        c.arg(program);
+        c.arg("env");
         c
     } else {
         return Err(format!("{program} needs root and there is no sudo"));
     };
-    cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+    cmd.arg("DEBIAN_FRONTEND=noninteractive").arg(program);
+    // Wait for a concurrent apt/dpkg (another xtask run) instead of failing on its lock.
+    if program == "apt-get" {
+        cmd.args(["-o", "DPkg::Lock::Timeout=300"]);
+    }
+    cmd.args(args);
     run(&mut cmd)
 }
 
