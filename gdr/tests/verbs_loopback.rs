@@ -561,3 +561,31 @@ fn reset_state_rejects_posting_with_a_clear_error() {
         Ok(()) => assert!(!cq.wait_for(1, T).unwrap()[0].is_ok()),
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn unroutable_peer_gid_is_a_clear_connect_error() {
+    let ctx = Context::open(&device()).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let qp = QueuePair::builder(&pd, &cq, &cq).build().unwrap();
+    let other = QueuePair::builder(&pd, &cq, &cq).build().unwrap();
+    // TEST-NET-1 (192.0.2.0/24): no interface of the test machine routes there.
+    let mut peer = other.endpoint();
+    peer.gid = gdr::device::Gid(
+        std::net::Ipv4Addr::new(192, 0, 2, 1)
+            .to_ipv6_mapped()
+            .octets(),
+    );
+    let e = qp.connect(&peer).unwrap_err();
+    let s = e.to_string();
+    eprintln!("{s}");
+    assert!(
+        s.contains("ibv_modify_qp") && s.contains("Init -> Rtr"),
+        "{s}"
+    );
+    assert!(
+        s.contains("no route from GID[") && s.contains("::ffff:192.0.2.1"),
+        "{s}"
+    );
+}
