@@ -296,6 +296,45 @@ fn random_psn() -> u32 {
     (h.finish() as u32) & 0x00ff_ffff
 }
 
+/// `ibv_qp_attr_mask` bits as names, e.g. `STATE|AV|PATH_MTU`.
+fn mask_names(mask: u32) -> String {
+    const NAMES: [&str; 21] = [
+        "STATE",
+        "CUR_STATE",
+        "EN_SQD_ASYNC_NOTIFY",
+        "ACCESS_FLAGS",
+        "PKEY_INDEX",
+        "PORT",
+        "QKEY",
+        "AV",
+        "PATH_MTU",
+        "TIMEOUT",
+        "RETRY_CNT",
+        "RNR_RETRY",
+        "RQ_PSN",
+        "MAX_QP_RD_ATOMIC",
+        "ALT_PATH",
+        "MIN_RNR_TIMER",
+        "SQ_PSN",
+        "MAX_DEST_RD_ATOMIC",
+        "PATH_MIG_STATE",
+        "CAP",
+        "DEST_QPN",
+    ];
+    let mut parts: Vec<String> = (0..32)
+        .filter(|b| mask & (1 << b) != 0)
+        .map(|b| {
+            NAMES
+                .get(b)
+                .map_or_else(|| format!("bit{b}"), |n| n.to_string())
+        })
+        .collect();
+    if parts.is_empty() {
+        parts.push("0".into());
+    }
+    parts.join("|")
+}
+
 fn qp_err(call: &'static str, qpn: u32, what: &str, rc: i32, hint: impl Into<Hint>) -> Error {
     Error::verbs(call, format!("qpn={qpn:#x}, {what}"), rc.abs(), hint)
 }
@@ -510,7 +549,7 @@ impl QueuePair {
         Err(qp_err(
             "ibv_modify_qp",
             self.qp_num(),
-            &format!("{from} -> {target:?}, mask={:#x}", mask.0),
+            &format!("{from} -> {target:?}, mask={}", mask_names(mask.0)),
             errno,
             hint(errno),
         ))
@@ -1018,6 +1057,23 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn attribute_masks_are_named() {
+        use ibv::ibv_qp_attr_mask as M;
+        let m = M::IBV_QP_STATE
+            | M::IBV_QP_AV
+            | M::IBV_QP_PATH_MTU
+            | M::IBV_QP_DEST_QPN
+            | M::IBV_QP_RQ_PSN
+            | M::IBV_QP_MAX_DEST_RD_ATOMIC
+            | M::IBV_QP_MIN_RNR_TIMER;
+        assert_eq!(
+            mask_names(m.0),
+            "STATE|AV|PATH_MTU|RQ_PSN|MIN_RNR_TIMER|MAX_DEST_RD_ATOMIC|DEST_QPN"
+        );
+        assert_eq!(mask_names(0), "0");
     }
 
     #[test]
