@@ -527,21 +527,7 @@ impl CompletionQueue {
         })?;
         // SAFETY: the channel is valid while self lives.
         let fd = unsafe { (*ch.0.as_ptr()).fd };
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            return Err(Error::io(
-                "poll on completion channel",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        if rc == 0 {
+        if !wait_readable(fd, timeout, "completion channel")? {
             return Ok(false);
         }
         let mut cq: *mut ibv::ibv_cq = std::ptr::null_mut();
@@ -573,6 +559,25 @@ impl CompletionQueue {
             .unwrap_or_else(|p| p.into_inner())
             .retain(|(q, _)| *q != qpn);
     }
+}
+
+/// Waits until `fd` is readable or `timeout` passes; returns whether it became readable.
+pub(crate) fn wait_readable(fd: libc::c_int, timeout: Duration, what: &str) -> Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if rc < 0 {
+        return Err(Error::io(
+            format!("poll on the {what}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(rc > 0)
 }
 
 impl Drop for CompletionQueue {

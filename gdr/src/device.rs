@@ -22,6 +22,18 @@ use crate::error::{Error, Hint, Result};
 const NO_DEVICE_HINT: &str = "no RDMA device is visible: check `ibv_devices`, load the NIC driver \
      (mlx5_ib, ...) or create a Soft-RoCE device (`rdma link add rxe0 type rxe netdev eth0`)";
 
+fn not_found(wanted: &str, names: &[String]) -> Error {
+    Error::DeviceNotFound {
+        wanted: wanted.to_string(),
+        available: names.to_vec(),
+        hint: if names.is_empty() {
+            Hint::new(NO_DEVICE_HINT)
+        } else {
+            Hint::NONE
+        },
+    }
+}
+
 /// One RDMA device as listed by `ibv_get_device_list`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -101,15 +113,7 @@ impl DeviceList {
         let i = names
             .iter()
             .position(|n| n == name)
-            .ok_or_else(|| Error::DeviceNotFound {
-                wanted: name.to_string(),
-                available: names.clone(),
-                hint: if names.is_empty() {
-                    Hint::new(NO_DEVICE_HINT)
-                } else {
-                    Hint::NONE
-                },
-            })?;
+            .ok_or_else(|| not_found(name, &names))?;
         let dev = self.raw(i);
         // SAFETY: `dev` belongs to the live list; an opened context stays valid after the list
         // is freed (libibverbs keeps a reference to the device).
@@ -186,15 +190,7 @@ impl Context {
         let names = list.names();
         let (name, port) = selection
             .first_match(&names)
-            .ok_or_else(|| Error::DeviceNotFound {
-                wanted: selection.to_string(),
-                available: names.clone(),
-                hint: if names.is_empty() {
-                    Hint::new(NO_DEVICE_HINT)
-                } else {
-                    Hint::NONE
-                },
-            })?;
+            .ok_or_else(|| not_found(&selection.to_string(), &names))?;
         let ctx = list.open(&name)?;
         let port = port.unwrap_or(1);
         ctx.query_port(port)?;

@@ -109,26 +109,42 @@ pub(crate) fn resolve_range(
     range: impl RangeBounds<usize>,
     limit: usize,
 ) -> Result<(usize, usize)> {
-    let start = match range.start_bound() {
-        Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.saturating_add(1),
-        Bound::Unbounded => 0,
-    };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e.saturating_add(1),
-        Bound::Excluded(&e) => e,
-        Bound::Unbounded => limit,
-    };
-    if start > end || end > limit {
-        return Err(Error::OutOfBounds {
+    let (start, end) = (
+        range.start_bound().map(|&x| x as u64),
+        range.end_bound().map(|&x| x as u64),
+    );
+    span(start, end, limit as u64)
+        .map(|(o, l)| (o as usize, l as usize))
+        .map_err(|(offset, len)| Error::OutOfBounds {
             what: what.into(),
-            offset: start as u64,
-            len: end.saturating_sub(start) as u64,
+            offset,
+            len,
             limit: limit as u64,
             hint: Hint::NONE,
-        });
+        })
+}
+
+/// Offset and length of a range within `[0, limit)`, or `Err((offset, len))` when it does not fit.
+fn span(
+    start: Bound<u64>,
+    end: Bound<u64>,
+    limit: u64,
+) -> std::result::Result<(u64, u64), (u64, u64)> {
+    let s = match start {
+        Bound::Included(s) => s,
+        Bound::Excluded(s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let e = match end {
+        Bound::Included(e) => e.saturating_add(1),
+        Bound::Excluded(e) => e,
+        Bound::Unbounded => limit,
+    };
+    if s > e || e > limit {
+        Err((s, e.saturating_sub(s)))
+    } else {
+        Ok((s, e - s))
     }
-    Ok((start, end - start))
 }
 
 /// Slices of registered regions, for work requests. Implemented for every `Arc<R: Registered>`.
@@ -238,28 +254,21 @@ impl RemoteRegion {
 
     /// A bounds-checked slice of the remote region.
     pub fn slice(&self, range: impl RangeBounds<u64>) -> Result<RemoteSlice> {
-        let start = match range.start_bound() {
-            Bound::Included(&s) => s,
-            Bound::Excluded(&s) => s.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&e) => e.saturating_add(1),
-            Bound::Excluded(&e) => e,
-            Bound::Unbounded => self.len,
-        };
-        if start > end || end > self.len {
-            return Err(Error::OutOfBounds {
-                what: "remote slice".into(),
-                offset: start,
-                len: end.saturating_sub(start),
-                limit: self.len,
-                hint: Hint::new("the peer advertised a smaller region"),
-            });
-        }
+        let (start, len) = span(
+            range.start_bound().cloned(),
+            range.end_bound().cloned(),
+            self.len,
+        )
+        .map_err(|(offset, len)| Error::OutOfBounds {
+            what: "remote slice".into(),
+            offset,
+            len,
+            limit: self.len,
+            hint: Hint::new("the peer advertised a smaller region"),
+        })?;
         Ok(RemoteSlice {
             addr: self.addr + start,
-            len: end - start,
+            len,
             rkey: self.rkey,
         })
     }

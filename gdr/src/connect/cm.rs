@@ -57,21 +57,7 @@ impl EventChannel {
     fn next(&self, timeout: Duration) -> Result<Event> {
         // SAFETY: the channel is valid while self lives.
         let fd = unsafe { (*self.0.as_ptr()).fd };
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if rc < 0 {
-            return Err(Error::io(
-                "poll on the rdma_cm event channel",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        if rc == 0 {
+        if !crate::cq::wait_readable(fd, timeout, "rdma_cm event channel")? {
             return Err(Error::Timeout {
                 what: "rdma_cm event".into(),
                 millis: timeout.as_millis() as u64,
