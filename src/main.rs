@@ -3,6 +3,7 @@
 //! A thin dispatcher: each subcommand lives in its own module under `src/cli/`.
 
 mod cli;
+mod perf;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -19,6 +20,10 @@ struct Cli {
 enum Command {
     /// Will GPUDirect RDMA work on this host, and fast? One verdict per GPU-NIC pair, with fixes.
     Doctor(cli::doctor::DoctorArgs),
+    /// RDMA bandwidth and message rate, like ib_write_bw (server: --server; client: SERVER).
+    Bw(cli::bw::BwArgs),
+    /// RDMA ping-pong latency, like ib_write_lat (server: --server; client: SERVER).
+    Lat(cli::lat::LatArgs),
 }
 
 fn main() -> ExitCode {
@@ -26,6 +31,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Doctor(args) => cli::doctor::run(args),
+        Command::Bw(args) => cli::bw::run(args),
+        Command::Lat(args) => cli::lat::run(args),
     };
     ExitCode::from(code)
 }

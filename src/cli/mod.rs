@@ -1,3 +1,5 @@
 //! One module per `gdr` subcommand.
 
+pub mod bw;
 pub mod doctor;
+pub mod lat;
