@@ -215,9 +215,22 @@ pub fn bw_line(row: &BwRow, gbits: bool) -> String {
         (row.bw_peak_mib_s, row.bw_avg_mib_s)
     };
     format!(
-        " {:<10} {:<12} {:<20.2} {:<22.2} {:<14.6}\n",
-        row.bytes, row.iterations, peak, avg, row.msg_rate_mpps
+        " {:<10} {:<12} {:<20} {:<22} {:<14.6}\n",
+        row.bytes,
+        row.iterations,
+        fmt_bw(peak),
+        fmt_bw(avg),
+        row.msg_rate_mpps
     )
+}
+
+/// Two decimals, or six for small values (as perftest prints tiny Gb/s figures).
+fn fmt_bw(v: f64) -> String {
+    if v != 0.0 && v.abs() < 0.01 {
+        format!("{v:.6}")
+    } else {
+        format!("{v:.2}")
+    }
 }
 
 /// One latency line of the table.
@@ -588,6 +601,8 @@ mod tests {
         let cols: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(&cols[..4], ["65536", "1000", "1.00", "0.80"]);
         assert!(!g.contains("NOT VERIFIED"));
+        assert_eq!(fmt_bw(0.000655), "0.000655");
+        assert_eq!(fmt_bw(12.345), "12.35");
         let mut bad = bw_report();
         bad.verified = false;
         bad.failures = vec!["byte 3 differs".into()];

@@ -613,7 +613,7 @@ fn lat_size(
     // the source's last byte carries markers in the previous size; restore the pattern.
     side.mem[0].fill_pattern(size)?;
     let posted = pp.prepost(iters)?;
-    samples.reserve(iters as usize);
+    samples.reserve(iters as usize + 1);
     link.barrier()?;
     let inline_src = if inline && !write_with_imm {
         Some(&mut inline_buf[..size])

@@ -5,10 +5,12 @@
 //! * `test`: host tests, then the device tests inside one VM boot.
 //! * `demo`: the README's main job, run inside the VM.
 //! * `gpu-bundle`: collect the `gpu_*` test binaries for the GPU machine.
+//! * `compare-perftest`: gdr bw/lat against perftest, medians and ratios.
 
 mod bundle;
 mod cargo;
 mod demo;
+mod perftest;
 mod setup;
 mod test;
 mod vm;
@@ -45,6 +47,8 @@ enum Command {
     },
     /// Build the `gpu_*` test binaries, the gdr binary and examples into gpu-bundle/.
     GpuBundle,
+    /// gdr bw/lat against perftest's ib_write_bw/ib_write_lat, alternately, in one VM boot.
+    ComparePerftest(perftest::CompareOpts),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         Command::Test(opts) => test::test(&opts),
         Command::Demo { opts } => demo::demo(&opts),
         Command::GpuBundle => bundle::gpu_bundle().map(|()| 0),
+        Command::ComparePerftest(opts) => perftest::compare(&opts),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

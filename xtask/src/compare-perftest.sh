@@ -1,0 +1,57 @@
+#!/bin/sh
+# Runs `gdr bw`/`gdr lat` and perftest's ib_write_bw/ib_write_lat alternately on one RDMA device
+# (server and client as two processes on this host, talking through ADDR) and prints every
+# client's output between markers that `cargo xtask compare-perftest` parses.
+#
+# usage: compare-perftest.sh DEVICE GID_INDEX ADDR GDR_BINARY ROUNDS SIZES [LAT_ITERS] [RATE_ITERS]
+#   ADDR: this host's address on DEVICE (- takes $GDR_TEST_ADDR, as in the Soft-RoCE VM).
+#   SIZES: comma-separated write-bandwidth sizes; iterations per size: 64 MiB / size, within 200..1000.
+# On real hardware: compare-perftest.sh mlx5_0 3 192.168.1.10 target/release/gdr 3 4096,65536,1048576
+set -u
+dev=$1 gid=$2 addr=$3 gdr=$4
+[ "$addr" = "-" ] && addr=${GDR_TEST_ADDR:?ADDR is - but GDR_TEST_ADDR is not set} rounds=$5 sizes=$6 lat_iters=${7:-1000} rate_iters=${8:-5000}
+port=18620
+
+# run NAME SERVER_CMD... -- CLIENT_CMD...: server in the background, then the client.
+run() {
+    name=$1; shift
+    srv=""; while [ "$1" != "--" ]; do srv="$srv '$1'"; shift; done; shift
+    port=$((port + 1))
+    eval "$srv -p $port" >/dev/null 2>&1 &
+    spid=$!
+    sleep 0.3
+    echo "### $name"
+    "$@" -p $port 2>&1
+    rc=$?
+    # a server whose client failed would wait forever: give it 10 s to finish, then stop it.
+    t=0
+    while kill -0 $spid 2>/dev/null && [ $t -lt 100 ]; do sleep 0.1; t=$((t + 1)); done
+    kill $spid 2>/dev/null
+    wait $spid
+    echo "### end rc=$rc server_rc=$?"
+}
+
+iters_for() {
+    n=$((67108864 / $1)); [ $n -gt 1000 ] && n=1000; [ $n -lt 200 ] && n=200; echo $n
+}
+
+r=1
+while [ $r -le "$rounds" ]; do
+    for s in $(echo "$sizes" | tr ',' ' '); do
+        n=$(iters_for "$s")
+        run "gdr bw size=$s round=$r" "$gdr" bw --server -d "$dev" -x "$gid" -- \
+            "$gdr" bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report-gbits
+        run "perftest bw size=$s round=$r" ib_write_bw -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report_gbits -- \
+            ib_write_bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report_gbits
+    done
+    run "gdr rate size=2 round=$r" "$gdr" bw --server -d "$dev" -x "$gid" -- \
+        "$gdr" bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" -q 1 -t 128 --report-gbits
+    run "perftest rate size=2 round=$r" ib_write_bw -d "$dev" -x "$gid" -s 2 -n "$rate_iters" --report_gbits -- \
+        ib_write_bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" --report_gbits
+    run "gdr lat size=2 round=$r" "$gdr" lat --server -d "$dev" -x "$gid" -- \
+        "$gdr" lat "$addr" -d "$dev" -x "$gid" -s 2 -n "$lat_iters"
+    run "perftest lat size=2 round=$r" ib_write_lat -d "$dev" -x "$gid" -s 2 -n "$lat_iters" -- \
+        ib_write_lat "$addr" -d "$dev" -x "$gid" -s 2 -n "$lat_iters"
+    r=$((r + 1))
+done
+echo "### done"

@@ -1,0 +1,345 @@
+//! `cargo xtask compare-perftest`: `gdr bw`/`gdr lat` against perftest's `ib_write_bw`/
+//! `ib_write_lat`, alternately, several rounds, in one VM boot (or on this host's own RDMA
+//! device with `--local`), then per size the medians and the ratio gdr/perftest.
+//!
+//! The guest side is `compare-perftest.sh` (plain sh, takes the device as a parameter), so the
+//! same comparison runs on real hardware. Ratios are reported, never asserted.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use crate::vm::{self, shell_quote, VmOpts};
+use crate::{cargo, say, setup, Result};
+
+/// Options of `cargo xtask compare-perftest`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CompareOpts {
+    #[command(flatten)]
+    pub vm: VmOpts,
+    /// Rounds (each runs every measurement of both tools once, alternating).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    /// Write-bandwidth message sizes, comma-separated.
+    #[arg(long, default_value = "4096,65536,1048576")]
+    pub sizes: String,
+    /// Round trips of the 2-byte latency runs.
+    #[arg(long, default_value_t = 1000)]
+    pub lat_iters: u32,
+    /// Messages of the 2-byte message-rate runs.
+    #[arg(long, default_value_t = 5000)]
+    pub rate_iters: u32,
+    /// Run on this host's RDMA device instead of booting the Soft-RoCE VM (real hardware).
+    #[arg(long, requires_all = ["device", "addr"])]
+    pub local: bool,
+    /// RDMA device for --local (e.g. mlx5_0).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// GID index for --local.
+    #[arg(long, default_value_t = 3)]
+    pub gid_index: u32,
+    /// This host's address on the device, for --local.
+    #[arg(long)]
+    pub addr: Option<String>,
+}
+
+/// Where the guest-side script lives, relative to the workspace root.
+const SCRIPT: &str = "xtask/src/compare-perftest.sh";
+
+pub fn compare(opts: &CompareOpts) -> Result<i32> {
+    for s in opts.sizes.split(',') {
+        s.trim()
+            .parse::<u64>()
+            .map_err(|_| format!("--sizes: {s:?} is not a number of bytes"))?;
+    }
+    let meta = cargo::metadata()?;
+    say!("building: cargo build --release --bin gdr");
+    setup::run(cargo::cargo().args(["build", "--release", "--bin", "gdr"]))?;
+    std::env::set_current_dir(&meta.root).map_err(|e| e.to_string())?;
+    let gdr = meta.target_dir.join("release/gdr");
+    let tail = format!(
+        "{} {} {} {} {}",
+        shell_quote(&gdr.to_string_lossy()),
+        opts.rounds,
+        shell_quote(&opts.sizes),
+        opts.lat_iters,
+        opts.rate_iters
+    );
+    let output = if opts.local {
+        let dev = opts.device.as_deref().unwrap_or_default();
+        let addr = opts.addr.as_deref().unwrap_or_default();
+        let out = Command::new("sh")
+            .arg(Path::new(SCRIPT))
+            .args([dev, &opts.gid_index.to_string(), addr])
+            .args([
+                gdr.to_string_lossy().as_ref(),
+                &opts.rounds.to_string(),
+                &opts.sizes,
+                &opts.lat_iters.to_string(),
+                &opts.rate_iters.to_string(),
+            ])
+            .output()
+            .map_err(|e| format!("running {SCRIPT}: {e}"))?;
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    } else {
+        setup::ensure_packages()?;
+        let script = format!("sh {SCRIPT} \"$GDR_TEST_DEVICE\" \"$GDR_TEST_GID_INDEX\" - {tail}\n");
+        let outcome = vm::boot(&opts.vm, &script)?;
+        if outcome.code != 0 {
+            return Err(format!(
+                "the comparison script exited with {} in the VM",
+                outcome.code
+            ));
+        }
+        outcome.output
+    };
+    let runs = parse(&output);
+    let (table, failures) = summarize(&runs);
+    println!("{table}");
+    if failures.is_empty() {
+        Ok(0)
+    } else {
+        for f in &failures {
+            eprintln!("xtask: compare-perftest: {f}");
+        }
+        Ok(1)
+    }
+}
+
+/// One measured run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    /// `gdr` or `perftest`.
+    pub tool: String,
+    /// `bw`, `rate` or `lat`.
+    pub kind: String,
+    /// Message size.
+    pub size: u64,
+    /// Round number.
+    pub round: u32,
+    /// The figure: average Gb/s (bw), Mpps (rate), typical usec (lat); `None` if not found.
+    pub value: Option<f64>,
+    /// Client and server exit codes.
+    pub rc: (i32, i32),
+}
+
+/// Parses the script's output: blocks `### TOOL KIND size=S round=R` .. `### end rc=A server_rc=B`.
+pub fn parse(text: &str) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    let mut cur: Option<Run> = None;
+    for line in text.lines() {
+        let line = line.trim_end();
+        if let Some(rest) = line.strip_prefix("### ") {
+            if let Some(rcs) = rest.strip_prefix("end ") {
+                if let Some(mut run) = cur.take() {
+                    let mut rc = (-1, -1);
+                    for kv in rcs.split_whitespace() {
+                        match kv.split_once('=') {
+                            Some(("rc", v)) => rc.0 = v.parse().unwrap_or(-1),
+                            Some(("server_rc", v)) => rc.1 = v.parse().unwrap_or(-1),
+                            _ => {}
+                        }
+                    }
+                    run.rc = rc;
+                    let dup = runs.iter().any(|r| {
+                        (&r.tool, &r.kind, r.size, r.round)
+                            == (&run.tool, &run.kind, run.size, run.round)
+                    });
+                    if !dup {
+                        runs.push(run);
+                    }
+                }
+                continue;
+            }
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            if let [tool, kind, size, round] = words[..] {
+                let size = size.strip_prefix("size=").and_then(|v| v.parse().ok());
+                let round = round.strip_prefix("round=").and_then(|v| v.parse().ok());
+                if let (Some(size), Some(round)) = (size, round) {
+                    cur = Some(Run {
+                        tool: tool.into(),
+                        kind: kind.into(),
+                        size,
+                        round,
+                        value: None,
+                        rc: (-1, -1),
+                    });
+                }
+            }
+            continue;
+        }
+        if let Some(run) = cur.as_mut() {
+            if run.value.is_some() {
+                continue;
+            }
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.first() != Some(&run.size.to_string().as_str()) {
+                continue;
+            }
+            let nums: Vec<f64> = cols.iter().filter_map(|c| c.parse().ok()).collect();
+            if nums.len() != cols.len() {
+                continue;
+            }
+            // bw table: bytes iters peak avg rate; lat table: bytes iters min max typical ...
+            let idx = match run.kind.as_str() {
+                "bw" => 3,
+                "rate" => 4,
+                _ => 4,
+            };
+            run.value = nums.get(idx).copied();
+        }
+    }
+    runs
+}
+
+/// The median of the values (mean of the middle two for an even count).
+pub fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    Some(if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    })
+}
+
+/// The comparison table and the list of failed or unparsable runs.
+pub fn summarize(runs: &[Run]) -> (String, Vec<String>) {
+    let mut failures = Vec::new();
+    let mut groups: BTreeMap<(u8, String, u64), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for r in runs {
+        if r.rc != (0, 0) || r.value.is_none() {
+            failures.push(format!(
+                "{} {} size={} round={}: client rc {}, server rc {}{}",
+                r.tool,
+                r.kind,
+                r.size,
+                r.round,
+                r.rc.0,
+                r.rc.1,
+                if r.value.is_none() {
+                    ", no result line"
+                } else {
+                    ""
+                }
+            ));
+            continue;
+        }
+        let order = match r.kind.as_str() {
+            "bw" => 0,
+            "rate" => 1,
+            _ => 2,
+        };
+        let e = groups.entry((order, r.kind.clone(), r.size)).or_default();
+        if r.tool == "gdr" {
+            e.0.push(r.value.unwrap_or(0.0));
+        } else {
+            e.1.push(r.value.unwrap_or(0.0));
+        }
+    }
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{:<26} {:>9} {:>7} {:>14} {:>16} {:>14} {:>8}\n",
+        "metric", "bytes", "rounds", "gdr median", "perftest median", "gdr/perftest", "target"
+    ));
+    for ((_, kind, size), (g, p)) in &groups {
+        let (metric, target) = match kind.as_str() {
+            "bw" => ("write BW average [Gb/s]", ">= 1.0"),
+            "rate" => ("write msg rate [Mpps]", ">= 1.0"),
+            _ => ("write latency typ [usec]", "<= 1.0"),
+        };
+        let (gm, pm) = (median(g), median(p));
+        let ratio = match (gm, pm) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.3}", a / b),
+            _ => "-".into(),
+        };
+        let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.6}"));
+        s.push_str(&format!(
+            "{:<26} {:>9} {:>7} {:>14} {:>16} {:>14} {:>8}\n",
+            metric,
+            size,
+            g.len().min(p.len()),
+            f(gm),
+            f(pm),
+            ratio,
+            target
+        ));
+    }
+    (s, failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+### gdr bw size=4096 round=1
+ #bytes     #iterations  BW peak[Gb/sec]   BW average[Gb/sec]  MsgRate[Mpps]
+ 4096       1000         0.26                 0.24                   0.007236
+### end rc=0 server_rc=0
+### perftest bw size=4096 round=1
+ local address: LID 0000 QPN 0x001f
+ #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
+ 4096       1000             0.29               0.20   \t\t   0.007604
+### end rc=0 server_rc=0
+### gdr bw size=4096 round=2
+ 4096       1000         0.26                 0.22                   0.007236
+### end rc=0 server_rc=0
+### perftest bw size=4096 round=2
+ 4096       1000             0.29               0.24   \t\t   0.007604
+### end rc=0 server_rc=0
+### gdr lat size=2 round=1
+ 2          1000         13.71        1956.81      20.89            26.00        71.85          131.67                 1956.81
+### end rc=0 server_rc=0
+### perftest lat size=2 round=1
+ 2       1000          12.90          491.69       21.08    \t       22.62       \t19.23  \t\t130.51  \t\t491.69
+### end rc=0 server_rc=0
+### gdr rate size=2 round=1
+gdr bw: something failed
+### end rc=1 server_rc=0
+### done
+";
+
+    #[test]
+    fn parses_both_tools_tables() {
+        let runs = parse(SAMPLE);
+        assert_eq!(runs.len(), 7);
+        assert_eq!(runs[0].value, Some(0.24));
+        assert_eq!(runs[1].value, Some(0.20));
+        assert_eq!(runs[4].value, Some(20.89));
+        assert_eq!(runs[5].value, Some(21.08));
+        assert_eq!(runs[6].rc, (1, 0));
+        assert_eq!(runs[6].value, None);
+    }
+
+    #[test]
+    fn summary_has_medians_ratios_and_failures() {
+        let (table, failures) = summarize(&parse(SAMPLE));
+        let bw = table.lines().find(|l| l.starts_with("write BW")).unwrap();
+        let cols: Vec<&str> = bw.split_whitespace().collect();
+        // gdr median (0.24+0.22)/2 = 0.23, perftest (0.20+0.24)/2 = 0.22
+        assert!(
+            cols.contains(&"0.230000") && cols.contains(&"0.220000"),
+            "{bw}"
+        );
+        assert!(cols.contains(&"1.045"), "{bw}");
+        let lat = table
+            .lines()
+            .find(|l| l.starts_with("write latency"))
+            .unwrap();
+        assert!(lat.contains("0.991"), "{lat}");
+        assert_eq!(failures.len(), 1);
+        assert!(failures[0].contains("gdr rate size=2 round=1"));
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+    }
+}
