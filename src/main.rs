@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Will GPUDirect RDMA work on this host, and fast? One verdict per GPU-NIC pair, with fixes.
     Doctor(cli::doctor::DoctorArgs),
+    /// RDMA devices, ports and GID tables (like ibv_devinfo and show_gids), with the GID gdr picks.
+    Devinfo(cli::devinfo::DevinfoArgs),
     /// RDMA bandwidth and message rate, like ib_write_bw (server: --server; client: SERVER).
     Bw(cli::bw::BwArgs),
     /// RDMA ping-pong latency, like ib_write_lat (server: --server; client: SERVER).
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Doctor(args) => cli::doctor::run(args),
+        Command::Devinfo(args) => cli::devinfo::run(args),
         Command::Bw(args) => cli::bw::run(args),
         Command::Lat(args) => cli::lat::run(args),
     };

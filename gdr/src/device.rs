@@ -57,12 +57,20 @@ impl DeviceList {
         // array that we free in Drop with ibv_free_device_list.
         let raw = unsafe { ibv::ibv_get_device_list(&mut n) };
         match NonNull::new(raw) {
-            Some(list) => Ok(DeviceList { list, len: n.max(0) as usize }),
-            None => Err(Error::verbs_errno(
-                "ibv_get_device_list",
-                "",
-                "is libibverbs installed with a provider (ibverbs-providers)? is /dev/infiniband readable?",
-            )),
+            Some(list) => Ok(DeviceList {
+                list,
+                len: n.max(0) as usize,
+            }),
+            None => {
+                let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                let hint = if errno == libc::ENOSYS {
+                    "the kernel has no RDMA stack loaded (no /sys/class/infiniband_verbs): load ib_uverbs and \
+                     the NIC driver (mlx5_ib, ...), or use Soft-RoCE (rdma_rxe); `cargo xtask vm` runs one"
+                } else {
+                    "is libibverbs installed with a provider (ibverbs-providers)? is /dev/infiniband readable?"
+                };
+                Err(Error::verbs("ibv_get_device_list", "", errno, hint))
+            }
         }
     }
 

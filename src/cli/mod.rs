@@ -1,5 +1,6 @@
 //! One module per `gdr` subcommand.
 
 pub mod bw;
+pub mod devinfo;
 pub mod doctor;
 pub mod lat;
