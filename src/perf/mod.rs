@@ -10,3 +10,6 @@ pub mod params;
 pub mod report;
 pub mod session;
 pub mod stats;
+// Used by benches/perf.rs and tests/cli_perf.rs (which include this module by path), not by the binary.
+#[allow(dead_code)]
+pub mod loopback;

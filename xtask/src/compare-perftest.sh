@@ -19,7 +19,7 @@ run() {
     port=$((port + 1))
     eval "$srv -p $port" >/dev/null 2>&1 &
     spid=$!
-    sleep 0.3
+    sleep 1
     echo "### $name"
     "$@" -p $port 2>&1
     rc=$?

@@ -6,7 +6,9 @@
 //! * `demo`: the README's main job, run inside the VM.
 //! * `gpu-bundle`: collect the `gpu_*` test binaries for the GPU machine.
 //! * `compare-perftest`: gdr bw/lat against perftest, medians and ratios.
+//! * `bench`: `cargo bench` (benches/perf.rs) inside the VM.
 
+mod bench;
 mod bundle;
 mod cargo;
 mod demo;
@@ -49,6 +51,8 @@ enum Command {
     GpuBundle,
     /// gdr bw/lat against perftest's ib_write_bw/ib_write_lat, alternately, in one VM boot.
     ComparePerftest(perftest::CompareOpts),
+    /// Run `cargo bench` (write bandwidth and latency, benches/perf.rs) inside the VM.
+    Bench(bench::BenchOpts),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +64,7 @@ fn main() -> ExitCode {
         Command::Demo { opts } => demo::demo(&opts),
         Command::GpuBundle => bundle::gpu_bundle().map(|()| 0),
         Command::ComparePerftest(opts) => perftest::compare(&opts),
+        Command::Bench(opts) => bench::bench(&opts),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
