@@ -230,6 +230,7 @@ pub struct BwRun {
 
 /// The active side of a bandwidth run: posts `op` on every flow, `tx_depth` in flight per queue
 /// pair, one signalled request in every `cq_mod`, until `limit`. All queue pairs report into `cq`.
+#[allow(clippy::too_many_arguments)]
 pub fn bw_active(
     cq: &CompletionQueue,
     flows: &[Flow<'_>],
@@ -246,10 +247,10 @@ pub fn bw_active(
         Limit::Duration(d) => (u64::MAX, Some(Duration::from_secs_f64(d))),
     };
     let record = deadline.is_none();
-    st.reserve(if record { (iters as usize) * nq } else { 0 }, nq);
     st.posted.clear();
     st.completed.clear();
     st.checkpoints.clear();
+    st.reserve(if record { (iters as usize) * nq } else { 0 }, nq);
     st.scnt.iter_mut().for_each(|c| *c = 0);
     st.ccnt.iter_mut().for_each(|c| *c = 0);
     let depth = u64::from(tx_depth);
@@ -270,10 +271,10 @@ pub fn bw_active(
         for (q, f) in flows.iter().enumerate() {
             loop {
                 let n = st.scnt[q];
-                if n >= iters || n - st.ccnt[q] >= depth || (stop && n % cq_mod == 0) {
+                if n >= iters || n - st.ccnt[q] >= depth || (stop && n.is_multiple_of(cq_mod)) {
                     break;
                 }
-                let signaled = (n + 1) % cq_mod == 0 || n + 1 == iters;
+                let signaled = (n + 1).is_multiple_of(cq_mod) || n + 1 == iters;
                 let req = f.request(op).id(wr_id(q, n));
                 let req = if signaled { req } else { req.unsignaled() };
                 if record {
@@ -308,7 +309,7 @@ pub fn bw_active(
             Some(now)
         } else {
             empty_polls = empty_polls.wrapping_add(1);
-            if empty_polls % 1024 == 0 {
+            if empty_polls.is_multiple_of(1024) {
                 let now = Instant::now();
                 if now - last_progress > STALL_TIMEOUT {
                     return Err(stalled("bandwidth run: no completion", last_progress));
@@ -325,7 +326,7 @@ pub fn bw_active(
         }
         let finished = if stop {
             st.scnt.iter().zip(&st.ccnt).all(|(s, c)| s == c)
-                && st.scnt.iter().all(|s| s % cq_mod == 0)
+                && st.scnt.iter().all(|s| s.is_multiple_of(cq_mod))
         } else {
             st.ccnt.iter().all(|&c| c >= iters)
         };
@@ -507,7 +508,7 @@ impl PingPong<'_> {
                     src.write(self.size - 1, &[m])?;
                 }
             }
-            let signaled = (i + 1) % cq_mod == 0 || i + 1 == iters;
+            let signaled = (i + 1).is_multiple_of(cq_mod) || i + 1 == iters;
             let req = match inline_buf.as_deref_mut() {
                 Some(b) => {
                     b[self.size - 1] = m;
@@ -623,7 +624,7 @@ impl PingPong<'_> {
                         self.reap(received, posted, iters, unreaped, wc)?;
                     }
                     spins = spins.wrapping_add(1);
-                    if spins % 4096 == 0 && since.elapsed() > STALL_TIMEOUT {
+                    if spins.is_multiple_of(4096) && since.elapsed() > STALL_TIMEOUT {
                         return Err(stalled("latency: the peer's write never arrived", since));
                     }
                     std::hint::spin_loop();
@@ -633,7 +634,7 @@ impl PingPong<'_> {
                 while *received <= i {
                     self.reap(received, posted, iters, unreaped, wc)?;
                     spins = spins.wrapping_add(1);
-                    if spins % 4096 == 0 && since.elapsed() > STALL_TIMEOUT {
+                    if spins.is_multiple_of(4096) && since.elapsed() > STALL_TIMEOUT {
                         return Err(stalled("latency: the peer's message never arrived", since));
                     }
                 }

@@ -372,7 +372,7 @@ fn escape(s: &str) -> String {
 
 /// A value axis from 0 to a round number above `max`, and its tick step.
 fn nice_axis(max: f64) -> (f64, f64) {
-    if !(max > 0.0) || !max.is_finite() {
+    if max.is_nan() || max <= 0.0 || !max.is_finite() {
         return (1.0, 0.2);
     }
     let raw = max * 1.05 / 5.0;
@@ -670,7 +670,19 @@ mod tests {
         assert_eq!(v["op"], "write");
         assert_eq!(v["results"][0]["bytes"], 4096);
         assert_eq!(v["results"][1]["iterations"], 1000);
-        assert_eq!(serde_json::from_str::<Report>(&text).unwrap(), r);
+        let back: Report = serde_json::from_str(&text).unwrap();
+        let (Rows::Bw(a), Rows::Bw(b)) = (&back.results, &r.results) else {
+            panic!("bandwidth rows came back as {:?}", back.results);
+        };
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!((x.bytes, x.iterations), (y.bytes, y.iterations));
+            assert!((x.bw_avg_gbps - y.bw_avg_gbps).abs() <= 1e-12 * y.bw_avg_gbps);
+        }
+        assert_eq!(
+            (back.device, back.verified, back.qps),
+            (r.device, r.verified, r.qps)
+        );
     }
 
     #[test]
