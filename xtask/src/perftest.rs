@@ -207,10 +207,13 @@ pub fn median(v: &[f64]) -> Option<f64> {
     })
 }
 
+/// (display order, kind, size).
+type GroupKey = (u8, String, u64);
+
 /// The comparison table and the list of failed or unparsable runs.
 pub fn summarize(runs: &[Run]) -> (String, Vec<String>) {
     let mut failures = Vec::new();
-    let mut groups: BTreeMap<(u8, String, u64), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    let mut groups: BTreeMap<GroupKey, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     for r in runs {
         if r.rc != (0, 0) || r.value.is_none() {
             failures.push(format!(
