@@ -71,16 +71,7 @@ fn bench() -> Result<(), String> {
             &mut wc,
         )
         .map_err(|e| format!("write bandwidth, {size} B: {e}"))?;
-        let posted: Vec<f64> = st
-            .posted
-            .iter()
-            .map(|t| (*t - run.start).as_secs_f64())
-            .collect();
-        let completed: Vec<f64> = st
-            .completed
-            .iter()
-            .map(|t| t.saturating_duration_since(run.start).as_secs_f64())
-            .collect();
+        let (posted, completed) = run.timeline(&st);
         let bw = stats::bandwidth(size, &posted, &completed, cq_mod as usize);
         print!(
             "{}",

@@ -14,6 +14,7 @@ use gdr::qp::QueuePair;
 use gdr::wr::{RecvRequest, SendRequest};
 use gdr::{Error, Hint};
 
+use super::clock::{ticks, Calibration};
 use super::params::{Limit, Op};
 
 /// How long a loop waits for the peer without any progress before it gives up.
@@ -194,12 +195,12 @@ fn stalled(what: &str, since: Instant) -> Error {
 /// loop never allocates).
 #[derive(Debug, Default)]
 pub struct BwState {
-    /// Post time of every message, in posting order (iteration mode).
-    pub posted: Vec<Instant>,
-    /// Completion time of every message, in completion order (iteration mode).
-    pub completed: Vec<Instant>,
-    /// `(messages completed, time)` at every poll that reaped something (duration mode).
-    pub checkpoints: Vec<(u64, Instant)>,
+    /// Post time (ticks) of every message, in posting order (iteration mode).
+    pub posted: Vec<u64>,
+    /// Completion time (ticks) of every message, in completion order (iteration mode).
+    pub completed: Vec<u64>,
+    /// `(messages completed, ticks)` at every poll that reaped something (duration mode).
+    pub checkpoints: Vec<(u64, u64)>,
     scnt: Vec<u64>,
     ccnt: Vec<u64>,
 }
@@ -222,10 +223,27 @@ impl BwState {
 pub struct BwRun {
     /// Messages completed.
     pub messages: u64,
-    /// First post.
-    pub start: Instant,
-    /// Last completion.
-    pub end: Instant,
+    /// First post (ticks).
+    pub start: u64,
+    /// Last completion (ticks).
+    pub end: u64,
+    /// Seconds per tick, measured over the run.
+    pub secs_per_tick: f64,
+}
+
+impl BwRun {
+    /// Seconds from the first post to `t` (ticks).
+    pub fn secs(&self, t: u64) -> f64 {
+        t.saturating_sub(self.start) as f64 * self.secs_per_tick
+    }
+
+    /// Per-message post and completion times in seconds from the first post.
+    pub fn timeline(&self, st: &BwState) -> (Vec<f64>, Vec<f64>) {
+        (
+            st.posted.iter().map(|&t| self.secs(t)).collect(),
+            st.completed.iter().map(|&t| self.secs(t)).collect(),
+        )
+    }
 }
 
 /// The active side of a bandwidth run: posts `op` on every flow, `tx_depth` in flight per queue
@@ -255,19 +273,22 @@ pub fn bw_active(
     st.ccnt.iter_mut().for_each(|c| *c = 0);
     let depth = u64::from(tx_depth);
     let cq_mod = u64::from(cq_mod.max(1));
-    let start = Instant::now();
+    let cal = Calibration::start();
+    let start_instant = Instant::now();
+    let start = ticks();
     let mut end = start;
-    let mut last_progress = start;
+    let mut last_progress = start_instant;
+    let mut done_at_check = 0u64;
     let mut stop = false;
     let mut total_done = 0u64;
     st.checkpoints.push((0, start));
-    // Clock reads are not free (a system call where the clocksource is not the TSC, as in
-    // emulated VMs): one per burst of posts, one per poll that reaped something, and one per
-    // 1024 empty polls for the stall and duration checks. Every post of a burst gets the
-    // burst's start time, which can only make the peak more conservative.
+    // Timestamps are TSC ticks (see `clock`): one per burst of posts, one per poll that reaped
+    // something. Every post of a burst gets the burst's start time, which can only make the
+    // peak more conservative. `Instant` is read once per 1024 empty polls, for the stall and
+    // duration checks.
     let mut empty_polls = 0u32;
     loop {
-        let mut burst: Option<Instant> = None;
+        let mut burst: Option<u64> = None;
         for (q, f) in flows.iter().enumerate() {
             loop {
                 let n = st.scnt[q];
@@ -278,7 +299,7 @@ pub fn bw_active(
                 let req = f.request(op).id(wr_id(q, n));
                 let req = if signaled { req } else { req.unsignaled() };
                 if record {
-                    let t = *burst.get_or_insert_with(Instant::now);
+                    let t = *burst.get_or_insert_with(ticks);
                     st.posted.push(t);
                 }
                 f.qp.post_send(&req)?;
@@ -288,8 +309,7 @@ pub fn bw_active(
         let k = cq.poll(wc)?;
         let now = if k > 0 {
             empty_polls = 0;
-            let now = Instant::now();
-            last_progress = now;
+            let now = ticks();
             for c in &wc[..k] {
                 c.result()?;
                 let (q, n) = split_id(c.wr_id);
@@ -306,12 +326,15 @@ pub fn bw_active(
             if st.checkpoints.len() < st.checkpoints.capacity() {
                 st.checkpoints.push((total_done, now));
             }
-            Some(now)
+            None
         } else {
             empty_polls = empty_polls.wrapping_add(1);
             if empty_polls.is_multiple_of(1024) {
                 let now = Instant::now();
-                if now - last_progress > STALL_TIMEOUT {
+                if total_done != done_at_check {
+                    done_at_check = total_done;
+                    last_progress = now;
+                } else if now - last_progress > STALL_TIMEOUT {
                     return Err(stalled("bandwidth run: no completion", last_progress));
                 }
                 Some(now)
@@ -320,7 +343,7 @@ pub fn bw_active(
             }
         };
         if let (Some(d), Some(now)) = (deadline, now) {
-            if !stop && now - start >= d {
+            if !stop && now - start_instant >= d {
                 stop = true;
             }
         }
@@ -338,6 +361,7 @@ pub fn bw_active(
         messages: total_done,
         start,
         end,
+        secs_per_tick: cal.secs_per_tick(),
     })
 }
 
@@ -382,15 +406,22 @@ impl RecvSink {
         wc: &mut [Completion],
     ) -> gdr::Result<()> {
         let mut last_progress = Instant::now();
+        let (mut empty, mut got, mut got_at_check) = (0u32, 0u64, 0u64);
         while self.done.iter().any(|&d| d < total) {
             let k = cq.poll(wc)?;
             if k == 0 {
-                if last_progress.elapsed() > STALL_TIMEOUT {
-                    return Err(stalled("send bandwidth: no receive", last_progress));
+                empty = empty.wrapping_add(1);
+                if empty.is_multiple_of(1024) {
+                    if got != got_at_check {
+                        got_at_check = got;
+                        last_progress = Instant::now();
+                    } else if last_progress.elapsed() > STALL_TIMEOUT {
+                        return Err(stalled("send bandwidth: no receive", last_progress));
+                    }
                 }
                 continue;
             }
-            last_progress = Instant::now();
+            got += k as u64;
             for c in &wc[..k] {
                 c.result()?;
                 if !c.is_recv {
@@ -487,10 +518,11 @@ impl PingPong<'_> {
         let cq_mod = u64::from(self.cq_mod.max(1));
         let mut unreaped = 0u64;
         let mut received = 0u64;
-        let base = Instant::now();
+        let cal = Calibration::start();
+        let base = cal.start_ticks();
         for i in 0..iters {
             if initiator {
-                samples.push(base.elapsed().as_secs_f64());
+                samples.push(ticks().saturating_sub(base) as f64);
             } else {
                 self.wait(
                     i,
@@ -546,10 +578,11 @@ impl PingPong<'_> {
             }
         }
         if initiator {
-            samples.push(base.elapsed().as_secs_f64());
-            // stamps -> half round trips in microseconds
+            samples.push(ticks().saturating_sub(base) as f64);
+            // ticks of consecutive posts -> half round trips in microseconds
+            let us_per_tick = cal.secs_per_tick() * 1e6;
             for j in 0..samples.len() - 1 {
-                samples[j] = (samples[j + 1] - samples[j]) * 1e6 / 2.0;
+                samples[j] = (samples[j + 1] - samples[j]) * us_per_tick / 2.0;
             }
             samples.pop();
         }
@@ -607,8 +640,17 @@ impl PingPong<'_> {
         unreaped: &mut u64,
         wc: &mut [Completion],
     ) -> gdr::Result<()> {
-        let since = Instant::now();
+        // The clock is read only after 4096 spins without arrival (Instant::now can be a
+        // system call: see `clock`), never on the fast path.
+        let mut since: Option<Instant> = None;
         let mut spins = 0u32;
+        let mut stalled_for = |what: &str| -> gdr::Result<()> {
+            let s = *since.get_or_insert_with(Instant::now);
+            if s.elapsed() > STALL_TIMEOUT {
+                return Err(stalled(what, s));
+            }
+            Ok(())
+        };
         match &self.arrival {
             Arrival::LastByte(mr) => {
                 let last = self.size - 1;
@@ -624,8 +666,8 @@ impl PingPong<'_> {
                         self.reap(received, posted, iters, unreaped, wc)?;
                     }
                     spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(4096) && since.elapsed() > STALL_TIMEOUT {
-                        return Err(stalled("latency: the peer's write never arrived", since));
+                    if spins.is_multiple_of(4096) {
+                        stalled_for("latency: the peer's write never arrived")?;
                     }
                     std::hint::spin_loop();
                 }
@@ -634,8 +676,8 @@ impl PingPong<'_> {
                 while *received <= i {
                     self.reap(received, posted, iters, unreaped, wc)?;
                     spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(4096) && since.elapsed() > STALL_TIMEOUT {
-                        return Err(stalled("latency: the peer's message never arrived", since));
+                    if spins.is_multiple_of(4096) {
+                        stalled_for("latency: the peer's message never arrived")?;
                     }
                 }
             }

@@ -5,6 +5,7 @@
 //! allocates nothing; `tests/cli_perf.rs` and `benches/perf.rs` include this module by path.
 
 pub mod cli;
+pub mod clock;
 pub mod engine;
 pub mod params;
 pub mod report;

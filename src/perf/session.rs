@@ -495,25 +495,16 @@ fn bw_size(
             )?;
             let bw = match p.limit {
                 Limit::Iters(_) => {
-                    let posted: Vec<f64> = st
-                        .posted
-                        .iter()
-                        .map(|t| (*t - run.start).as_secs_f64())
-                        .collect();
-                    let completed: Vec<f64> = st
-                        .completed
-                        .iter()
-                        .map(|t| t.saturating_duration_since(run.start).as_secs_f64())
-                        .collect();
+                    let (posted, completed) = run.timeline(st);
                     stats::bandwidth(size, &posted, &completed, p.effective_cq_mod() as usize)
                 }
                 Limit::Duration(_) => {
-                    let secs = (run.end - run.start).as_secs_f64();
+                    let secs = run.secs(run.end);
                     let (avg_bps, msg_rate) = stats::average(size, run.messages, secs);
                     let points: Vec<(u64, f64)> = st
                         .checkpoints
                         .iter()
-                        .map(|(m, t)| (*m, t.saturating_duration_since(run.start).as_secs_f64()))
+                        .map(|&(m, t)| (m, run.secs(t)))
                         .collect();
                     let min = u64::from(p.tx_depth) * side.qps.len() as u64;
                     stats::Bandwidth {

@@ -5,7 +5,7 @@
 #
 # usage: compare-perftest.sh DEVICE GID_INDEX ADDR GDR_BINARY ROUNDS SIZES [LAT_ITERS] [RATE_ITERS]
 #   ADDR: this host's address on DEVICE (- takes $GDR_TEST_ADDR, as in the Soft-RoCE VM).
-#   SIZES: comma-separated write-bandwidth sizes; iterations per size: 64 MiB / size, within 200..1000.
+#   SIZES: comma-separated write-bandwidth sizes; iterations per size: 64 MiB / size, within 200..5000.
 # On real hardware: compare-perftest.sh mlx5_0 3 192.168.1.10 target/release/gdr 3 4096,65536,1048576
 set -u
 dev=$1 gid=$2 addr=$3 gdr=$4
@@ -32,7 +32,7 @@ run() {
 }
 
 iters_for() {
-    n=$((67108864 / $1)); [ $n -gt 1000 ] && n=1000; [ $n -lt 200 ] && n=200; echo $n
+    n=$((67108864 / $1)); [ $n -gt 5000 ] && n=5000; [ $n -lt 200 ] && n=200; echo $n
 }
 
 r=1
