@@ -203,6 +203,7 @@ pub struct BwState {
     pub checkpoints: Vec<(u64, u64)>,
     scnt: Vec<u64>,
     ccnt: Vec<u64>,
+    last_signaled: Vec<bool>,
 }
 
 impl BwState {
@@ -215,6 +216,7 @@ impl BwState {
         self.checkpoints.reserve(1 << 16);
         self.scnt.resize(qps, 0);
         self.ccnt.resize(qps, 0);
+        self.last_signaled.resize(qps, true);
     }
 }
 
@@ -271,6 +273,7 @@ pub fn bw_active(
     st.reserve(if record { (iters as usize) * nq } else { 0 }, nq);
     st.scnt.iter_mut().for_each(|c| *c = 0);
     st.ccnt.iter_mut().for_each(|c| *c = 0);
+    st.last_signaled.iter_mut().for_each(|l| *l = true);
     let depth = u64::from(tx_depth);
     let cq_mod = u64::from(cq_mod.max(1));
     let cal = Calibration::start();
@@ -292,10 +295,12 @@ pub fn bw_active(
         for (q, f) in flows.iter().enumerate() {
             loop {
                 let n = st.scnt[q];
-                if n >= iters || n - st.ccnt[q] >= depth || (stop && n.is_multiple_of(cq_mod)) {
+                // after the deadline: one more request, signalled, unless the last one was.
+                if n >= iters || n - st.ccnt[q] >= depth || (stop && st.last_signaled[q]) {
                     break;
                 }
-                let signaled = (n + 1).is_multiple_of(cq_mod) || n + 1 == iters;
+                let signaled = (n + 1).is_multiple_of(cq_mod) || n + 1 == iters || stop;
+                st.last_signaled[q] = signaled;
                 let req = f.request(op).id(wr_id(q, n));
                 let req = if signaled { req } else { req.unsignaled() };
                 if record {
@@ -326,7 +331,9 @@ pub fn bw_active(
             if st.checkpoints.len() < st.checkpoints.capacity() {
                 st.checkpoints.push((total_done, now));
             }
-            None
+            // duration mode: the deadline is checked at every completion batch (one clock read
+            // per cq_mod messages); a busy CQ may never see 1024 empty polls in a row.
+            deadline.map(|_| Instant::now())
         } else {
             empty_polls = empty_polls.wrapping_add(1);
             if empty_polls.is_multiple_of(1024) {
@@ -348,8 +355,7 @@ pub fn bw_active(
             }
         }
         let finished = if stop {
-            st.scnt.iter().zip(&st.ccnt).all(|(s, c)| s == c)
-                && st.scnt.iter().all(|s| s.is_multiple_of(cq_mod))
+            st.scnt.iter().zip(&st.ccnt).all(|(s, c)| s == c) && st.last_signaled.iter().all(|&l| l)
         } else {
             st.ccnt.iter().all(|&c| c >= iters)
         };
