@@ -429,3 +429,18 @@ fn measurement_loops_allocate_nothing_per_request() {
         );
     });
 }
+
+#[test]
+#[ignore = "needs an RDMA device (GDR_TEST_DEVICE); run by `cargo xtask test` in the Soft-RoCE VM"]
+fn bw_duration_mode_drains_and_verifies() {
+    for (op, port) in [("write", "18631"), ("read", "18632")] {
+        let (server, client) =
+            server_and_client("bw", port, &["--op", op, "-D", "0.3", "-s", "65536"]);
+        for doc in [&server, &client] {
+            assert_eq!(doc["verified"], true, "{op}: {}", doc["failures"]);
+            let row = &doc["results"][0];
+            assert!(row["iterations"].as_u64().unwrap() > 0, "{op}: {row}");
+            assert!(row["bw_avg_mib_s"].as_f64().unwrap() > 0.0, "{op}: {row}");
+        }
+    }
+}
