@@ -35,23 +35,46 @@ iters_for() {
     n=$((67108864 / $1)); [ $n -gt 5000 ] && n=5000; [ $n -lt 200 ] && n=200; echo $n
 }
 
+# one KIND TOOL SIZE: one measurement (KIND bw, rate or lat; TOOL gdr or perftest).
+one() {
+    kind=$1 tool=$2 s=$3
+    case "$kind/$tool" in
+    bw/gdr)
+        run "gdr bw size=$s round=$r" "$gdr" bw --server -d "$dev" -x "$gid" -- \
+            "$gdr" bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report-gbits ;;
+    bw/perftest)
+        run "perftest bw size=$s round=$r" ib_write_bw -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report_gbits -- \
+            ib_write_bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report_gbits ;;
+    rate/gdr)
+        run "gdr rate size=2 round=$r" "$gdr" bw --server -d "$dev" -x "$gid" -- \
+            "$gdr" bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" -q 1 -t 128 --report-gbits ;;
+    rate/perftest)
+        run "perftest rate size=2 round=$r" ib_write_bw -d "$dev" -x "$gid" -s 2 -n "$rate_iters" --report_gbits -- \
+            ib_write_bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" --report_gbits ;;
+    lat/gdr)
+        run "gdr lat size=2 round=$r" "$gdr" lat --server -d "$dev" -x "$gid" -- \
+            "$gdr" lat "$addr" -d "$dev" -x "$gid" -s 2 -n "$lat_iters" ;;
+    lat/perftest)
+        run "perftest lat size=2 round=$r" ib_write_lat -d "$dev" -x "$gid" -s 2 -n "$lat_iters" -- \
+            ib_write_lat "$addr" -d "$dev" -x "$gid" -s 2 -n "$lat_iters" ;;
+    esac
+}
+
+# both KIND SIZE: the two tools back to back; who goes first alternates by round, so that an
+# advantage of going first or second (caches, leftover kernel work of the previous run) cancels.
+both() {
+    if [ $((r % 2)) -eq 1 ]; then one "$1" gdr "$2"; one "$1" perftest "$2"
+    else one "$1" perftest "$2"; one "$1" gdr "$2"; fi
+}
+
 r=1
 while [ $r -le "$rounds" ]; do
     for s in $(echo "$sizes" | tr ',' ' '); do
         n=$(iters_for "$s")
-        run "gdr bw size=$s round=$r" "$gdr" bw --server -d "$dev" -x "$gid" -- \
-            "$gdr" bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report-gbits
-        run "perftest bw size=$s round=$r" ib_write_bw -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report_gbits -- \
-            ib_write_bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report_gbits
+        both bw "$s"
     done
-    run "gdr rate size=2 round=$r" "$gdr" bw --server -d "$dev" -x "$gid" -- \
-        "$gdr" bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" -q 1 -t 128 --report-gbits
-    run "perftest rate size=2 round=$r" ib_write_bw -d "$dev" -x "$gid" -s 2 -n "$rate_iters" --report_gbits -- \
-        ib_write_bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" --report_gbits
-    run "gdr lat size=2 round=$r" "$gdr" lat --server -d "$dev" -x "$gid" -- \
-        "$gdr" lat "$addr" -d "$dev" -x "$gid" -s 2 -n "$lat_iters"
-    run "perftest lat size=2 round=$r" ib_write_lat -d "$dev" -x "$gid" -s 2 -n "$lat_iters" -- \
-        ib_write_lat "$addr" -d "$dev" -x "$gid" -s 2 -n "$lat_iters"
+    both rate 2
+    both lat 2
     r=$((r + 1))
 done
 echo "### done"
