@@ -206,31 +206,9 @@ fn fake_libcuda_missing_symbols_is_a_typed_error() {
 #[test]
 fn fake_libcuda_too_old_is_a_typed_error() {
     // Every symbol gdr needs, as stubs that fail; the version says CUDA 10.2.
-    let names = [
-        "cuInit",
-        "cuGetErrorName",
-        "cuDeviceGetCount",
-        "cuDeviceGet",
-        "cuDeviceGetName",
-        "cuDeviceGetAttribute",
-        "cuDeviceGetPCIBusId",
-        "cuDeviceTotalMem_v2",
-        "cuDevicePrimaryCtxRetain",
-        "cuDevicePrimaryCtxRelease_v2",
-        "cuCtxGetCurrent",
-        "cuCtxSetCurrent",
-        "cuMemAlloc_v2",
-        "cuMemFree_v2",
-        "cuMemAllocHost_v2",
-        "cuMemFreeHost",
-        "cuMemAllocManaged",
-        "cuMemcpyHtoD_v2",
-        "cuMemcpyDtoH_v2",
-        "cuPointerGetAttribute",
-        "cuPointerGetAttributes",
-        "cuPointerSetAttribute",
-        "cuMemGetAddressRange_v2",
-    ];
+    let names = gdr::cuda::REQUIRED_SYMBOLS
+        .iter()
+        .filter(|n| **n != "cuDriverGetVersion");
     let mut src = String::from("int cuDriverGetVersion(int *v) { *v = 10020; return 0; }\n");
     for n in names {
         src.push_str(&format!("int {n}(void) {{ return 999; }}\n"));

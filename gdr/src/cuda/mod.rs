@@ -54,7 +54,7 @@ pub const DMA_BUF_MIN_DRIVER_VERSION: i32 = 11070;
 
 /// Symbols called without a further check once the driver is initialised. Names are the exact
 /// ones `cudarc` 0.19 (feature `cuda-12020`) resolves, including `_v2` suffixes.
-const REQUIRED_SYMBOLS: &[&str] = &[
+pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuInit",
     "cuDriverGetVersion",
     "cuGetErrorName",
