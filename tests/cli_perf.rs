@@ -378,6 +378,7 @@ fn measurement_loops_allocate_nothing_per_request() {
             Limit::Iters(1000),
             128,
             100,
+            16,
             &mut st,
             &mut wc,
         )
@@ -390,6 +391,7 @@ fn measurement_loops_allocate_nothing_per_request() {
                 Limit::Iters(1000),
                 128,
                 100,
+                16,
                 &mut st,
                 &mut wc,
             )

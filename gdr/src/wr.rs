@@ -285,20 +285,23 @@ impl Ring {
         self.head - self.tail
     }
 
-    /// Whether a request posted now must be signalled to keep the queue from filling.
-    pub(crate) fn must_signal(&self) -> bool {
-        u64::from(self.since_signal) + 1 >= (self.capacity() / 2).max(1)
+    /// Whether a request must be signalled when `since_signal` unsignalled ones precede it, to
+    /// keep the queue from filling with requests nobody can retire.
+    pub(crate) fn signal_due(&self, since_signal: u32) -> bool {
+        u64::from(since_signal) + 1 >= (self.capacity() / 2).max(1)
     }
 
-    /// Fills the slot of the next sequence number; returns it. The caller has checked capacity
-    /// and that `regions` fits the slot's reserved capacity (no allocation).
+    /// Fills the slot of sequence number `head + ahead` (the `ahead`-th request of a list being
+    /// posted); returns that number. The caller has checked capacity and that `regions` fits the
+    /// slot's reserved capacity (no allocation).
     pub(crate) fn stage<'r>(
         &mut self,
+        ahead: u64,
         user_wr_id: u64,
         user_signaled: bool,
         regions: impl Iterator<Item = &'r Arc<dyn Registered>>,
     ) -> u64 {
-        let seq = self.head;
+        let seq = self.head + ahead;
         let cap = self.capacity();
         let slot = &mut self.slots[(seq % cap) as usize];
         slot.user_wr_id = user_wr_id;
@@ -314,7 +317,7 @@ impl Ring {
         self.slots[(seq % cap) as usize].regions.clear();
     }
 
-    /// Marks the staged request as posted.
+    /// Marks the oldest staged request as posted.
     pub(crate) fn commit(&mut self, signaled: bool) {
         self.head += 1;
         self.since_signal = if signaled { 0 } else { self.since_signal + 1 };
@@ -394,7 +397,7 @@ mod tests {
     fn ring_retires_in_order_and_ignores_stale_ids() {
         let mut r = Ring::new(4, 1);
         for id in 10..13 {
-            let seq = r.stage(id, id == 12, std::iter::empty());
+            let seq = r.stage(0, id, id == 12, std::iter::empty());
             r.commit(id == 12);
             assert_eq!(seq, id - 10);
         }
@@ -407,7 +410,7 @@ mod tests {
         assert_eq!(r.outstanding(), 0);
         assert_eq!(r.retire(1), None, "already retired");
         assert_eq!(r.retire(7), None, "never posted");
-        r.stage(1, true, std::iter::empty());
+        r.stage(0, 1, true, std::iter::empty());
         r.commit(true);
         r.clear();
         assert_eq!(r.retire(3), None, "cleared by reset");
@@ -418,9 +421,9 @@ mod tests {
         let mut r = Ring::new(8, 1);
         let mut forced = 0;
         for i in 0..32 {
-            let sig = r.must_signal();
+            let sig = r.signal_due(r.since_signal);
             forced += sig as u32;
-            r.stage(i, false, std::iter::empty());
+            r.stage(0, i, false, std::iter::empty());
             r.commit(sig);
             assert!(
                 r.since_signal < 4,
@@ -431,6 +434,23 @@ mod tests {
             }
         }
         assert_eq!(forced, 8);
+    }
+
+    #[test]
+    fn a_staged_list_gets_consecutive_sequence_numbers() {
+        let mut r = Ring::new(8, 1);
+        r.stage(0, 100, true, std::iter::empty());
+        r.commit(true);
+        let seqs: Vec<u64> = (0..3)
+            .map(|k| r.stage(k, 200 + k, k == 2, std::iter::empty()))
+            .collect();
+        assert_eq!(seqs, [1, 2, 3]);
+        for k in 0..3 {
+            r.commit(k == 2);
+        }
+        assert_eq!((r.outstanding(), r.since_signal), (4, 0));
+        assert_eq!(r.retire(3), Some((202, true)));
+        assert_eq!(r.outstanding(), 0);
     }
 
     #[test]

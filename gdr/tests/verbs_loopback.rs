@@ -325,6 +325,82 @@ fn unsignaled_requests_with_periodic_signalling() {
 
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn post_lists_go_out_in_order_across_chunks_and_check_everything_first() {
+    let p = pair_with(|b| b.max_send_wr(128));
+    let src = MemoryRegion::with_data(&p.pd, &bytes(8192, 9), AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = MemoryRegion::new(&p.pd, 8192, AccessFlags::REMOTE_WRITE).unwrap();
+    // 100 writes of 64 bytes: even ones from one SGE, odd ones from four of 16 bytes, so the list
+    // is cut into provider calls both by request count and by SGE count.
+    let sgls: Vec<Vec<_>> = (0..100u64)
+        .map(|i| {
+            let off = (i * 64) as usize;
+            if i % 2 == 0 {
+                vec![src.slice(off..off + 64).unwrap()]
+            } else {
+                (0..4)
+                    .map(|k| src.slice(off + 16 * k..off + 16 * (k + 1)).unwrap())
+                    .collect()
+            }
+        })
+        .collect();
+    let reqs: Vec<SendRequest> = sgls
+        .iter()
+        .enumerate()
+        .map(|(i, sgl)| {
+            let off = i as u64 * 64;
+            let r =
+                SendRequest::write(sgl, dst.remote().slice(off..off + 64).unwrap()).id(i as u64);
+            if i == 99 {
+                r
+            } else {
+                r.unsignaled()
+            }
+        })
+        .collect();
+    p.a.post_send_list(&reqs).unwrap();
+    let c = one(&p.cq_a);
+    assert_eq!(c.wr_id, 99, "only the signalled request is visible");
+    assert_eq!(p.a.send_outstanding(), 0);
+    assert_eq!(dst.to_vec()[..6400], bytes(8192, 9)[..6400]);
+
+    // A bad request anywhere in the list: nothing is posted.
+    let spare = MemoryRegion::new(&p.pd, 4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let good = [src.slice(..64).unwrap()];
+    let bad_list = [
+        SendRequest::write(&good, spare.remote().slice(..64).unwrap()),
+        SendRequest::write(&good, spare.remote().slice(64..96).unwrap()),
+    ];
+    let err = p.a.post_send_list(&bad_list).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("64 bytes but the remote slice is 32"),
+        "{err}"
+    );
+    assert_eq!(
+        p.a.send_outstanding(),
+        0,
+        "the good first request was not posted"
+    );
+
+    // More requests than the send queue has room for: nothing is posted.
+    let too_many: Vec<SendRequest> = (0..129)
+        .map(|_| SendRequest::write(&good, spare.remote().slice(..64).unwrap()).unsignaled())
+        .collect();
+    let err = p.a.post_send_list(&too_many).unwrap_err();
+    assert!(
+        err.to_string().contains("send queue full") && err.to_string().contains("129 more"),
+        "{err}"
+    );
+    assert_eq!(p.a.send_outstanding(), 0);
+    // The queue still works, and the refused lists wrote nothing.
+    p.a.post_send(&SendRequest::write(&good, dst.remote().slice(..64).unwrap()).id(7))
+        .unwrap();
+    assert_eq!(one(&p.cq_a).wr_id, 7);
+    assert!(spare.to_vec().iter().all(|&b| b == 0));
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn regions_of_in_flight_requests_stay_alive_until_reaped() {
     let p = pair();
     let src = MemoryRegion::with_data(&p.pd, &bytes(1 << 16, 4), AccessFlags::LOCAL_WRITE).unwrap();

@@ -99,6 +99,7 @@ impl CommonArgs {
             } else {
                 self.inline_size.unwrap_or(default_inline)
             },
+            post_list: 1,
         }
     }
 

@@ -249,7 +249,8 @@ impl BwRun {
 }
 
 /// The active side of a bandwidth run: posts `op` on every flow, `tx_depth` in flight per queue
-/// pair, one signalled request in every `cq_mod`, until `limit`. All queue pairs report into `cq`.
+/// pair, one signalled request in every `cq_mod`, up to `post_list` requests per doorbell, until
+/// `limit`. All queue pairs report into `cq`.
 #[allow(clippy::too_many_arguments)]
 pub fn bw_active(
     cq: &CompletionQueue,
@@ -258,6 +259,7 @@ pub fn bw_active(
     limit: Limit,
     tx_depth: u32,
     cq_mod: u32,
+    post_list: u32,
     st: &mut BwState,
     wc: &mut [Completion],
 ) -> gdr::Result<BwRun> {
@@ -290,6 +292,14 @@ pub fn bw_active(
     // peak more conservative. `Instant` is read once per 1024 empty polls, for the stall and
     // duration checks.
     let mut empty_polls = 0u32;
+    let post_list = (post_list as usize).clamp(1, gdr::qp::LIST_CHUNK);
+    // Requests of one doorbell, on the stack (no allocation): `list[..listed]`.
+    let Some(first) = flows.first() else {
+        return Err(Error::invalid("bandwidth run without a flow", Hint::NONE));
+    };
+    let mut list: [SendRequest<'_>; gdr::qp::LIST_CHUNK] =
+        std::array::from_fn(|_| first.request(op));
+    let mut listed = 0;
     loop {
         let mut burst: Option<u64> = None;
         for (q, f) in flows.iter().enumerate() {
@@ -307,8 +317,17 @@ pub fn bw_active(
                     let t = *burst.get_or_insert_with(ticks);
                     st.posted.push(t);
                 }
-                f.qp.post_send(&req)?;
+                list[listed] = req;
+                listed += 1;
                 st.scnt[q] = n + 1;
+                if listed == post_list {
+                    f.qp.post_send_list(&list[..listed])?;
+                    listed = 0;
+                }
+            }
+            if listed > 0 {
+                f.qp.post_send_list(&list[..listed])?;
+                listed = 0;
             }
         }
         let k = cq.poll(wc)?;

@@ -92,6 +92,9 @@ pub struct Params {
     pub cq_mod: u32,
     /// Largest message sent inline (host memory only); 0 disables inline.
     pub inline_size: u32,
+    /// Most requests posted with one doorbell (bandwidth; 1 = one `ibv_post_send` per request,
+    /// as perftest does by default).
+    pub post_list: u32,
 }
 
 /// Sizes of a sweep: 2 B to 8 MiB by powers of two.
@@ -122,6 +125,14 @@ impl Params {
         }
         if self.tx_depth == 0 || self.tx_depth > 8192 {
             return bad(format!("--tx-depth {} is outside 1..8192", self.tx_depth));
+        }
+        let most = (gdr::qp::LIST_CHUNK as u32).min(self.tx_depth);
+        if self.post_list == 0 || self.post_list > most {
+            return bad(format!(
+                "--post-list {} is outside 1..={most} (at most {} and the tx depth)",
+                self.post_list,
+                gdr::qp::LIST_CHUNK
+            ));
         }
         if self.cq_mod == 0 {
             return bad("--cq-mod must be at least 1".into());
@@ -207,6 +218,7 @@ mod tests {
             tx_depth: 128,
             cq_mod: 100,
             inline_size: 0,
+            post_list: 16,
         }
     }
 
@@ -229,6 +241,9 @@ mod tests {
         let mut p = base();
         p.sizes = vec![0];
         assert!(p.validate().unwrap_err().0.contains("size 0"));
+        let mut p = base();
+        p.post_list = 129;
+        assert!(p.validate().unwrap_err().0.contains("--post-list 129"));
         let mut p = base();
         p.op = Op::Send;
         p.limit = Limit::Duration(2.0);

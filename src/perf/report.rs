@@ -114,6 +114,9 @@ pub struct Report {
     pub tx_depth: u32,
     /// Signalling interval used.
     pub cq_mod: u32,
+    /// Most requests per doorbell (`ibv_post_send` call).
+    #[serde(default = "one")]
+    pub post_list: u32,
     /// Latency with write-with-immediate (GPU memory on either side).
     pub write_with_imm: bool,
     /// Whether the server checked every size and found the data and completions it expected.
@@ -122,6 +125,10 @@ pub struct Report {
     pub failures: Vec<String>,
     /// One row per size.
     pub results: Rows,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn title(r: &Report) -> String {
@@ -160,8 +167,8 @@ pub fn table_head(r: &Report, gbits: bool) -> String {
     let _ = writeln!(s, "{:^95}", title(r));
     let _ = writeln!(
         s,
-        " Device: {}  GID index: {}  Memory: {}  QPs: {}  TX depth: {}  CQ moderation: {}  Role: {}",
-        r.device, r.gid_index, r.memory, r.qps, r.tx_depth, r.cq_mod, r.role
+        " Device: {}  GID index: {}  Memory: {}  QPs: {}  TX depth: {}  CQ moderation: {}  Post list: {}  Role: {}",
+        r.device, r.gid_index, r.memory, r.qps, r.tx_depth, r.cq_mod, r.post_list, r.role
     );
     let _ = writeln!(s, "{rule}");
     s.push_str(&table_header(r.test, gbits));
@@ -559,6 +566,7 @@ mod tests {
             qps: 1,
             tx_depth: 128,
             cq_mod: 100,
+            post_list: 16,
             write_with_imm: false,
             verified: true,
             failures: vec![],

@@ -343,6 +343,7 @@ fn run_side(
             qps: side.qps.len() as u32,
             tx_depth: p.tx_depth,
             cq_mod: p.effective_cq_mod(),
+            post_list: if p.test == Test::Bw { p.post_list } else { 1 },
             write_with_imm,
             verified: true,
             failures: Vec::new(),
@@ -490,6 +491,7 @@ fn bw_size(
                 p.limit,
                 p.tx_depth,
                 p.effective_cq_mod(),
+                p.post_list,
                 st,
                 wc,
             )?;
