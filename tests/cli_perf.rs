@@ -208,7 +208,8 @@ fn help_lists_the_perftest_options() {
             assert!(help.contains(opt), "gdr {sub} --help lacks {opt}");
         }
     }
-    assert!(text(&run(&["bw", "--help"]).stdout).contains("--qps"));
+    let bw_help = text(&run(&["bw", "--help"]).stdout);
+    assert!(bw_help.contains("--qps") && bw_help.contains("--post-list"));
 }
 
 #[test]
@@ -234,10 +235,15 @@ fn usage_errors_exit_2() {
 
 #[test]
 fn invalid_combinations_are_refused_before_any_device_is_opened() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
+        (&["lat", "host", "--op", "read", "-D", "1"], "use --iters"),
         (
-            &["lat", "host", "--op", "read"],
-            "latency measures write or send",
+            &["bw", "host", "-l", "33"],
+            "--post-list 33 is outside 1..=32",
+        ),
+        (
+            &["bw", "host", "-l", "16", "-t", "8"],
+            "--post-list 16 is outside 1..=8",
         ),
         (&["bw", "host", "--op", "send", "-D", "1"], "use --iters"),
         (&["bw", "host", "-n", "0"], "--iters must be at least 1"),
@@ -261,12 +267,22 @@ fn invalid_combinations_are_refused_before_any_device_is_opened() {
 #[test]
 #[ignore = "needs an RDMA device (GDR_TEST_DEVICE); run by `cargo xtask test` in the Soft-RoCE VM"]
 fn bw_server_and_client_agree_and_verify() {
-    for (op, port) in [("write", "18601"), ("read", "18602"), ("send", "18603")] {
-        let (server, client) =
-            server_and_client("bw", port, &["--op", op, "-s", "4096", "-n", "300"]);
+    // write with the default post list (16 per doorbell) and with one request per doorbell.
+    for (op, port, list) in [
+        ("write", "18601", "16"),
+        ("write", "18605", "1"),
+        ("read", "18602", "16"),
+        ("send", "18603", "16"),
+    ] {
+        let mut args = vec!["--op", op, "-s", "4096", "-n", "300"];
+        if list != "16" {
+            args.extend(["-l", list]);
+        }
+        let (server, client) = server_and_client("bw", port, &args);
         for (who, doc) in [("server", &server), ("client", &client)] {
             assert_eq!(doc["test"], "bw", "{who}");
             assert_eq!(doc["op"], op, "{who}");
+            assert_eq!(doc["post_list"].to_string(), list, "{who}");
             assert_eq!(doc["role"], who);
             assert_eq!(doc["verified"], true, "{who} {op}: {}", doc["failures"]);
             let row = &doc["results"][0];
@@ -308,7 +324,7 @@ fn bw_sweep_with_two_qps_writes_a_plot() {
 #[test]
 #[ignore = "needs an RDMA device (GDR_TEST_DEVICE); run by `cargo xtask test` in the Soft-RoCE VM"]
 fn lat_server_and_client_agree_and_verify() {
-    for (op, port) in [("write", "18611"), ("send", "18612")] {
+    for (op, port) in [("write", "18611"), ("send", "18612"), ("read", "18613")] {
         for size in ["2", "4096"] {
             let (server, client) =
                 server_and_client("lat", port, &["--op", op, "-s", size, "-n", "200"]);

@@ -44,6 +44,10 @@
 //! # Ok::<(), gdr::Error>(())
 //! ```
 //!
+//! Many requests at once: [`qp::QueuePair::post_send_list`] checks a whole slice of requests
+//! first, then posts them with one doorbell per 32 (one `ibv_post_send` call each); `gdr bw`
+//! refills its send queue that way.
+//!
 //! GPU memory works the same way: allocate a [`cuda::DeviceBuffer`], register it with
 //! [`gpu_mr::GpuMemoryRegion::register`] (the pointer is checked with `cuPointerGetAttributes`,
 //! then registered through dma-buf or peer memory, whichever the host supports) and slice it like

@@ -1,4 +1,5 @@
-//! `gdr lat`: RDMA ping-pong latency between two hosts, like perftest's `ib_write_lat`.
+//! `gdr lat`: RDMA latency between two hosts, like perftest's `ib_write_lat`, `ib_send_lat` and
+//! `ib_read_lat`.
 
 use clap::Args;
 
@@ -10,7 +11,9 @@ Ping-pong: the client sends a message, the server answers with one of the same s
 one-way latency is half the round trip. With --op write each side polls the last byte of the
 buffer the peer writes (as ib_write_lat); with GPU memory on either side the writes carry an
 immediate and each side waits for its completion instead (the CPU never polls GPU memory).
-With --op send each side waits for its receive completion.
+With --op send each side waits for its receive completion. With --op read the client reads the
+server's buffer, one read at a time, and waits for each completion; a read's latency is the whole
+round trip (as ib_read_lat), and the server's CPU takes no part.
 
 t_typical is the median; 99% and 99.9% are percentiles of the sorted samples.
 
@@ -27,7 +30,7 @@ Examples:
 pub struct LatArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Operation to measure (write or send).
+    /// Operation to measure.
     #[arg(long, value_enum, default_value_t = Op::Write)]
     pub op: Op,
 }

@@ -605,11 +605,7 @@ impl PingPong<'_> {
         if initiator {
             samples.push(ticks().saturating_sub(base) as f64);
             // ticks of consecutive posts -> half round trips in microseconds
-            let us_per_tick = cal.secs_per_tick() * 1e6;
-            for j in 0..samples.len() - 1 {
-                samples[j] = (samples[j + 1] - samples[j]) * us_per_tick / 2.0;
-            }
-            samples.pop();
+            intervals_us(samples, &cal, 2.0);
         }
         let since = Instant::now();
         while self.qp.send_outstanding() > 0 {
@@ -710,4 +706,57 @@ impl PingPong<'_> {
         }
         Ok(())
     }
+}
+
+/// Turns timestamps (ticks since the calibration's start) into the microseconds between
+/// consecutive ones, divided by `per`; drops the last timestamp.
+fn intervals_us(samples: &mut Vec<f64>, cal: &Calibration, per: f64) {
+    let us_per_tick = cal.secs_per_tick() * 1e6;
+    for j in 0..samples.len().saturating_sub(1) {
+        samples[j] = (samples[j + 1] - samples[j]) * us_per_tick / per;
+    }
+    samples.pop();
+}
+
+/// The client side of a read-latency run: `iters` RDMA reads of `flow`, one at a time, each
+/// signalled and waited for. Records every read's latency in microseconds into `samples`
+/// (reserved by the caller for `iters + 1`). A read is one-sided, so its latency is the whole
+/// round trip (perftest's `ib_read_lat` does not halve it either); one clock read per read.
+pub fn read_latency(
+    cq: &CompletionQueue,
+    flow: &Flow<'_>,
+    iters: u64,
+    samples: &mut Vec<f64>,
+    wc: &mut [Completion],
+) -> gdr::Result<()> {
+    samples.clear();
+    let cal = Calibration::start();
+    let base = cal.start_ticks();
+    for i in 0..iters {
+        samples.push(ticks().saturating_sub(base) as f64);
+        flow.qp.post_send(&flow.request(Op::Read).id(i))?;
+        let mut spins = 0u32;
+        let mut since: Option<Instant> = None;
+        loop {
+            let k = cq.poll(wc)?;
+            let mut done = false;
+            for c in &wc[..k] {
+                c.result()?;
+                done |= c.wr_id == i;
+            }
+            if done {
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(4096) {
+                let s = *since.get_or_insert_with(Instant::now);
+                if s.elapsed() > STALL_TIMEOUT {
+                    return Err(stalled("read latency: a read never completed", s));
+                }
+            }
+        }
+    }
+    samples.push(ticks().saturating_sub(base) as f64);
+    intervals_us(samples, &cal, 1.0);
+    Ok(())
 }

@@ -557,6 +557,49 @@ fn first_problem(
     Ok(None)
 }
 
+/// Read latency of one size: the client reads the server's advertised buffer (which holds the
+/// pattern) into its own (zeroed first) and checks it; the server only waits for the result.
+#[allow(clippy::too_many_arguments)]
+fn read_lat_size(
+    role: Role,
+    link: &mut TcpLink,
+    side: &Side,
+    size: usize,
+    iters: u64,
+    peer: RemoteRegion,
+    advertised: &Memory,
+    samples: &mut Vec<f64>,
+    wc: &mut [Completion],
+) -> SizeResult<LatRow> {
+    match role {
+        Role::Server => {
+            advertised.fill_pattern(size)?;
+            link.barrier()?;
+            settle::<LatRow>(role, link, None, || Ok(None), |r| r.lat.clone())
+        }
+        Role::Client => {
+            let dst = &side.mem[0];
+            dst.zero(size)?;
+            let flow = Flow {
+                qp: &side.qps[0],
+                local: [dst.slice(0..size)?],
+                remote: peer.slice(0..size as u64)?,
+                inline: None,
+            };
+            samples.reserve(iters as usize + 1);
+            link.barrier()?;
+            engine::read_latency(&side.cq, &flow, iters, samples, wc)?;
+            let row = LatRow::new(size, iters, stats::latency(samples));
+            let msg = ClientRow {
+                bw: None,
+                lat: Some(row.clone()),
+                problem: dst.check_pattern(size)?,
+            };
+            settle(role, link, Some((msg, row)), || Ok(None), |r| r.lat.clone())
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn lat_size(
     role: Role,
@@ -575,6 +618,9 @@ fn lat_size(
         .recv_mem
         .as_ref()
         .ok_or_else(|| Error::invalid("latency side without a receive buffer", Hint::NONE))?;
+    if p.op == Op::Read {
+        return read_lat_size(role, link, side, size, iters, peer, recv_mem, samples, wc);
+    }
     recv_mem.zero(size)?;
     let recv_local = [recv_mem.slice(0..size)?];
     let arrival = match (p.op, write_with_imm) {

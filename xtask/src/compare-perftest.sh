@@ -1,15 +1,19 @@
 #!/bin/sh
 # Runs `gdr bw`/`gdr lat` and perftest's ib_write_bw/ib_write_lat alternately on one RDMA device
 # (server and client as two processes on this host, talking through ADDR) and prints every
-# client's output between markers that `cargo xtask compare-perftest` parses.
+# client's output between markers that `cargo xtask compare-perftest` parses. Bandwidth runs
+# report MiB/s (two decimals: four or more significant digits, where Gb/s would give two).
 #
-# usage: compare-perftest.sh DEVICE GID_INDEX ADDR GDR_BINARY ROUNDS SIZES [LAT_ITERS] [RATE_ITERS]
+# usage: compare-perftest.sh DEVICE GID_INDEX ADDR GDR_BINARY ROUNDS SIZES [LAT_ITERS] [RATE_ITERS] [POST_LIST]
 #   ADDR: this host's address on DEVICE (- takes $GDR_TEST_ADDR, as in the Soft-RoCE VM).
 #   SIZES: comma-separated write-bandwidth sizes; iterations per size: 64 MiB / size, within 200..5000.
+#   POST_LIST: requests per doorbell for both tools' bandwidth runs (-l N); - keeps each tool's
+#   default (gdr 16, perftest 1).
 # On real hardware: compare-perftest.sh mlx5_0 3 192.168.1.10 target/release/gdr 3 4096,65536,1048576
 set -u
 dev=$1 gid=$2 addr=$3 gdr=$4
-[ "$addr" = "-" ] && addr=${GDR_TEST_ADDR:?ADDR is - but GDR_TEST_ADDR is not set} rounds=$5 sizes=$6 lat_iters=${7:-1000} rate_iters=${8:-5000}
+[ "$addr" = "-" ] && addr=${GDR_TEST_ADDR:?ADDR is - but GDR_TEST_ADDR is not set} rounds=$5 sizes=$6 lat_iters=${7:-1000} rate_iters=${8:-5000} post_list=${9:--}
+pl=""; [ "$post_list" != "-" ] && pl="-l $post_list"
 port=18620
 
 # run NAME SERVER_CMD... -- CLIENT_CMD...: server in the background, then the client.
@@ -41,16 +45,16 @@ one() {
     case "$kind/$tool" in
     bw/gdr)
         run "gdr bw size=$s round=$r" "$gdr" bw --server -d "$dev" -x "$gid" -- \
-            "$gdr" bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report-gbits ;;
+            "$gdr" bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 $pl ;;
     bw/perftest)
-        run "perftest bw size=$s round=$r" ib_write_bw -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report_gbits -- \
-            ib_write_bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --report_gbits ;;
+        run "perftest bw size=$s round=$r" ib_write_bw -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 $pl -- \
+            ib_write_bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 $pl ;;
     rate/gdr)
         run "gdr rate size=2 round=$r" "$gdr" bw --server -d "$dev" -x "$gid" -- \
-            "$gdr" bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" -q 1 -t 128 --report-gbits ;;
+            "$gdr" bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" -q 1 -t 128 --report-gbits $pl ;;
     rate/perftest)
-        run "perftest rate size=2 round=$r" ib_write_bw -d "$dev" -x "$gid" -s 2 -n "$rate_iters" --report_gbits -- \
-            ib_write_bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" --report_gbits ;;
+        run "perftest rate size=2 round=$r" ib_write_bw -d "$dev" -x "$gid" -s 2 -n "$rate_iters" --report_gbits $pl -- \
+            ib_write_bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" --report_gbits $pl ;;
     lat/gdr)
         run "gdr lat size=2 round=$r" "$gdr" lat --server -d "$dev" -x "$gid" -- \
             "$gdr" lat "$addr" -d "$dev" -x "$gid" -s 2 -n "$lat_iters" ;;

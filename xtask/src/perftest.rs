@@ -18,17 +18,21 @@ pub struct CompareOpts {
     #[command(flatten)]
     pub vm: VmOpts,
     /// Rounds (each runs every measurement of both tools once, alternating).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     pub rounds: u32,
     /// Write-bandwidth message sizes, comma-separated.
     #[arg(long, default_value = "4096,65536,1048576")]
     pub sizes: String,
     /// Round trips of the 2-byte latency runs.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 5000)]
     pub lat_iters: u32,
     /// Messages of the 2-byte message-rate runs.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 20000)]
     pub rate_iters: u32,
+    /// Requests per doorbell for both tools' bandwidth and rate runs (`-l N` to each), for a
+    /// like-for-like posting comparison; default: each tool's own default (gdr 16, perftest 1).
+    #[arg(long, value_name = "N")]
+    pub post_list: Option<u32>,
     /// Run on this host's RDMA device instead of booting the Soft-RoCE VM (real hardware).
     #[arg(long, requires_all = ["device", "addr"])]
     pub local: bool,
@@ -57,8 +61,9 @@ pub fn compare(opts: &CompareOpts) -> Result<i32> {
     setup::run(cargo::cargo().args(["build", "--release", "--bin", "gdr"]))?;
     std::env::set_current_dir(&meta.root).map_err(|e| e.to_string())?;
     let gdr = meta.target_dir.join("release/gdr");
+    let post_list = opts.post_list.map_or("-".into(), |n| n.to_string());
     let tail = format!(
-        "{} {} {} {} {}",
+        "{} {} {} {} {} {post_list}",
         shell_quote(&gdr.to_string_lossy()),
         opts.rounds,
         shell_quote(&opts.sizes),
@@ -77,6 +82,7 @@ pub fn compare(opts: &CompareOpts) -> Result<i32> {
                 &opts.sizes,
                 &opts.lat_iters.to_string(),
                 &opts.rate_iters.to_string(),
+                &post_list,
             ])
             .output()
             .map_err(|e| format!("running {SCRIPT}: {e}"))?;
@@ -117,7 +123,8 @@ pub struct Run {
     pub size: u64,
     /// Round number.
     pub round: u32,
-    /// The figure: average Gb/s (bw), Mpps (rate), typical usec (lat); `None` if not found.
+    /// The figure: average MiB/s (bw; both tools print two decimals, four or more significant
+    /// digits, where Gb/s would give two), Mpps (rate), typical usec (lat); `None` if not found.
     pub value: Option<f64>,
     /// Client and server exit codes.
     pub rc: (i32, i32),
@@ -181,11 +188,7 @@ pub fn parse(text: &str) -> Vec<Run> {
                 continue;
             }
             // bw table: bytes iters peak avg rate; lat table: bytes iters min max typical ...
-            let idx = match run.kind.as_str() {
-                "bw" => 3,
-                "rate" => 4,
-                _ => 4,
-            };
+            let idx = if run.kind == "bw" { 3 } else { 4 };
             run.value = nums.get(idx).copied();
         }
     }
@@ -255,7 +258,12 @@ pub fn summarize(runs: &[Run]) -> (String, Vec<String>) {
             "rate" => ("write msg rate [Mpps]", ">= 1.0"),
             _ => ("write latency typ [usec]", "<= 1.0"),
         };
-        let (gm, pm) = (median(g), median(p));
+        let (mut gm, mut pm) = (median(g), median(p));
+        if kind == "bw" {
+            // MiB/s -> Gb/s (10^9 bits).
+            let gbps = |v: f64| v * 1048576.0 * 8.0 / 1e9;
+            (gm, pm) = (gm.map(gbps), pm.map(gbps));
+        }
         let ratio = match (gm, pm) {
             (Some(a), Some(b)) if b > 0.0 => format!("{:.3}", a / b),
             _ => "-".into(),
@@ -281,19 +289,19 @@ mod tests {
 
     const SAMPLE: &str = "\
 ### gdr bw size=4096 round=1
- #bytes     #iterations  BW peak[Gb/sec]   BW average[Gb/sec]  MsgRate[Mpps]
- 4096       1000         0.26                 0.24                   0.007236
+ #bytes     #iterations  BW peak[MiB/sec]   BW average[MiB/sec]  MsgRate[Mpps]
+ 4096       1000         31.00                28.27                  0.007236
 ### end rc=0 server_rc=0
 ### perftest bw size=4096 round=1
  local address: LID 0000 QPN 0x001f
- #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]
- 4096       1000             0.29               0.20   \t\t   0.007604
+ #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]
+ 4096       1000             34.57              29.70   \t\t   0.007604
 ### end rc=0 server_rc=0
 ### gdr bw size=4096 round=2
- 4096       1000         0.26                 0.22                   0.007236
+ 4096       1000         31.00                26.56                  0.006800
 ### end rc=0 server_rc=0
 ### perftest bw size=4096 round=2
- 4096       1000             0.29               0.24   \t\t   0.007604
+ 4096       1000             34.57              27.34   \t\t   0.007000
 ### end rc=0 server_rc=0
 ### gdr lat size=2 round=1
  2          1000         13.71        1956.81      20.89            26.00        71.85          131.67                 1956.81
@@ -311,8 +319,8 @@ gdr bw: something failed
     fn parses_both_tools_tables() {
         let runs = parse(SAMPLE);
         assert_eq!(runs.len(), 7);
-        assert_eq!(runs[0].value, Some(0.24));
-        assert_eq!(runs[1].value, Some(0.20));
+        assert_eq!(runs[0].value, Some(28.27));
+        assert_eq!(runs[1].value, Some(29.70));
         assert_eq!(runs[4].value, Some(20.89));
         assert_eq!(runs[5].value, Some(21.08));
         assert_eq!(runs[6].rc, (1, 0));
@@ -324,12 +332,13 @@ gdr bw: something failed
         let (table, failures) = summarize(&parse(SAMPLE));
         let bw = table.lines().find(|l| l.starts_with("write BW")).unwrap();
         let cols: Vec<&str> = bw.split_whitespace().collect();
-        // gdr median (0.24+0.22)/2 = 0.23, perftest (0.20+0.24)/2 = 0.22
+        // medians: gdr 27.415 MiB/s, perftest 28.52 MiB/s; as Gb/s (x 2^20 x 8 / 10^9):
+        // 0.229974 and 0.239243; ratio 0.961.
         assert!(
-            cols.contains(&"0.230000") && cols.contains(&"0.220000"),
+            cols.contains(&"0.229974") && cols.contains(&"0.239243"),
             "{bw}"
         );
-        assert!(cols.contains(&"1.045"), "{bw}");
+        assert!(cols.contains(&"0.961"), "{bw}");
         let lat = table
             .lines()
             .find(|l| l.starts_with("write latency"))
