@@ -502,6 +502,15 @@ pub struct PingPong<'a> {
     pub tx_depth: u32,
     /// The host region the marker byte is written into (write without inline, host memory).
     pub marker_src: Option<&'a MemoryRegion>,
+    /// Untimed round trips before the measured ones (both sides run them).
+    pub warmup: u64,
+}
+
+/// Untimed round trips (or reads) before a latency measurement: one signalling period, so that
+/// one-time costs are not measured: the peer waking from the TCP barrier (milliseconds on a
+/// loaded host) and the first send completion (hundreds of microseconds on Soft-RoCE).
+pub fn lat_warmup(cq_mod: u32) -> u64 {
+    u64::from(cq_mod.clamp(1, 1000))
 }
 
 /// The marker of round trip `i`: never 0, never equal to the previous one.
@@ -513,8 +522,10 @@ pub fn marker(i: u64) -> u8 {
 pub const LAT_RX_DEPTH: u32 = 64;
 
 impl PingPong<'_> {
-    /// Posts the receives the first round trips need (completion arrival only).
+    /// Posts the receives the first round trips need (completion arrival only); `iters` are the
+    /// measured round trips (the warm-up is added here).
     pub fn prepost(&self, iters: u64) -> gdr::Result<u64> {
+        let iters = self.warmup + iters;
         let mut posted = 0;
         if let Arrival::Completion { local } = &self.arrival {
             while posted < iters.min(u64::from(LAT_RX_DEPTH)) {
@@ -525,14 +536,15 @@ impl PingPong<'_> {
         Ok(posted)
     }
 
-    /// Runs `iters` round trips; the client (`initiator`) sends first and records half of each
-    /// round trip in microseconds into `samples` (reserved by the caller for `iters + 1`). Like
-    /// perftest, one clock read per round trip: the time between consecutive posts. `inline_buf` is the
-    /// inline source (`size` bytes) whose last byte is set per message; `None` posts the flow.
+    /// Runs the warm-up and then `measured` round trips; the client (`initiator`) sends first
+    /// and records half of each measured round trip in microseconds into `samples` (reserved by
+    /// the caller for `measured + 1`). Like perftest, one clock read per round trip: the time
+    /// between consecutive posts. `inline_buf` is the inline source (`size` bytes) whose last
+    /// byte is set per message; `None` posts the flow.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
-        iters: u64,
+        measured: u64,
         initiator: bool,
         mut posted_recvs: u64,
         mut inline_buf: Option<&mut [u8]>,
@@ -540,6 +552,7 @@ impl PingPong<'_> {
         wc: &mut [Completion],
     ) -> gdr::Result<()> {
         samples.clear();
+        let iters = self.warmup + measured;
         let cq_mod = u64::from(self.cq_mod.max(1));
         let mut unreaped = 0u64;
         let mut received = 0u64;
@@ -547,7 +560,9 @@ impl PingPong<'_> {
         let base = cal.start_ticks();
         for i in 0..iters {
             if initiator {
-                samples.push(ticks().saturating_sub(base) as f64);
+                if i >= self.warmup {
+                    samples.push(ticks().saturating_sub(base) as f64);
+                }
             } else {
                 self.wait(
                     i,
@@ -718,22 +733,26 @@ fn intervals_us(samples: &mut Vec<f64>, cal: &Calibration, per: f64) {
     samples.pop();
 }
 
-/// The client side of a read-latency run: `iters` RDMA reads of `flow`, one at a time, each
-/// signalled and waited for. Records every read's latency in microseconds into `samples`
-/// (reserved by the caller for `iters + 1`). A read is one-sided, so its latency is the whole
-/// round trip (perftest's `ib_read_lat` does not halve it either); one clock read per read.
+/// The client side of a read-latency run: `warmup` untimed reads, then `measured` RDMA reads of
+/// `flow`, one at a time, each signalled and waited for. Records every measured read's latency
+/// in microseconds into `samples` (reserved by the caller for `measured + 1`). A read is
+/// one-sided, so its latency is the whole round trip (perftest's `ib_read_lat` does not halve it
+/// either); one clock read per read.
 pub fn read_latency(
     cq: &CompletionQueue,
     flow: &Flow<'_>,
-    iters: u64,
+    warmup: u64,
+    measured: u64,
     samples: &mut Vec<f64>,
     wc: &mut [Completion],
 ) -> gdr::Result<()> {
     samples.clear();
     let cal = Calibration::start();
     let base = cal.start_ticks();
-    for i in 0..iters {
-        samples.push(ticks().saturating_sub(base) as f64);
+    for i in 0..warmup + measured {
+        if i >= warmup {
+            samples.push(ticks().saturating_sub(base) as f64);
+        }
         flow.qp.post_send(&flow.request(Op::Read).id(i))?;
         let mut spins = 0u32;
         let mut since: Option<Instant> = None;

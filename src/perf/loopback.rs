@@ -133,6 +133,7 @@ impl Loopback {
                 cq_mod,
                 tx_depth,
                 marker_src: Some(src),
+                warmup: super::engine::lat_warmup(cq_mod),
             })
         };
         self.dst_a.fill(0, size, 0)?;

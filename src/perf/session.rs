@@ -564,13 +564,14 @@ fn read_lat_size(
     role: Role,
     link: &mut TcpLink,
     side: &Side,
+    p: &Params,
     size: usize,
-    iters: u64,
     peer: RemoteRegion,
     advertised: &Memory,
     samples: &mut Vec<f64>,
     wc: &mut [Completion],
 ) -> SizeResult<LatRow> {
+    let iters = p.iters().unwrap_or(1);
     match role {
         Role::Server => {
             advertised.fill_pattern(size)?;
@@ -588,7 +589,8 @@ fn read_lat_size(
             };
             samples.reserve(iters as usize + 1);
             link.barrier()?;
-            engine::read_latency(&side.cq, &flow, iters, samples, wc)?;
+            let warmup = engine::lat_warmup(p.effective_cq_mod());
+            engine::read_latency(&side.cq, &flow, warmup, iters, samples, wc)?;
             let row = LatRow::new(size, iters, stats::latency(samples));
             let msg = ClientRow {
                 bw: None,
@@ -619,7 +621,7 @@ fn lat_size(
         .as_ref()
         .ok_or_else(|| Error::invalid("latency side without a receive buffer", Hint::NONE))?;
     if p.op == Op::Read {
-        return read_lat_size(role, link, side, size, iters, peer, recv_mem, samples, wc);
+        return read_lat_size(role, link, side, p, size, peer, recv_mem, samples, wc);
     }
     recv_mem.zero(size)?;
     let recv_local = [recv_mem.slice(0..size)?];
@@ -648,6 +650,7 @@ fn lat_size(
         cq_mod: p.effective_cq_mod(),
         tx_depth: p.tx_depth,
         marker_src: side.mem[0].host().map(|m| m.as_ref()),
+        warmup: engine::lat_warmup(p.effective_cq_mod()),
     };
     // the source's last byte carries markers in the previous size; restore the pattern.
     side.mem[0].fill_pattern(size)?;
