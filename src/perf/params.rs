@@ -28,17 +28,6 @@ pub enum Op {
     Send,
 }
 
-impl Op {
-    /// The lower-case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Write => "write",
-            Op::Read => "read",
-            Op::Send => "send",
-        }
-    }
-}
-
 /// How GPU memory is registered (`--cuda-path`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum CudaPath {
@@ -148,16 +137,11 @@ impl Params {
             _ => {}
         }
         if let Limit::Duration(_) = self.limit {
-            if self.test == Test::Lat || self.op == Op::Send {
-                return bad(format!(
-                    "--duration works for write and read bandwidth; use --iters for {} {}",
-                    self.op.name(),
-                    if self.test == Test::Lat {
-                        "latency"
-                    } else {
-                        "bandwidth"
-                    }
-                ));
+            if self.test == Test::Bw && self.op == Op::Send {
+                return bad(
+                    "--duration works for write and read bandwidth and for latency; use --iters for send bandwidth (the receiver must know the count)"
+                        .into(),
+                );
             }
         }
         Ok(())

@@ -557,6 +557,21 @@ fn first_problem(
     Ok(None)
 }
 
+/// Timed round trips (after the warm-up) that calibrate a latency run of fixed duration.
+const CALIBRATION: u64 = 100;
+
+/// Most round trips (or reads) of one size in duration mode.
+const MAX_DURATION_ITERS: u64 = 100_000_000;
+
+/// How many operations of `secs_each` seconds fit in `secs` (at least one).
+fn iters_for(secs: f64, secs_each: f64) -> u64 {
+    if secs_each > 0.0 && secs_each.is_finite() {
+        ((secs / secs_each).round() as u64).clamp(1, MAX_DURATION_ITERS)
+    } else {
+        1
+    }
+}
+
 /// Read latency of one size: the client reads the server's advertised buffer (which holds the
 /// pattern) into its own (zeroed first) and checks it; the server only waits for the result.
 #[allow(clippy::too_many_arguments)]
@@ -571,7 +586,6 @@ fn read_lat_size(
     samples: &mut Vec<f64>,
     wc: &mut [Completion],
 ) -> SizeResult<LatRow> {
-    let iters = p.iters().unwrap_or(1);
     match role {
         Role::Server => {
             advertised.fill_pattern(size)?;
@@ -587,9 +601,18 @@ fn read_lat_size(
                 remote: peer.slice(0..size as u64)?,
                 inline: None,
             };
-            samples.reserve(iters as usize + 1);
-            link.barrier()?;
             let warmup = engine::lat_warmup(p.effective_cq_mod());
+            link.barrier()?;
+            // Duration mode: the warm-up and CALIBRATION timed reads set the count.
+            let (warmup, iters) = match p.limit {
+                Limit::Iters(n) => (warmup, n),
+                Limit::Duration(secs) => {
+                    samples.reserve(CALIBRATION as usize + 1);
+                    engine::read_latency(&side.cq, &flow, warmup, CALIBRATION, samples, wc)?;
+                    (0, iters_for(secs, 1e-6 * stats::latency(samples).typical))
+                }
+            };
+            samples.reserve(iters as usize + 1);
             engine::read_latency(&side.cq, &flow, warmup, iters, samples, wc)?;
             let row = LatRow::new(size, iters, stats::latency(samples));
             let msg = ClientRow {
@@ -615,7 +638,6 @@ fn lat_size(
     samples: &mut Vec<f64>,
     wc: &mut [Completion],
 ) -> SizeResult<LatRow> {
-    let iters = p.iters().unwrap_or(1);
     let recv_mem = side
         .recv_mem
         .as_ref()
@@ -635,7 +657,7 @@ fn lat_size(
         _ => Arrival::Completion { local: &recv_local },
     };
     let inline = size <= inline_buf.len();
-    let pp = PingPong {
+    let mut pp = PingPong {
         qp: &side.qps[0],
         cq: &side.cq,
         flow: Flow {
@@ -654,15 +676,42 @@ fn lat_size(
     };
     // the source's last byte carries markers in the previous size; restore the pattern.
     side.mem[0].fill_pattern(size)?;
+    let client = role == Role::Client;
+    let use_inline = inline && !write_with_imm;
+    let iters = match p.limit {
+        Limit::Iters(n) => n,
+        Limit::Duration(secs) => {
+            // Calibration: the warm-up and CALIBRATION timed round trips; their typical round
+            // trip sets how many fit in `secs`. Both sides then run that many, from a clean
+            // start (no write in flight: each side has seen the other's last message).
+            let posted = pp.prepost(CALIBRATION)?;
+            samples.reserve(CALIBRATION as usize + 1);
+            link.barrier()?;
+            let src = use_inline.then(|| &mut inline_buf[..size]);
+            pp.run(CALIBRATION, client, posted, src, samples, wc)?;
+            let n = if client {
+                // samples are half round trips in microseconds.
+                let rtt = 2e-6 * stats::latency(samples).typical;
+                let n = iters_for(secs, rtt);
+                link.send_bytes(&n.to_le_bytes())?;
+                n
+            } else {
+                let b = link.recv_bytes()?;
+                let b: [u8; 8] = b.as_slice().try_into().map_err(|_| {
+                    Error::protocol(format!("round-trip count of {} bytes, expected 8", b.len()))
+                })?;
+                u64::from_le_bytes(b).clamp(1, MAX_DURATION_ITERS)
+            };
+            recv_mem.zero(size)?;
+            pp.warmup = 0;
+            n
+        }
+    };
     let posted = pp.prepost(iters)?;
     samples.reserve(iters as usize + 1);
     link.barrier()?;
-    let inline_src = if inline && !write_with_imm {
-        Some(&mut inline_buf[..size])
-    } else {
-        None
-    };
-    pp.run(iters, role == Role::Client, posted, inline_src, samples, wc)?;
+    let inline_src = use_inline.then(|| &mut inline_buf[..size]);
+    pp.run(iters, client, posted, inline_src, samples, wc)?;
     if inline {
         inline_buf[size - 1] = engine::pattern(size - 1);
     }
