@@ -391,6 +391,32 @@ pub fn page_size() -> usize {
     }
 }
 
+/// An aligned 8-byte word inside a [`MemoryRegion`], checked once, loaded many times
+/// (see [`MemoryRegion::watch_u64`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WatchedWord<'a> {
+    ptr: *const u64,
+    _region: std::marker::PhantomData<&'a MemoryRegion>,
+}
+
+impl WatchedWord<'_> {
+    /// The word's current value (one volatile load: a write by the NIC shows up in a later
+    /// load, never as a torn read of an aligned word the peer writes whole).
+    #[inline]
+    pub fn load(&self) -> u64 {
+        // SAFETY: `ptr` is 8-byte aligned and inside the region's buffer (checked by
+        // `watch_u64`), and the borrow keeps the region (and its buffer) alive. A volatile load
+        // of plain bytes has no validity requirement, so concurrent NIC writes cannot make it UB
+        // (NIC-written memory is only ever reached through copies and such loads).
+        unsafe { std::ptr::read_volatile(self.ptr) }
+    }
+}
+
+// SAFETY: the word is only ever read (volatile loads), and the region it points into is Sync.
+unsafe impl Send for WatchedWord<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for WatchedWord<'_> {}
+
 /// Host memory registered with a protection domain (`ibv_reg_mr`). Owns its buffer and
 /// deregisters before freeing it.
 pub struct MemoryRegion {
@@ -514,15 +540,25 @@ impl MemoryRegion {
 
     /// Reads the 8-byte word at `offset` with one volatile load (for polling a flag the peer writes).
     pub fn read_u64_volatile(&self, offset: usize) -> Result<u64> {
-        self.check("MemoryRegion::read_u64_volatile", offset, 8)?;
+        Ok(self.watch_u64(offset)?.load())
+    }
+
+    /// A handle for polling the 8-byte word at `offset` (a flag or counter the peer writes):
+    /// bounds and alignment are checked once here, every [`WatchedWord::load`] is one volatile
+    /// load. The handle borrows the region, so the region outlives it.
+    pub fn watch_u64(&self, offset: usize) -> Result<WatchedWord<'_>> {
+        self.check("MemoryRegion::watch_u64", offset, 8)?;
         if !(self.ptr() as usize + offset).is_multiple_of(8) {
             return Err(Error::invalid(
                 format!("offset {offset} is not 8-byte aligned"),
                 Hint::NONE,
             ));
         }
-        // SAFETY: in bounds and aligned; a volatile load of plain bytes.
-        Ok(unsafe { std::ptr::read_volatile(self.ptr().add(offset).cast::<u64>()) })
+        Ok(WatchedWord {
+            // SAFETY: in bounds (checked above).
+            ptr: unsafe { self.ptr().add(offset) }.cast::<u64>(),
+            _region: std::marker::PhantomData,
+        })
     }
 
     /// The region's bytes as a slice.

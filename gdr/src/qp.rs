@@ -836,7 +836,29 @@ impl QueuePair {
     /// made; here: protection domain, SGE count, access flags, lengths, alignment, inline
     /// limits, GPU memory never inline). The regions stay alive until the completion is reaped.
     pub fn post_send(&self, req: &SendRequest<'_>) -> Result<()> {
-        self.post_send_list(std::slice::from_ref(req))
+        // One request: the same steps as a list, without the list's bookkeeping (this is the
+        // latency path).
+        self.check_send(req)?;
+        let mut ring = lock(&self.inflight.send);
+        if ring.outstanding() >= ring.capacity() {
+            return Err(queue_full(&ring, 1));
+        }
+        let mut sges = [const { MaybeUninit::<ibv::ibv_sge>::uninit() }; MAX_SGE];
+        let sig = req.signaled || ring.signal_due(ring.since_signal);
+        let (seq, num_sge) = stage_one(&mut ring, 0, req, &mut sges);
+        let mut wr = send_wr(req, seq, sig, sges[0].as_mut_ptr(), num_sge);
+        let mut bad: *mut ibv::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP is valid; `wr` (with a null `next`) and its SGEs live across the call;
+        // every SGE lies inside a registered region of our PD that the ring now keeps alive;
+        // inline data is copied during the call.
+        let rc = unsafe { ibv::ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            ring.unstage(seq);
+            drop(ring);
+            return Err(self.post_error(req, rc, 0, 1));
+        }
+        ring.commit(sig);
+        Ok(())
     }
 
     /// Posts several send-queue requests with one doorbell per [`LIST_CHUNK`] requests (one
@@ -855,15 +877,7 @@ impl QueuePair {
         let mut ring = lock(&self.inflight.send);
         let free = ring.capacity() - ring.outstanding();
         if reqs.len() as u64 > free {
-            return Err(Error::invalid(
-                format!(
-                    "send queue full: {} requests in flight, {} more asked for (max_send_wr={})",
-                    ring.outstanding(),
-                    reqs.len(),
-                    ring.capacity()
-                ),
-                "poll the completion queue before posting more; signal requests periodically",
-            ));
+            return Err(queue_full(&ring, reqs.len()));
         }
         let mut done = 0;
         while done < reqs.len() {
@@ -897,35 +911,7 @@ impl QueuePair {
             }
             let sig = req.signaled || ring.signal_due(since);
             since = if sig { 0 } else { since + 1 };
-            let empty: &[LocalSlice] = &[];
-            let slices = match req.data {
-                Data::Slices(s) => {
-                    for (g, s) in sges[used..].iter_mut().zip(s) {
-                        g.write(ibv::ibv_sge {
-                            addr: s.addr(),
-                            length: s.len as u32,
-                            lkey: s.lkey(),
-                        });
-                    }
-                    s
-                }
-                Data::Inline(b) => {
-                    sges[used].write(ibv::ibv_sge {
-                        addr: b.as_ptr() as u64,
-                        length: b.len() as u32,
-                        lkey: 0,
-                    });
-                    empty
-                }
-            };
-            let seq = ring.stage(
-                n as u64,
-                req.wr_id,
-                req.signaled,
-                slices.iter().map(|s| &s.region),
-            );
-            // A request with no data (e.g. a zero-byte write with immediate) carries no SGE.
-            let num_sge = if req.data_len() == 0 { 0 } else { k };
+            let (seq, num_sge) = stage_one(ring, n as u64, req, &mut sges[used..used + k]);
             wrs[n].write(send_wr(req, seq, sig, sges[used].as_mut_ptr(), num_sge));
             signaled[n] = sig;
             n += 1;
@@ -958,20 +944,30 @@ impl QueuePair {
         for i in failed..n {
             ring.unstage(ring.head + (i - failed) as u64);
         }
-        let req = &reqs[failed.min(n - 1)];
+        Err(self.post_error(&reqs[failed.min(n - 1)], rc, before + failed, total))
+    }
+
+    /// The error of a refused `ibv_post_send`: `posted` of `total` requests went out before it.
+    fn post_error(&self, req: &SendRequest<'_>, rc: i32, posted: usize, total: usize) -> Error {
         let state = self
             .state()
             .map(|s| format!("{s:?}"))
             .unwrap_or_else(|_| "unknown".into());
-        Err(qp_err(
+        let which = if total == 1 {
+            String::new()
+        } else {
+            format!(
+                ", request {} of {total} refused, {posted} posted",
+                posted + 1
+            )
+        };
+        qp_err(
             "ibv_post_send",
             self.qp_num(),
             &format!(
-                "op={:?}, bytes={}, state={state}, request {} of {total} refused, {} posted",
+                "op={:?}, bytes={}, state={state}{which}",
                 req.op,
-                req.data_len(),
-                before + failed + 1,
-                before + failed
+                req.data_len()
             ),
             rc,
             match rc.abs() {
@@ -979,7 +975,7 @@ impl QueuePair {
                 libc::ENOMEM => "the device's send queue is full: poll completions before posting more",
                 _ => "see ibv_post_send(3)",
             },
-        ))
+        )
     }
 
     /// Posts one receive request; its slices need LOCAL_WRITE.
@@ -1027,6 +1023,57 @@ impl QueuePair {
         ring.commit(true);
         Ok(())
     }
+}
+
+/// The "send queue full" error: `more` requests asked for.
+fn queue_full(ring: &Ring, more: usize) -> Error {
+    Error::invalid(
+        format!(
+            "send queue full: {} requests in flight, {more} more asked for (max_send_wr={})",
+            ring.outstanding(),
+            ring.capacity()
+        ),
+        "poll the completion queue before posting more; signal requests periodically",
+    )
+}
+
+/// Writes `req`'s scatter/gather entries into `sges` (which has room for them) and stages it in
+/// the ring as the `ahead`-th request of the post; returns its sequence number and SGE count.
+fn stage_one(
+    ring: &mut Ring,
+    ahead: u64,
+    req: &SendRequest<'_>,
+    sges: &mut [MaybeUninit<ibv::ibv_sge>],
+) -> (u64, usize) {
+    let empty: &[LocalSlice] = &[];
+    let (slices, k) = match req.data {
+        Data::Slices(s) => {
+            for (g, s) in sges.iter_mut().zip(s) {
+                g.write(ibv::ibv_sge {
+                    addr: s.addr(),
+                    length: s.len as u32,
+                    lkey: s.lkey(),
+                });
+            }
+            (s, s.len())
+        }
+        Data::Inline(b) => {
+            sges[0].write(ibv::ibv_sge {
+                addr: b.as_ptr() as u64,
+                length: b.len() as u32,
+                lkey: 0,
+            });
+            (empty, 1)
+        }
+    };
+    let seq = ring.stage(
+        ahead,
+        req.wr_id,
+        req.signaled,
+        slices.iter().map(|s| &s.region),
+    );
+    // A request with no data (e.g. a zero-byte write with immediate) carries no SGE.
+    (seq, if req.data_len() == 0 { 0 } else { k })
 }
 
 /// The provider's form of `req`, with sequence number `seq` as its id and `num_sge` entries at

@@ -553,7 +553,7 @@ impl PingPong<'_> {
     ) -> gdr::Result<()> {
         samples.clear();
         let iters = self.warmup + measured;
-        let cq_mod = u64::from(self.cq_mod.max(1));
+        let cq_mod = u64::from(self.cq_mod.clamp(1, self.tx_depth.max(1)));
         let mut unreaped = 0u64;
         let mut received = 0u64;
         let cal = Calibration::start();
@@ -599,7 +599,9 @@ impl PingPong<'_> {
             if !signaled {
                 req = req.unsignaled();
             }
-            while self.qp.send_outstanding() >= u64::from(self.tx_depth) {
+            // With every signalled send reaped, fewer than cq_mod (<= tx_depth) sends are in
+            // flight: the queue can only be full while a signalled completion is pending.
+            while unreaped > 0 && self.qp.send_outstanding() >= u64::from(self.tx_depth) {
                 self.reap(&mut received, &mut posted_recvs, iters, &mut unreaped, wc)?;
             }
             self.qp.post_send(&req)?;
@@ -693,9 +695,9 @@ impl PingPong<'_> {
                 let word = last & !7;
                 let shift = last & 7;
                 let m = marker(i);
+                let flag = mr.watch_u64(word)?;
                 loop {
-                    let v = mr.read_u64_volatile(word)?;
-                    if v.to_ne_bytes()[shift] == m {
+                    if flag.load().to_ne_bytes()[shift] == m {
                         break;
                     }
                     if *unreaped > 0 {
