@@ -13,7 +13,7 @@ mod perf;
 use gdr::cq::Completion;
 use perf::engine::{self, BwState};
 use perf::loopback::{device_from_env, Loopback};
-use perf::params::{Limit, Op, Test};
+use perf::params::{self, Limit, Op, Test};
 use perf::report::{self, BwRow, LatRow};
 use perf::stats;
 
@@ -47,13 +47,13 @@ fn bench() -> Result<(), String> {
             .collect::<Result<_, _>>()?,
         Err(_) => vec![2, 4096, 65536, 1 << 20],
     };
-    let (tx_depth, cq_mod, post_list) = (128u32, 100u32, 16u32);
+    let (tx_depth, cq_mod) = (128u32, 100u32);
     let max = sizes.iter().copied().max().unwrap_or(64);
     let lb = Loopback::open(&dev, gid, tx_depth, max)
         .map_err(|e| format!("opening {dev} for two in-process queue pairs: {e}"))?;
 
     println!(
-        "write bandwidth, {dev}, 1 QP, tx depth {tx_depth}, cq moderation {cq_mod}, post list {post_list}, in-process"
+        "write bandwidth, {dev}, 1 QP, tx depth {tx_depth}, cq moderation {cq_mod}, automatic post list, in-process"
     );
     print!("{}", report::table_header(Test::Bw, true));
     let mut wc = [Completion::default(); 32];
@@ -67,7 +67,7 @@ fn bench() -> Result<(), String> {
             Limit::Iters(iters),
             tx_depth,
             cq_mod,
-            post_list,
+            params::auto_post_list(size),
             &mut st,
             &mut wc,
         )

@@ -33,14 +33,12 @@ pub struct BwArgs {
     /// Queue pairs.
     #[arg(short = 'q', long, default_value_t = 1, value_name = "N")]
     pub qps: u32,
-    /// Most requests posted with one doorbell (one `ibv_post_send` call), 1..=32 [default: 16,
-    /// at most the tx depth]; 1 posts each request on its own, as perftest does unless given `-l`.
-    #[arg(short = 'l', long, value_name = "N")]
+    /// Most requests posted with one doorbell (one `ibv_post_send` call), 1..=32; 1 posts each
+    /// request on its own, as perftest does unless given `-l` [default: automatic: up to 16
+    /// requests and 64 KiB of payload per doorbell, so 16 up to 4 KiB and 1 from 64 KiB]
+    #[arg(short = 'l', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub post_list: Option<u32>,
 }
-
-/// Default `--post-list`: refills of the send queue go out 16 requests per doorbell.
-pub const DEFAULT_POST_LIST: u32 = 16;
 
 /// Default iterations per size (perftest's ib_write_bw).
 pub const DEFAULT_ITERS: u64 = 5000;
@@ -50,8 +48,6 @@ pub fn run(args: BwArgs) -> u8 {
     let mut params = args
         .common
         .params(Test::Bw, args.op, args.qps, DEFAULT_ITERS, 0);
-    params.post_list = args
-        .post_list
-        .unwrap_or(DEFAULT_POST_LIST.min(args.common.tx_depth.max(1)));
+    params.post_list = args.post_list.unwrap_or(0);
     args.common.run("bw", Test::Bw, params)
 }

@@ -82,8 +82,19 @@ pub struct Params {
     /// Largest message sent inline (host memory only); 0 disables inline.
     pub inline_size: u32,
     /// Most requests posted with one doorbell (bandwidth; 1 = one `ibv_post_send` per request,
-    /// as perftest does by default).
+    /// as perftest does by default; 0 = automatic per size, see [`Params::post_list_for`]).
     pub post_list: u32,
+}
+
+/// Automatic post lists put at most this many payload bytes behind one doorbell.
+pub const AUTO_LIST_BYTES: usize = 65536;
+
+/// Automatic post lists are at most this long.
+pub const AUTO_LIST_MAX: u32 = 16;
+
+/// The automatic post list for messages of `size` bytes (before the tx-depth cap).
+pub fn auto_post_list(size: usize) -> u32 {
+    (AUTO_LIST_BYTES / size.max(1)).clamp(1, AUTO_LIST_MAX as usize) as u32
 }
 
 /// Sizes of a sweep: 2 B to 8 MiB by powers of two.
@@ -116,7 +127,7 @@ impl Params {
             return bad(format!("--tx-depth {} is outside 1..8192", self.tx_depth));
         }
         let most = (gdr::qp::LIST_CHUNK as u32).min(self.tx_depth);
-        if self.post_list == 0 || self.post_list > most {
+        if self.post_list > most {
             return bad(format!(
                 "--post-list {} is outside 1..={most} (at most {} and the tx depth)",
                 self.post_list,
@@ -151,6 +162,20 @@ impl Params {
     /// otherwise the queue fills with unsignalled requests and nothing completes).
     pub fn effective_cq_mod(&self) -> u32 {
         self.cq_mod.min(self.tx_depth).max(1)
+    }
+
+    /// Requests per doorbell for messages of `size` bytes: the fixed `post_list`, or when it is
+    /// 0 (automatic) as many as fit in [`AUTO_LIST_BYTES`] of payload, 1 to [`AUTO_LIST_MAX`],
+    /// at most the tx depth. Small messages gain from fewer doorbells (fewer system calls on
+    /// Soft-RoCE, fewer MMIO writes on a NIC); large ones are paced by the wire, and on
+    /// Soft-RoCE a request per call keeps the kernel's protocol work moving steadily.
+    pub fn post_list_for(&self, size: usize) -> u32 {
+        let n = if self.post_list > 0 {
+            self.post_list
+        } else {
+            auto_post_list(size)
+        };
+        n.min(self.tx_depth).max(1)
     }
 
     /// The largest size measured.
@@ -199,7 +224,7 @@ mod tests {
             tx_depth: 128,
             cq_mod: 100,
             inline_size: 0,
-            post_list: 16,
+            post_list: 0,
         }
     }
 
@@ -233,6 +258,25 @@ mod tests {
         p.test = Test::Lat;
         p.op = Op::Read;
         assert_eq!(p.validate(), Ok(()), "read latency is measured");
+    }
+
+    #[test]
+    fn automatic_post_lists_hold_64_kib_of_payload() {
+        let mut p = base();
+        let auto: Vec<u32> = [2, 4096, 8192, 32768, 65536, 1 << 20]
+            .iter()
+            .map(|&s| p.post_list_for(s))
+            .collect();
+        assert_eq!(auto, [16, 16, 8, 2, 1, 1]);
+        p.tx_depth = 4;
+        assert_eq!(p.post_list_for(2), 4, "never more than the tx depth");
+        p.tx_depth = 128;
+        p.post_list = 8;
+        assert_eq!(
+            (p.post_list_for(2), p.post_list_for(1 << 20)),
+            (8, 8),
+            "fixed"
+        );
     }
 
     #[test]

@@ -114,7 +114,8 @@ pub struct Report {
     pub tx_depth: u32,
     /// Signalling interval used.
     pub cq_mod: u32,
-    /// Most requests per doorbell (`ibv_post_send` call).
+    /// Most requests per doorbell (`ibv_post_send` call); 0 = automatic per size (up to 16
+    /// requests and 64 KiB of payload).
     #[serde(default = "one")]
     pub post_list: u32,
     /// Latency with write-with-immediate (GPU memory on either side).
@@ -168,7 +169,17 @@ pub fn table_head(r: &Report, gbits: bool) -> String {
     let _ = writeln!(
         s,
         " Device: {}  GID index: {}  Memory: {}  QPs: {}  TX depth: {}  CQ moderation: {}  Post list: {}  Role: {}",
-        r.device, r.gid_index, r.memory, r.qps, r.tx_depth, r.cq_mod, r.post_list, r.role
+        r.device,
+        r.gid_index,
+        r.memory,
+        r.qps,
+        r.tx_depth,
+        r.cq_mod,
+        match r.post_list {
+            0 => "auto (<= 64 KiB)".to_string(),
+            n => n.to_string(),
+        },
+        r.role
     );
     let _ = writeln!(s, "{rule}");
     s.push_str(&table_header(r.test, gbits));

@@ -491,7 +491,7 @@ fn bw_size(
                 p.limit,
                 p.tx_depth,
                 p.effective_cq_mod(),
-                p.post_list,
+                p.post_list_for(size),
                 st,
                 wc,
             )?;

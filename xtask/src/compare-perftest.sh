@@ -8,7 +8,7 @@
 #   ADDR: this host's address on DEVICE (- takes $GDR_TEST_ADDR, as in the Soft-RoCE VM).
 #   SIZES: comma-separated write-bandwidth sizes; iterations per size: 64 MiB / size, within 200..5000.
 #   POST_LIST: requests per doorbell for both tools' bandwidth runs (-l N); - keeps each tool's
-#   default (gdr 16, perftest 1).
+#   default (gdr automatic: up to 16 requests and 64 KiB per doorbell; perftest 1).
 # On real hardware: compare-perftest.sh mlx5_0 3 192.168.1.10 target/release/gdr 3 4096,65536,1048576
 set -u
 dev=$1 gid=$2 addr=$3 gdr=$4

@@ -30,7 +30,7 @@ pub struct CompareOpts {
     #[arg(long, default_value_t = 20000)]
     pub rate_iters: u32,
     /// Requests per doorbell for both tools' bandwidth and rate runs (`-l N` to each), for a
-    /// like-for-like posting comparison; default: each tool's own default (gdr 16, perftest 1).
+    /// like-for-like posting comparison; default: each tool's own default (gdr automatic, perftest 1).
     #[arg(long, value_name = "N")]
     pub post_list: Option<u32>,
     /// Run on this host's RDMA device instead of booting the Soft-RoCE VM (real hardware).
