@@ -617,19 +617,21 @@ fn line(s: &mut String, sizes: &[usize], axis: &Axis, series: &Series) {
     }
 }
 
-/// The legend: one entry per series, top left.
+/// The legend: one entry per series, top centre (bandwidth sweeps peak at the right, message
+/// rates at the left; latency grows towards the right).
 fn legend<'a>(s: &mut String, series: impl Iterator<Item = &'a Series>) {
+    let lx = X0 + (X1 - X0) * 0.33;
     let mut ly = Y1 + 16.0;
     for x in series {
         let _ = writeln!(
             s,
             r#"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="{}" stroke-width="2"/><text x="{}" y="{}">{}</text>"#,
-            X0 + 10.0,
+            lx,
             ly - 4.0,
-            X0 + 30.0,
+            lx + 20.0,
             ly - 4.0,
             x.color,
-            X0 + 36.0,
+            lx + 26.0,
             ly,
             escape(&x.label)
         );
