@@ -159,11 +159,7 @@ impl<R: Registered> RegionExt for Arc<R> {
     fn slice(&self, range: impl RangeBounds<usize>) -> Result<LocalSlice> {
         let (offset, len) = resolve_range("local slice", range, self.len())?;
         let region: Arc<dyn Registered> = self.clone();
-        Ok(LocalSlice {
-            region,
-            offset,
-            len,
-        })
+        Ok(LocalSlice::new(region, offset, len))
     }
 
     fn remote(&self) -> RemoteRegion {
@@ -176,17 +172,38 @@ impl<R: Registered> RegionExt for Arc<R> {
 }
 
 /// A bounds-checked piece of a local registered region. Holds the region alive.
+///
+/// What posting needs from the region (address, lkey, access, protection domain) is read once
+/// here: a registration never changes them, and the posting path then makes no virtual calls.
 #[derive(Clone)]
 pub struct LocalSlice {
     pub(crate) region: Arc<dyn Registered>,
     pub(crate) offset: usize,
     pub(crate) len: usize,
+    pub(crate) addr: u64,
+    pub(crate) lkey: u32,
+    pub(crate) access: AccessFlags,
+    /// Identity of the region's protection domain (`Arc::as_ptr`), compared, never dereferenced.
+    pub(crate) pd: usize,
 }
 
 impl LocalSlice {
+    /// `len` bytes at `offset` of `region` (the caller checked the range).
+    pub(crate) fn new(region: Arc<dyn Registered>, offset: usize, len: usize) -> LocalSlice {
+        LocalSlice {
+            addr: region.iova() + offset as u64,
+            lkey: region.lkey(),
+            access: region.access(),
+            pd: Arc::as_ptr(region.pd()) as usize,
+            region,
+            offset,
+            len,
+        }
+    }
+
     /// Start address as the NIC sees it.
     pub fn addr(&self) -> u64 {
-        self.region.iova() + self.offset as u64
+        self.addr
     }
     /// Length in bytes.
     pub fn len(&self) -> usize {
@@ -202,7 +219,7 @@ impl LocalSlice {
     }
     /// The region's local key.
     pub fn lkey(&self) -> u32 {
-        self.region.lkey()
+        self.lkey
     }
     /// The region.
     pub fn region(&self) -> &Arc<dyn Registered> {
@@ -215,11 +232,7 @@ impl LocalSlice {
     /// A sub-slice, relative to this slice.
     pub fn sub(&self, range: impl RangeBounds<usize>) -> Result<LocalSlice> {
         let (o, len) = resolve_range("local sub-slice", range, self.len)?;
-        Ok(LocalSlice {
-            region: self.region.clone(),
-            offset: self.offset + o,
-            len,
-        })
+        Ok(LocalSlice::new(self.region.clone(), self.offset + o, len))
     }
 }
 

@@ -728,7 +728,7 @@ impl QueuePair {
             ));
         }
         for s in slices {
-            if !Arc::ptr_eq(s.region.pd(), &self.pd) {
+            if s.pd != Arc::as_ptr(&self.pd) as usize {
                 return Err(Error::invalid(
                     format!("{what}: a local slice's region is registered with another protection domain"),
                     "register the memory with the queue pair's protection domain",
@@ -740,9 +740,9 @@ impl QueuePair {
                     Hint::NONE,
                 ));
             }
-            if need_write && !s.region.access().contains(AccessFlags::LOCAL_WRITE) {
+            if need_write && !s.access.contains(AccessFlags::LOCAL_WRITE) {
                 return Err(Error::invalid(
-                    format!("{what}: the NIC writes this local region but it was registered without LOCAL_WRITE ({:?})", s.region.access()),
+                    format!("{what}: the NIC writes this local region but it was registered without LOCAL_WRITE ({:?})", s.access),
                     "register it with AccessFlags::LOCAL_WRITE",
                 ));
             }
@@ -871,6 +871,9 @@ impl QueuePair {
     /// request). If the provider itself refuses a request, the ones before it were posted and
     /// complete as usual; the error says how many.
     pub fn post_send_list(&self, reqs: &[SendRequest<'_>]) -> Result<()> {
+        if let [one] = reqs {
+            return self.post_send(one);
+        }
         for req in reqs {
             self.check_send(req)?;
         }

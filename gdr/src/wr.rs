@@ -249,7 +249,10 @@ struct Slot {
 /// Requests posted to one work queue, in posting order. The NIC completes a queue's requests in
 /// order (RC), so a completion for sequence number `s` retires every request up to `s`.
 pub(crate) struct Ring {
+    /// A power of two at least the depth, so a sequence number's slot is `seq & mask`.
     slots: Box<[Slot]>,
+    mask: u64,
+    depth: u64,
     /// Sequence number of the next request to post.
     pub(crate) head: u64,
     /// Sequence number of the oldest request still in flight.
@@ -260,7 +263,8 @@ pub(crate) struct Ring {
 
 impl Ring {
     fn new(depth: u32, max_sge: u32) -> Self {
-        let slots = (0..depth.max(1))
+        let depth = depth.max(1);
+        let slots: Box<[Slot]> = (0..depth.next_power_of_two())
             .map(|_| Slot {
                 user_wr_id: 0,
                 user_signaled: true,
@@ -268,7 +272,9 @@ impl Ring {
             })
             .collect();
         Ring {
+            mask: slots.len() as u64 - 1,
             slots,
+            depth: u64::from(depth),
             head: 0,
             tail: 0,
             since_signal: 0,
@@ -277,7 +283,7 @@ impl Ring {
 
     /// Capacity in requests.
     pub(crate) fn capacity(&self) -> u64 {
-        self.slots.len() as u64
+        self.depth
     }
 
     /// Requests in flight.
@@ -302,8 +308,7 @@ impl Ring {
         regions: impl Iterator<Item = &'r Arc<dyn Registered>>,
     ) -> u64 {
         let seq = self.head + ahead;
-        let cap = self.capacity();
-        let slot = &mut self.slots[(seq % cap) as usize];
+        let slot = &mut self.slots[(seq & self.mask) as usize];
         slot.user_wr_id = user_wr_id;
         slot.user_signaled = user_signaled;
         slot.regions.clear();
@@ -313,8 +318,7 @@ impl Ring {
 
     /// Undoes [`Ring::stage`] after a failed post.
     pub(crate) fn unstage(&mut self, seq: u64) {
-        let cap = self.capacity();
-        self.slots[(seq % cap) as usize].regions.clear();
+        self.slots[(seq & self.mask) as usize].regions.clear();
     }
 
     /// Marks the oldest staged request as posted.
@@ -329,21 +333,19 @@ impl Ring {
         if seq < self.tail || seq >= self.head {
             return None;
         }
-        let cap = self.capacity();
         for s in self.tail..=seq {
-            self.slots[(s % cap) as usize].regions.clear();
+            self.slots[(s & self.mask) as usize].regions.clear();
         }
         self.tail = seq + 1;
-        let slot = &self.slots[(seq % cap) as usize];
+        let slot = &self.slots[(seq & self.mask) as usize];
         Some((slot.user_wr_id, slot.user_signaled))
     }
 
     /// Forgets everything in flight (after the queue pair was reset or destroyed: the NIC no
     /// longer touches the requests' memory).
     pub(crate) fn clear(&mut self) {
-        let cap = self.capacity();
         for s in self.tail..self.head {
-            self.slots[(s % cap) as usize].regions.clear();
+            self.slots[(s & self.mask) as usize].regions.clear();
         }
         self.tail = self.head;
         self.since_signal = 0;
@@ -434,6 +436,22 @@ mod tests {
             }
         }
         assert_eq!(forced, 8);
+    }
+
+    #[test]
+    fn a_depth_that_is_not_a_power_of_two_wraps_correctly() {
+        let mut r = Ring::new(3, 1);
+        assert_eq!(r.capacity(), 3, "capacity is the depth, not the slot count");
+        for round in 0..10u64 {
+            for k in 0..3 {
+                r.stage(k, round * 10 + k, k == 2, std::iter::empty());
+            }
+            for k in 0..3 {
+                r.commit(k == 2);
+            }
+            assert_eq!(r.outstanding(), 3);
+            assert_eq!(r.retire(r.head - 1), Some((round * 10 + 2, true)));
+        }
     }
 
     #[test]
