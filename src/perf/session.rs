@@ -471,7 +471,17 @@ fn bw_size(
 ) -> SizeResult<BwRow> {
     let qps: Vec<&QueuePair> = side.qps.iter().collect();
     let locals: Vec<[LocalSlice; 1]> = flows.iter().map(|f| f.local.clone()).collect();
-    let total = p.iters().unwrap_or(0);
+    // Send for a fixed time: the receiver must know the count, so a short run sets it.
+    let limit = match (p.op, p.limit) {
+        (Op::Send, Limit::Duration(secs)) => Limit::Iters(send_count_for(
+            secs, role, link, side, p, size, flows, &qps, &locals, st, sink, wc,
+        )?),
+        (_, l) => l,
+    };
+    let total = match limit {
+        Limit::Iters(n) => n,
+        Limit::Duration(_) => 0,
+    };
     match (role, p.op) {
         (Role::Server, Op::Write) => side.mem.iter().try_for_each(|m| m.zero(size))?,
         (Role::Server, Op::Send) => {
@@ -488,14 +498,14 @@ fn bw_size(
                 &side.cq,
                 flows,
                 p.op,
-                p.limit,
+                limit,
                 p.tx_depth,
                 p.effective_cq_mod(),
                 p.post_list_for(size),
                 st,
                 wc,
             )?;
-            let bw = match p.limit {
+            let bw = match limit {
                 Limit::Iters(_) => {
                     let (posted, completed) = run.timeline(st);
                     stats::bandwidth(size, &posted, &completed, p.effective_cq_mod() as usize)
@@ -542,6 +552,59 @@ fn bw_size(
                 }
             };
             settle::<BwRow>(role, link, None, check, |r| r.bw.clone())
+        }
+    }
+}
+
+/// Messages per queue pair of the calibration run of a timed send bandwidth measurement.
+const SEND_CALIBRATION: u64 = 1000;
+
+/// The message count (per queue pair) that fills `secs` of send bandwidth: the client sends
+/// SEND_CALIBRATION messages per queue pair (the server receives and checks their count), times
+/// them, and tells the server the count both then run.
+#[allow(clippy::too_many_arguments)]
+fn send_count_for(
+    secs: f64,
+    role: Role,
+    link: &mut TcpLink,
+    side: &Side,
+    p: &Params,
+    size: usize,
+    flows: &[Flow<'_>],
+    qps: &[&QueuePair],
+    locals: &[[LocalSlice; 1]],
+    st: &mut BwState,
+    sink: &mut RecvSink,
+    wc: &mut [Completion],
+) -> gdr::Result<u64> {
+    if role == Role::Server {
+        sink.prepost(qps, locals, SEND_CALIBRATION, 512)?;
+    }
+    link.barrier()?;
+    match role {
+        Role::Client => {
+            let run = engine::bw_active(
+                &side.cq,
+                flows,
+                Op::Send,
+                Limit::Iters(SEND_CALIBRATION),
+                p.tx_depth,
+                p.effective_cq_mod(),
+                p.post_list_for(size),
+                st,
+                wc,
+            )?;
+            let n = iters_for(secs, run.secs(run.end) / SEND_CALIBRATION as f64);
+            link.send_bytes(&n.to_le_bytes())?;
+            Ok(n)
+        }
+        Role::Server => {
+            sink.drain(&side.cq, qps, locals, SEND_CALIBRATION, size, wc)?;
+            let b = link.recv_bytes()?;
+            let b: [u8; 8] = b.as_slice().try_into().map_err(|_| {
+                Error::protocol(format!("message count of {} bytes, expected 8", b.len()))
+            })?;
+            Ok(u64::from_le_bytes(b).clamp(1, MAX_DURATION_ITERS))
         }
     }
 }
