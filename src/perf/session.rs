@@ -595,18 +595,28 @@ fn send_count_for(
                 wc,
             )?;
             let n = iters_for(secs, run.secs(run.end) / SEND_CALIBRATION as f64);
-            link.send_bytes(&n.to_le_bytes())?;
-            Ok(n)
+            share_count(link, Some(n), "message count")
         }
         Role::Server => {
             sink.drain(&side.cq, qps, locals, SEND_CALIBRATION, size, wc)?;
-            let b = link.recv_bytes()?;
-            let b: [u8; 8] = b.as_slice().try_into().map_err(|_| {
-                Error::protocol(format!("message count of {} bytes, expected 8", b.len()))
-            })?;
-            Ok(u64::from_le_bytes(b).clamp(1, MAX_DURATION_ITERS))
+            share_count(link, None, "message count")
         }
     }
+}
+
+/// The client's calibrated count reaches the server: the side with `Some(n)` sends it, the
+/// other receives it (checked: 8 bytes, clamped to 1..=MAX_DURATION_ITERS). Returns the count.
+fn share_count(link: &mut TcpLink, mine: Option<u64>, what: &str) -> gdr::Result<u64> {
+    if let Some(n) = mine {
+        link.send_bytes(&n.to_le_bytes())?;
+        return Ok(n);
+    }
+    let b = link.recv_bytes()?;
+    let b: [u8; 8] = b
+        .as_slice()
+        .try_into()
+        .map_err(|_| Error::protocol(format!("{what} of {} bytes, expected 8", b.len())))?;
+    Ok(u64::from_le_bytes(b).clamp(1, MAX_DURATION_ITERS))
 }
 
 fn first_problem(
@@ -752,19 +762,9 @@ fn lat_size(
             link.barrier()?;
             let src = use_inline.then(|| &mut inline_buf[..size]);
             pp.run(CALIBRATION, client, posted, src, samples, wc)?;
-            let n = if client {
-                // samples are half round trips in microseconds.
-                let rtt = 2e-6 * stats::latency(samples).typical;
-                let n = iters_for(secs, rtt);
-                link.send_bytes(&n.to_le_bytes())?;
-                n
-            } else {
-                let b = link.recv_bytes()?;
-                let b: [u8; 8] = b.as_slice().try_into().map_err(|_| {
-                    Error::protocol(format!("round-trip count of {} bytes, expected 8", b.len()))
-                })?;
-                u64::from_le_bytes(b).clamp(1, MAX_DURATION_ITERS)
-            };
+            // samples are half round trips in microseconds.
+            let mine = client.then(|| iters_for(secs, 2e-6 * stats::latency(samples).typical));
+            let n = share_count(link, mine, "round-trip count")?;
             recv_mem.zero(size)?;
             pp.warmup = 0;
             n
