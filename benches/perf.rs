@@ -92,10 +92,13 @@ fn bench() -> Result<(), String> {
             let answer = s.spawn(|| {
                 let mut wc = [Completion::default(); 32];
                 let mut scratch = Vec::with_capacity(lat_iters as usize + 1);
-                b.run(lat_iters, false, 0, None, &mut scratch, &mut wc)
+                let mut req = b.prepare(None)?;
+                b.run(&mut req, lat_iters, false, 0, &mut scratch, &mut wc)
             });
             let mut wc = [Completion::default(); 32];
-            let mine = a.run(lat_iters, true, 0, None, &mut samples, &mut wc);
+            let mine = a
+                .prepare(None)
+                .and_then(|mut req| a.run(&mut req, lat_iters, true, 0, &mut samples, &mut wc));
             let theirs = answer
                 .join()
                 .map_err(|_| "the answering thread panicked".to_string())?;

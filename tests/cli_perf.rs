@@ -446,11 +446,13 @@ fn measurement_loops_allocate_nothing_per_request() {
         let answer = s.spawn(|| {
             let mut wc = [Completion::default(); 32];
             let mut samples = Vec::with_capacity(iters as usize + 1);
-            counted(|| b.run(iters, false, 0, None, &mut samples, &mut wc))
+            let mut req = b.prepare(None).unwrap();
+            counted(|| b.run(&mut req, iters, false, 0, &mut samples, &mut wc))
         });
         let mut wc = [Completion::default(); 32];
         let mut samples = Vec::with_capacity(iters as usize + 1);
-        let (r, allocs) = counted(|| a.run(iters, true, 0, None, &mut samples, &mut wc));
+        let mut req = a.prepare(None).unwrap();
+        let (r, allocs) = counted(|| a.run(&mut req, iters, true, 0, &mut samples, &mut wc));
         r.unwrap();
         assert_eq!(samples.len(), iters as usize);
         assert!(samples.iter().all(|&s| s > 0.0));

@@ -29,6 +29,9 @@ use crate::mr::{AccessFlags, LocalSlice, MemoryKind};
 use crate::pd::ProtectionDomain;
 use crate::wr::{lock, Data, InFlight, Operation, RecvRequest, Ring, SendRequest, RECV_BIT};
 
+mod prepared;
+pub use prepared::PreparedSend;
+
 /// Most scatter/gather entries one request may carry.
 pub const MAX_SGE: usize = 16;
 
@@ -855,7 +858,7 @@ impl QueuePair {
         if rc != 0 {
             ring.unstage(seq);
             drop(ring);
-            return Err(self.post_error(req, rc, 0, 1));
+            return Err(self.post_error(req.op, req.data_len(), rc, 0, 1));
         }
         ring.commit(sig);
         Ok(())
@@ -947,11 +950,20 @@ impl QueuePair {
         for i in failed..n {
             ring.unstage(ring.head + (i - failed) as u64);
         }
-        Err(self.post_error(&reqs[failed.min(n - 1)], rc, before + failed, total))
+        let req = &reqs[failed.min(n - 1)];
+        Err(self.post_error(req.op, req.data_len(), rc, before + failed, total))
     }
 
-    /// The error of a refused `ibv_post_send`: `posted` of `total` requests went out before it.
-    fn post_error(&self, req: &SendRequest<'_>, rc: i32, posted: usize, total: usize) -> Error {
+    /// The error of a refused `ibv_post_send` of `op` with `bytes` of data: `posted` of `total`
+    /// requests went out before it.
+    fn post_error(
+        &self,
+        op: Operation,
+        bytes: usize,
+        rc: i32,
+        posted: usize,
+        total: usize,
+    ) -> Error {
         let state = self
             .state()
             .map(|s| format!("{s:?}"))
@@ -967,11 +979,7 @@ impl QueuePair {
         qp_err(
             "ibv_post_send",
             self.qp_num(),
-            &format!(
-                "op={:?}, bytes={}, state={state}{which}",
-                req.op,
-                req.data_len()
-            ),
+            &format!("op={op:?}, bytes={bytes}, state={state}{which}"),
             rc,
             match rc.abs() {
                 libc::EINVAL => "sends need the QP in RTS (connect() first; reset() after an error), and values within the QP's caps",

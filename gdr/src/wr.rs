@@ -316,6 +316,16 @@ impl Ring {
         seq
     }
 
+    /// Makes the in-flight request `seq` keep `regions` alive too (until it is retired or the
+    /// ring cleared); drops them at once when `seq` is no longer in flight.
+    pub(crate) fn adopt(&mut self, seq: u64, regions: impl Iterator<Item = Arc<dyn Registered>>) {
+        if seq >= self.tail && seq < self.head {
+            self.slots[(seq & self.mask) as usize]
+                .regions
+                .extend(regions);
+        }
+    }
+
     /// Undoes [`Ring::stage`] after a failed post.
     pub(crate) fn unstage(&mut self, seq: u64) {
         self.slots[(seq & self.mask) as usize].regions.clear();

@@ -12,7 +12,7 @@ use gdr::device::{Context, DeviceList, GidType, PortState};
 use gdr::mr::{AccessFlags, MemoryRegion, RegionExt, RemoteRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::{QpState, QueuePair};
-use gdr::wr::{RecvRequest, SendRequest};
+use gdr::wr::{Operation, RecvRequest, SendRequest};
 use gdr::Error;
 
 const T: Duration = Duration::from_secs(10);
@@ -663,5 +663,126 @@ fn unroutable_peer_gid_is_a_clear_connect_error() {
     assert!(
         s.contains("no route from GID[") && s.contains("::ffff:192.0.2.1"),
         "{s}"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn prepared_requests_post_many_times_and_keep_their_regions_alive() {
+    let p = pair_with(|b| b.max_send_wr(16).max_inline_data(64));
+    let src = MemoryRegion::with_data(&p.pd, &bytes(4096, 5), AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = MemoryRegion::new(&p.pd, 4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let local = [src.slice(..256).unwrap()];
+    let mut buf = [Completion::default(); 16];
+
+    // 100 posts of one prepared write through a 16-deep queue, one in ten signalled: those ten
+    // are what the application sees, with the ids of their posts.
+    let mut w =
+        p.a.prepare(&SendRequest::write(
+            &local,
+            dst.remote().slice(..256).unwrap(),
+        ))
+        .unwrap();
+    assert_eq!((w.operation(), w.data_len()), (Operation::Write, 256));
+    assert!(w.inline_data_mut().is_none());
+    let mut seen = Vec::new();
+    for i in 0..100u64 {
+        loop {
+            match w.post(i, i % 10 == 9) {
+                Ok(()) => break,
+                Err(Error::InvalidArgument { what, .. }) if what.contains("send queue full") => {
+                    let n = p.cq_a.poll(&mut buf).unwrap();
+                    seen.extend(buf[..n].iter().map(|c| c.wr_id));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    let deadline = Instant::now() + T;
+    while p.a.send_outstanding() > 0 {
+        let n = p.cq_a.poll(&mut buf).unwrap();
+        for c in &buf[..n] {
+            c.result().unwrap();
+            seen.push(c.wr_id);
+        }
+        assert!(Instant::now() < deadline, "prepared writes never completed");
+    }
+    assert_eq!(seen, (0..10).map(|k| k * 10 + 9).collect::<Vec<u64>>());
+    assert_eq!(dst.to_vec()[..256], bytes(4096, 5)[..256]);
+    let e = w.set_imm(1).unwrap_err();
+    assert!(e.to_string().contains("carries no immediate"), "{e}");
+
+    // A prepared inline write with immediate: new bytes and a new immediate per post.
+    let note = MemoryRegion::new(&p.pd, 64, AccessFlags::REMOTE_WRITE).unwrap();
+    let mut ping =
+        p.a.prepare(
+            &SendRequest::write_inline(&[0u8; 8], note.remote().slice(..8).unwrap()).with_imm(0),
+        )
+        .unwrap();
+    for i in 1..=3u32 {
+        p.b.post_recv(&RecvRequest::new(&[]).id(u64::from(i)))
+            .unwrap();
+        ping.inline_data_mut().unwrap()[7] = i as u8;
+        ping.set_imm(100 + i).unwrap();
+        ping.post(u64::from(i), true).unwrap();
+        assert_eq!(one(&p.cq_a).wr_id, u64::from(i));
+        let r = one(&p.cq_b);
+        assert_eq!((r.wr_id, r.imm), (u64::from(i), Some(100 + i)));
+        assert_eq!(note.to_vec()[7], i as u8);
+    }
+
+    // Dropped with a post in flight: the queue pair keeps the region until that post is reaped.
+    let big = MemoryRegion::with_data(&p.pd, &bytes(1 << 16, 6), AccessFlags::LOCAL_WRITE).unwrap();
+    let target = MemoryRegion::new(&p.pd, 1 << 16, AccessFlags::REMOTE_WRITE).unwrap();
+    let weak = Arc::downgrade(&big);
+    let mut copy =
+        p.a.prepare(&SendRequest::write(
+            &[big.slice(..).unwrap()],
+            target.remote().slice(..).unwrap(),
+        ))
+        .unwrap();
+    drop(big);
+    copy.post(77, true).unwrap();
+    drop(copy);
+    assert!(
+        weak.upgrade().is_some(),
+        "the queue pair keeps the region of the dropped prepared request's post"
+    );
+    assert_eq!(one(&p.cq_a).wr_id, 77);
+    assert!(weak.upgrade().is_none(), "reaping the post releases it");
+    assert_eq!(target.to_vec(), bytes(1 << 16, 6));
+    // Dropped after its posts were reaped: nothing is kept.
+    let small = MemoryRegion::with_data(&p.pd, &bytes(64, 7), AccessFlags::LOCAL_WRITE).unwrap();
+    let weak = Arc::downgrade(&small);
+    let mut again =
+        p.a.prepare(&SendRequest::write(
+            &[small.slice(..).unwrap()],
+            target.remote().slice(..64).unwrap(),
+        ))
+        .unwrap();
+    drop(small);
+    again.post(78, true).unwrap();
+    assert_eq!(one(&p.cq_a).wr_id, 78);
+    assert!(
+        weak.upgrade().is_some(),
+        "the prepared request holds its region"
+    );
+    drop(again);
+    assert!(
+        weak.upgrade().is_none(),
+        "nothing in flight: released with the request"
+    );
+
+    // Checks happen once, at prepare: a bad request is refused there.
+    let e =
+        p.a.prepare(&SendRequest::write(
+            &local,
+            dst.remote().slice(..8).unwrap(),
+        ))
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("local data is 256 bytes but the remote slice is 8 bytes"),
+        "{e}"
     );
 }

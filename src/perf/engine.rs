@@ -10,7 +10,7 @@ use gdr::cuda::DeviceBuffer;
 use gdr::gpu_mr::{GpuMemoryRegion, RegistrationPath};
 use gdr::mr::{AccessFlags, LocalSlice, MemoryRegion, RegionExt, RemoteRegion, RemoteSlice};
 use gdr::pd::ProtectionDomain;
-use gdr::qp::QueuePair;
+use gdr::qp::{PreparedSend, QueuePair};
 use gdr::wr::{RecvRequest, SendRequest};
 use gdr::{Error, Hint};
 
@@ -521,7 +521,7 @@ pub fn marker(i: u64) -> u8 {
 /// Receives a ping-pong needs posted before its first round trip.
 pub const LAT_RX_DEPTH: u32 = 64;
 
-impl PingPong<'_> {
+impl<'a> PingPong<'a> {
     /// Posts the receives the first round trips need (completion arrival only); `iters` are the
     /// measured round trips (the warm-up is added here).
     pub fn prepost(&self, iters: u64) -> gdr::Result<u64> {
@@ -536,18 +536,43 @@ impl PingPong<'_> {
         Ok(posted)
     }
 
-    /// Runs the warm-up and then `measured` round trips; the client (`initiator`) sends first
-    /// and records half of each measured round trip in microseconds into `samples` (reserved by
-    /// the caller for `measured + 1`). Like perftest, one clock read per round trip: the time
-    /// between consecutive posts. `inline_buf` is the inline source (`size` bytes) whose last
-    /// byte is set per message; `None` posts the flow.
+    /// The request each round trip posts, prepared once ([`QueuePair::prepare`]): `inline_src`
+    /// is the inline source (`size` bytes; its last byte is replaced by each message's marker),
+    /// `None` posts the flow. Write with immediate when arrival is by completion.
+    pub fn prepare(&self, inline_src: Option<&[u8]>) -> gdr::Result<PreparedSend<'a>> {
+        let req = match inline_src {
+            Some(b) => match self.op {
+                Op::Send => SendRequest::send_inline(&b[..self.size]),
+                _ => SendRequest::write_inline(&b[..self.size], self.flow.remote),
+            },
+            None => self.flow.request(self.op),
+        };
+        self.qp.prepare(&if self.with_imm() {
+            req.with_imm(0)
+        } else {
+            req
+        })
+    }
+
+    fn with_imm(&self) -> bool {
+        matches!(
+            (self.op, &self.arrival),
+            (Op::Write, Arrival::Completion { .. })
+        )
+    }
+
+    /// Runs the warm-up and then `measured` round trips of `req` (from [`PingPong::prepare`]);
+    /// the client (`initiator`) sends first and records half of each measured round trip in
+    /// microseconds into `samples` (reserved by the caller for `measured + 1`). Like perftest,
+    /// one clock read per round trip: the time between consecutive posts. Each round trip only
+    /// sets the marker and posts.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
+        req: &mut PreparedSend<'_>,
         measured: u64,
         initiator: bool,
         mut posted_recvs: u64,
-        mut inline_buf: Option<&mut [u8]>,
         samples: &mut Vec<f64>,
         wc: &mut [Completion],
     ) -> gdr::Result<()> {
@@ -556,6 +581,12 @@ impl PingPong<'_> {
         let cq_mod = u64::from(self.cq_mod.clamp(1, self.tx_depth.max(1)));
         let mut unreaped = 0u64;
         let mut received = 0u64;
+        let with_imm = self.with_imm();
+        // The marker goes into the inline copy, or into the source region's last byte.
+        let marker_src = match (&self.arrival, self.marker_src) {
+            (Arrival::LastByte(_), Some(src)) if req.inline_data_mut().is_none() => Some(src),
+            _ => None,
+        };
         let cal = Calibration::start();
         let base = cal.start_ticks();
         for i in 0..iters {
@@ -575,36 +606,21 @@ impl PingPong<'_> {
             }
             // post
             let m = marker(i);
-            if inline_buf.is_none() {
-                if let (Arrival::LastByte(_), Some(src)) = (&self.arrival, self.marker_src) {
-                    src.write(self.size - 1, &[m])?;
-                }
+            if let Some(b) = req.inline_data_mut() {
+                b[self.size - 1] = m;
+            } else if let Some(src) = marker_src {
+                src.write(self.size - 1, &[m])?;
+            }
+            if with_imm {
+                req.set_imm(i as u32)?;
             }
             let signaled = (i + 1).is_multiple_of(cq_mod) || i + 1 == iters;
-            let req = match inline_buf.as_deref_mut() {
-                Some(b) => {
-                    b[self.size - 1] = m;
-                    let b: &[u8] = &b[..self.size];
-                    match self.op {
-                        Op::Send => SendRequest::send_inline(b),
-                        _ => SendRequest::write_inline(b, self.flow.remote),
-                    }
-                }
-                None => self.flow.request(self.op),
-            };
-            let mut req = req.id(i);
-            if let (Op::Write, Arrival::Completion { .. }) = (self.op, &self.arrival) {
-                req = req.with_imm(i as u32);
-            }
-            if !signaled {
-                req = req.unsignaled();
-            }
             // With every signalled send reaped, fewer than cq_mod (<= tx_depth) sends are in
             // flight: the queue can only be full while a signalled completion is pending.
             while unreaped > 0 && self.qp.send_outstanding() >= u64::from(self.tx_depth) {
                 self.reap(&mut received, &mut posted_recvs, iters, &mut unreaped, wc)?;
             }
-            self.qp.post_send(&req)?;
+            req.post(i, signaled)?;
             // `unreaped` counts signalled sends whose completion is still to be polled: the
             // CQ is polled while waiting only when one is pending.
             unreaped += u64::from(signaled);

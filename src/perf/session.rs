@@ -363,7 +363,7 @@ fn run_side(
     let mut bw_state = BwState::default();
     let mut sink = RecvSink::default();
     let mut samples = Vec::new();
-    let mut inline_buf: Vec<u8> = (0..p.max_size().min(side.inline_size as usize))
+    let inline_buf: Vec<u8> = (0..p.max_size().min(side.inline_size as usize))
         .map(engine::pattern)
         .collect();
     for (k, &size) in p.sizes.iter().enumerate() {
@@ -406,7 +406,7 @@ fn run_side(
                     size,
                     peers[0],
                     write_with_imm,
-                    &mut inline_buf,
+                    &inline_buf,
                     &mut samples,
                     &mut wc,
                 )?;
@@ -707,7 +707,7 @@ fn lat_size(
     size: usize,
     peer: RemoteRegion,
     write_with_imm: bool,
-    inline_buf: &mut [u8],
+    inline_buf: &[u8],
     samples: &mut Vec<f64>,
     wc: &mut [Completion],
 ) -> SizeResult<LatRow> {
@@ -751,6 +751,7 @@ fn lat_size(
     side.mem[0].fill_pattern(size)?;
     let client = role == Role::Client;
     let use_inline = inline && !write_with_imm;
+    let mut req = pp.prepare(use_inline.then(|| &inline_buf[..size]))?;
     let iters = match p.limit {
         Limit::Iters(n) => n,
         Limit::Duration(secs) => {
@@ -760,8 +761,7 @@ fn lat_size(
             let posted = pp.prepost(CALIBRATION)?;
             samples.reserve(CALIBRATION as usize + 1);
             link.barrier()?;
-            let src = use_inline.then(|| &mut inline_buf[..size]);
-            pp.run(CALIBRATION, client, posted, src, samples, wc)?;
+            pp.run(&mut req, CALIBRATION, client, posted, samples, wc)?;
             // samples are half round trips in microseconds.
             let mine = client.then(|| iters_for(secs, 2e-6 * stats::latency(samples).typical));
             let n = share_count(link, mine, "round-trip count")?;
@@ -773,11 +773,7 @@ fn lat_size(
     let posted = pp.prepost(iters)?;
     samples.reserve(iters as usize + 1);
     link.barrier()?;
-    let inline_src = use_inline.then(|| &mut inline_buf[..size]);
-    pp.run(iters, client, posted, inline_src, samples, wc)?;
-    if inline {
-        inline_buf[size - 1] = engine::pattern(size - 1);
-    }
+    pp.run(&mut req, iters, client, posted, samples, wc)?;
     // Everything but the last byte (the marker) must be the pattern.
     let check = || -> gdr::Result<Option<String>> {
         if size > 1 {
