@@ -200,7 +200,8 @@ fn boot_in(
     .arg("-initrd")
     .arg(initramfs)
     // panic=-1: a kernel panic reboots at once, and -no-reboot turns that into QEMU exiting.
-    .args(["-append", "console=ttyS0 quiet loglevel=0 panic=-1"])
+    .arg("-append")
+    .arg(kernel_cmdline())
     .arg("-virtfs")
     .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
     .arg("-virtfs")
@@ -696,5 +697,21 @@ impl Cpio {
     fn finish(mut self) -> Vec<u8> {
         self.entry("TRAILER!!!", 0, (0, 0), &[]);
         self.data
+    }
+}
+
+/// The guest kernel's command line; `GDR_VM_APPEND` adds to it (for measurement experiments,
+/// e.g. `idle=poll`).
+///
+/// `tsc=reliable`: under TCG the kernel's TSC synchronisation check fails ("TSCs
+/// unsynchronized", the emulated vCPUs are too slow for it) and it falls back to the HPET, whose
+/// every read is an emulated MMIO access under QEMU's global lock: ~7 % of a latency run's CPU
+/// went to `read_hpet`. QEMU derives every vCPU's TSC from one host clock, so it is in fact
+/// synchronised; with it the guest clock costs a few instructions.
+fn kernel_cmdline() -> String {
+    let base = "console=ttyS0 quiet loglevel=0 panic=-1 tsc=reliable";
+    match std::env::var("GDR_VM_APPEND") {
+        Ok(extra) if !extra.trim().is_empty() => format!("{base} {}", extra.trim()),
+        _ => base.to_string(),
     }
 }
