@@ -213,12 +213,20 @@ pub fn median(v: &[f64]) -> Option<f64> {
 /// (display order, kind, size).
 type GroupKey = (u8, String, u64);
 
-/// The comparison table and the list of failed or unparsable runs.
+/// One round's values of one metric: (gdr, perftest).
+type Pair = (Option<f64>, Option<f64>);
+
+/// One metric's values per round.
+type Rounds = BTreeMap<u32, Pair>;
+
+/// The comparison table (medians, their ratio, and in how many rounds gdr did better than
+/// perftest in the same round), then every round's values, and the list of failed or unparsable
+/// runs.
 pub fn summarize(runs: &[Run]) -> (String, Vec<String>) {
     let mut failures = Vec::new();
-    let mut groups: BTreeMap<GroupKey, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    let mut groups: BTreeMap<GroupKey, Rounds> = BTreeMap::new();
     for r in runs {
-        if r.rc != (0, 0) || r.value.is_none() {
+        let Some(v) = r.value.filter(|_| r.rc == (0, 0)) else {
             failures.push(format!(
                 "{} {} size={} round={}: client rc {}, server rc {}{}",
                 r.tool,
@@ -234,31 +242,45 @@ pub fn summarize(runs: &[Run]) -> (String, Vec<String>) {
                 }
             ));
             continue;
-        }
+        };
         let order = match r.kind.as_str() {
             "bw" => 0,
             "rate" => 1,
             _ => 2,
         };
-        let e = groups.entry((order, r.kind.clone(), r.size)).or_default();
+        let e = groups
+            .entry((order, r.kind.clone(), r.size))
+            .or_default()
+            .entry(r.round)
+            .or_default();
         if r.tool == "gdr" {
-            e.0.push(r.value.unwrap_or(0.0));
+            e.0 = Some(v);
         } else {
-            e.1.push(r.value.unwrap_or(0.0));
+            e.1 = Some(v);
         }
     }
     let mut s = String::new();
     s.push_str(&format!(
-        "{:<26} {:>9} {:>7} {:>14} {:>16} {:>14} {:>8}\n",
-        "metric", "bytes", "rounds", "gdr median", "perftest median", "gdr/perftest", "target"
+        "{:<26} {:>9} {:>7} {:>14} {:>16} {:>14} {:>8} {:>10}\n",
+        "metric",
+        "bytes",
+        "rounds",
+        "gdr median",
+        "perftest median",
+        "gdr/perftest",
+        "target",
+        "gdr ahead"
     ));
-    for ((_, kind, size), (g, p)) in &groups {
-        let (metric, target) = match kind.as_str() {
-            "bw" => ("write BW average [Gb/s]", ">= 1.0"),
-            "rate" => ("write msg rate [Mpps]", ">= 1.0"),
-            _ => ("write latency typ [usec]", "<= 1.0"),
+    let mut detail = String::new();
+    for ((_, kind, size), rounds) in &groups {
+        let (metric, target, higher_is_better) = match kind.as_str() {
+            "bw" => ("write BW average [Gb/s]", ">= 1.0", true),
+            "rate" => ("write msg rate [Mpps]", ">= 1.0", true),
+            _ => ("write latency typ [usec]", "<= 1.0", false),
         };
-        let (mut gm, mut pm) = (median(g), median(p));
+        let g: Vec<f64> = rounds.values().filter_map(|r| r.0).collect();
+        let p: Vec<f64> = rounds.values().filter_map(|r| r.1).collect();
+        let (mut gm, mut pm) = (median(&g), median(&p));
         if kind == "bw" {
             // MiB/s -> Gb/s (10^9 bits).
             let gbps = |v: f64| v * 1048576.0 * 8.0 / 1e9;
@@ -268,18 +290,44 @@ pub fn summarize(runs: &[Run]) -> (String, Vec<String>) {
             (Some(a), Some(b)) if b > 0.0 => format!("{:.3}", a / b),
             _ => "-".into(),
         };
+        // Rounds where both tools ran: gdr ahead when it did better in that same round.
+        let paired: Vec<(f64, f64)> = rounds.values().filter_map(|r| Some((r.0?, r.1?))).collect();
+        let ahead = paired
+            .iter()
+            .filter(|(g, p)| if higher_is_better { g > p } else { g < p })
+            .count();
         let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.6}"));
         s.push_str(&format!(
-            "{:<26} {:>9} {:>7} {:>14} {:>16} {:>14} {:>8}\n",
+            "{:<26} {:>9} {:>7} {:>14} {:>16} {:>14} {:>8} {:>10}\n",
             metric,
             size,
             g.len().min(p.len()),
             f(gm),
             f(pm),
             ratio,
-            target
+            target,
+            format!("{ahead}/{}", paired.len())
+        ));
+        let unit = match kind.as_str() {
+            "bw" => "MiB/s",
+            "rate" => "Mpps",
+            _ => "usec",
+        };
+        let list = |pick: fn(&Pair) -> Option<f64>| {
+            rounds
+                .values()
+                .map(|r| pick(r).map_or("-".into(), |v| format!("{v}")))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        detail.push_str(&format!(
+            "{kind} {size} B [{unit}] per round\n  gdr      {}\n  perftest {}\n",
+            list(|r| r.0),
+            list(|r| r.1)
         ));
     }
+    s.push('\n');
+    s.push_str(&detail);
     (s, failures)
 }
 
@@ -344,6 +392,16 @@ gdr bw: something failed
             .find(|l| l.starts_with("write latency"))
             .unwrap();
         assert!(lat.contains("0.991"), "{lat}");
+        // round 1: gdr 28.27 < 29.70 MiB/s, round 2: 26.56 < 27.34: perftest ahead in both;
+        // latency 20.89 < 21.08 us: gdr ahead in its only round.
+        assert!(bw.ends_with(" 0/2"), "{bw}");
+        assert!(lat.ends_with(" 1/1"), "{lat}");
+        assert!(
+            table.contains(
+                "bw 4096 B [MiB/s] per round\n  gdr      28.27 26.56\n  perftest 29.7 27.34\n"
+            ),
+            "{table}"
+        );
         assert_eq!(failures.len(), 1);
         assert!(failures[0].contains("gdr rate size=2 round=1"));
     }
