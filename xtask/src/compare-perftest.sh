@@ -9,6 +9,8 @@
 #   SIZES: comma-separated write-bandwidth sizes; iterations per size: 64 MiB / size, within 200..5000.
 #   POST_LIST: requests per doorbell for both tools' bandwidth runs (-l N); - keeps each tool's
 #   default (gdr automatic: up to 16 requests and 64 KiB per doorbell; perftest 1).
+# Bandwidth runs give both tools the same QP count (1), tx depth (128) and completion moderation
+# (100: perftest would drop to 1 above 8 KiB unless -Q is given; gdr keeps 100).
 # On real hardware: compare-perftest.sh mlx5_0 3 192.168.1.10 target/release/gdr 3 4096,65536,1048576
 set -u
 dev=$1 gid=$2 addr=$3 gdr=$4
@@ -45,10 +47,10 @@ one() {
     case "$kind/$tool" in
     bw/gdr)
         run "gdr bw size=$s round=$r" "$gdr" bw --server -d "$dev" -x "$gid" -- \
-            "$gdr" bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 $pl ;;
+            "$gdr" bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 --cq-mod 100 $pl ;;
     bw/perftest)
-        run "perftest bw size=$s round=$r" ib_write_bw -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 $pl -- \
-            ib_write_bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 $pl ;;
+        run "perftest bw size=$s round=$r" ib_write_bw -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 -Q 100 $pl -- \
+            ib_write_bw "$addr" -d "$dev" -x "$gid" -s "$s" -n "$n" -q 1 -t 128 -Q 100 $pl ;;
     rate/gdr)
         run "gdr rate size=2 round=$r" "$gdr" bw --server -d "$dev" -x "$gid" -- \
             "$gdr" bw "$addr" -d "$dev" -x "$gid" -s 2 -n "$rate_iters" -q 1 -t 128 --report-gbits $pl ;;
