@@ -46,7 +46,9 @@
 //!
 //! Many requests at once: [`qp::QueuePair::post_send_list`] checks a whole slice of requests
 //! first, then posts them with one doorbell per 32 (one `ibv_post_send` call each); `gdr bw`
-//! refills its send queue that way.
+//! refills its send queue that way. The same request again and again (a ping-pong, a proxy
+//! forwarding fixed blocks): [`qp::QueuePair::prepare`] checks and translates it once, and each
+//! [`qp::PreparedSend::post`] only takes a send-queue slot and rings the doorbell.
 //!
 //! GPU memory works the same way: allocate a [`cuda::DeviceBuffer`], register it with
 //! [`gpu_mr::GpuMemoryRegion::register`] (the pointer is checked with `cuPointerGetAttributes`,
