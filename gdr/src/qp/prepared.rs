@@ -6,18 +6,6 @@
 //! [`PreparedSend::post`] then only takes a send-queue slot and rings the doorbell. What may
 //! change between posts is what such loops change: the id, whether the request is signalled, the
 //! immediate value and the bytes of an inline request.
-//!
-//! ```no_run
-//! # use gdr::{mr::{RegionExt, RemoteRegion}, qp::QueuePair, wr::SendRequest};
-//! # fn f(qp: &QueuePair, peer: RemoteRegion) -> gdr::Result<()> {
-//! let mut ping = qp.prepare(&SendRequest::write_inline(&[0u8; 8], peer.slice(0..8)?))?;
-//! for i in 0..1000u64 {
-//!     ping.inline_data_mut().expect("an inline request")[7] = i as u8;
-//!     ping.post(i, i % 100 == 99)?;   // signal one in a hundred
-//!     // ... wait for the peer's answer ...
-//! }
-//! # Ok(()) }
-//! ```
 
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -34,6 +22,18 @@ use crate::wr::{lock, Data, Operation, SendRequest};
 /// owns a reference to every region it reads or writes; when it is dropped while posts are in
 /// flight, the queue pair keeps those regions alive until the last post's completion is reaped,
 /// as for [`QueuePair::post_send`].
+///
+/// ```no_run
+/// # use gdr::{mr::{RegionExt, RemoteRegion}, qp::QueuePair, wr::SendRequest};
+/// # fn f(qp: &QueuePair, peer: RemoteRegion) -> gdr::Result<()> {
+/// let mut ping = qp.prepare(&SendRequest::write_inline(&[0u8; 8], peer.slice(0..8)?))?;
+/// for i in 0..1000u64 {
+///     ping.inline_data_mut().expect("an inline request")[7] = i as u8;
+///     ping.post(i, i % 100 == 99)?;   // signal one in a hundred
+///     // ... wait for the peer's answer ...
+/// }
+/// # Ok(()) }
+/// ```
 pub struct PreparedSend<'q> {
     qp: &'q QueuePair,
     /// The provider's request; `wr_id`, the signalled flag and `sg_list` are set per post.
