@@ -850,17 +850,39 @@ impl QueuePair {
         let sig = req.signaled || ring.signal_due(ring.since_signal);
         let (seq, num_sge) = stage_one(&mut ring, 0, req, &mut sges);
         let mut wr = send_wr(req, seq, sig, sges[0].as_mut_ptr(), num_sge);
+        // SAFETY: `wr` (with a null `next`) and its SGEs live across the call; every SGE lies
+        // inside a registered region of our PD that the ring now keeps alive, or is inline data
+        // the provider copies during the call.
+        unsafe { self.post_staged(ring, &mut wr, sig, req.op, req.data_len()) }
+    }
+
+    /// Rings the doorbell for the one request `wr` just staged in `ring` (its `wr_id` is its
+    /// sequence number): commits it when the provider takes it, unstages it and returns the
+    /// error otherwise. `op` and `bytes` only feed the error message.
+    ///
+    /// # Safety
+    /// `wr.next` is null, and every scatter/gather entry of `wr` lies inside a registered region
+    /// of this queue pair's protection domain that stays alive until the request's completion is
+    /// reaped (or the queue pair is reset), or is inline data valid during the call.
+    unsafe fn post_staged(
+        &self,
+        mut ring: std::sync::MutexGuard<'_, Ring>,
+        wr: &mut ibv::ibv_send_wr,
+        signaled: bool,
+        op: Operation,
+        bytes: usize,
+    ) -> Result<()> {
+        let seq = wr.wr_id;
         let mut bad: *mut ibv::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: the QP is valid; `wr` (with a null `next`) and its SGEs live across the call;
-        // every SGE lies inside a registered region of our PD that the ring now keeps alive;
-        // inline data is copied during the call.
-        let rc = unsafe { ibv::ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        // SAFETY: the QP is valid for `self`'s lifetime; the request's memory is the caller's
+        // contract.
+        let rc = unsafe { ibv::ibv_post_send(self.qp.as_ptr(), wr, &mut bad) };
         if rc != 0 {
             ring.unstage(seq);
             drop(ring);
-            return Err(self.post_error(req.op, req.data_len(), rc, 0, 1));
+            return Err(self.post_error(op, bytes, rc, 0, 1));
         }
-        ring.commit(sig);
+        ring.commit(signaled);
         Ok(())
     }
 
@@ -1006,11 +1028,7 @@ impl QueuePair {
         // SAFETY: plain old data.
         let mut sges: [ibv::ibv_sge; MAX_SGE] = unsafe { std::mem::zeroed() };
         for (g, s) in sges.iter_mut().zip(req.local) {
-            *g = ibv::ibv_sge {
-                addr: s.addr(),
-                length: s.len as u32,
-                lkey: s.lkey(),
-            };
+            *g = sge(s);
         }
         let seq = ring.stage(0, req.wr_id, true, req.local.iter().map(|s| &s.region));
         // SAFETY: plain old data.
@@ -1048,23 +1066,26 @@ fn queue_full(ring: &Ring, more: usize) -> Error {
     )
 }
 
-/// Writes `req`'s scatter/gather entries into `sges` (which has room for them) and stages it in
-/// the ring as the `ahead`-th request of the post; returns its sequence number and SGE count.
-fn stage_one(
-    ring: &mut Ring,
-    ahead: u64,
-    req: &SendRequest<'_>,
+/// The provider's scatter/gather entry for `s`.
+fn sge(s: &LocalSlice) -> ibv::ibv_sge {
+    ibv::ibv_sge {
+        addr: s.addr(),
+        length: s.len as u32,
+        lkey: s.lkey(),
+    }
+}
+
+/// Writes `req`'s scatter/gather entries into `sges` (which has room for them); returns the
+/// slices whose regions the request uses and the entry count the provider gets (0 for a request
+/// without data, e.g. a zero-byte write with immediate).
+fn write_sges<'r>(
+    req: &SendRequest<'r>,
     sges: &mut [MaybeUninit<ibv::ibv_sge>],
-) -> (u64, usize) {
-    let empty: &[LocalSlice] = &[];
-    let (slices, k) = match req.data {
+) -> (&'r [LocalSlice], usize) {
+    let (slices, k): (&'r [LocalSlice], usize) = match req.data {
         Data::Slices(s) => {
             for (g, s) in sges.iter_mut().zip(s) {
-                g.write(ibv::ibv_sge {
-                    addr: s.addr(),
-                    length: s.len as u32,
-                    lkey: s.lkey(),
-                });
+                g.write(sge(s));
             }
             (s, s.len())
         }
@@ -1074,17 +1095,28 @@ fn stage_one(
                 length: b.len() as u32,
                 lkey: 0,
             });
-            (empty, 1)
+            (&[], 1)
         }
     };
+    (slices, if req.data_len() == 0 { 0 } else { k })
+}
+
+/// Writes `req`'s scatter/gather entries into `sges` (which has room for them) and stages it in
+/// the ring as the `ahead`-th request of the post; returns its sequence number and SGE count.
+fn stage_one(
+    ring: &mut Ring,
+    ahead: u64,
+    req: &SendRequest<'_>,
+    sges: &mut [MaybeUninit<ibv::ibv_sge>],
+) -> (u64, usize) {
+    let (slices, num_sge) = write_sges(req, sges);
     let seq = ring.stage(
         ahead,
         req.wr_id,
         req.signaled,
         slices.iter().map(|s| &s.region),
     );
-    // A request with no data (e.g. a zero-byte write with immediate) carries no SGE.
-    (seq, if req.data_len() == 0 { 0 } else { k })
+    (seq, num_sge)
 }
 
 /// The provider's form of `req`, with sequence number `seq` as its id and `num_sge` entries at

@@ -291,9 +291,9 @@ pub fn summarize(runs: &[Run]) -> (String, Vec<String>) {
             let gbps = |v: f64| v * 1048576.0 * 8.0 / 1e9;
             (gm, pm) = (gm.map(gbps), pm.map(gbps));
         }
-        let ratio = match (gm, pm) {
-            (Some(a), Some(b)) if b > 0.0 => format!("{:.3}", a / b),
-            _ => "-".into(),
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
         };
         // Rounds where both tools ran: gdr ahead when it did better in that same round.
         let paired: Vec<(f64, f64)> = rounds.values().filter_map(|r| Some((r.0?, r.1?))).collect();
@@ -312,10 +312,6 @@ pub fn summarize(runs: &[Run]) -> (String, Vec<String>) {
                 .reduce(|a, b| if higher_is_better { a.max(b) } else { a.min(b) })
         };
         let r3 = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}"));
-        let best_ratio = match (best(&g), best(&p)) {
-            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-            _ => None,
-        };
         let f = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.6}"));
         s.push_str(&format!(
             "{:<26} {:>8} {:>6} {:>12} {:>15} {:>12} {:>7} {:>7} {:>6} {:>7}\n",
@@ -324,9 +320,9 @@ pub fn summarize(runs: &[Run]) -> (String, Vec<String>) {
             g.len().min(p.len()),
             f(gm),
             f(pm),
-            ratio,
+            r3(ratio(gm, pm)),
             r3(median(&ratios)),
-            r3(best_ratio),
+            r3(ratio(best(&g), best(&p))),
             format!("{ahead}/{}", paired.len()),
             target
         ));

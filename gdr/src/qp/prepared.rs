@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use gdr_sys::ibv;
 
-use super::{queue_full, send_wr, QueuePair, MAX_SGE};
+use super::{queue_full, send_wr, write_sges, QueuePair, MAX_SGE};
 use crate::error::{Error, Hint, Result};
 use crate::mr::Registered;
 use crate::wr::{lock, Data, Operation, SendRequest};
@@ -40,7 +40,8 @@ pub struct PreparedSend<'q> {
     wr: ibv::ibv_send_wr,
     /// `wr.send_flags` without `IBV_SEND_SIGNALED`.
     flags: u32,
-    sges: [ibv::ibv_sge; MAX_SGE],
+    /// Entries `0..wr.num_sge` are initialised by `prepare`.
+    sges: [MaybeUninit<ibv::ibv_sge>; MAX_SGE],
     /// The bytes of an inline request (copied into the request by the provider at each post).
     inline: Option<Box<[u8]>>,
     regions: Vec<Arc<dyn Registered>>,
@@ -74,38 +75,20 @@ impl QueuePair {
     /// copied into the prepared request; change it with [`PreparedSend::inline_data_mut`].
     pub fn prepare(&self, req: &SendRequest<'_>) -> Result<PreparedSend<'_>> {
         self.check_send(req)?;
-        let mut sges = [ibv::ibv_sge {
-            addr: 0,
-            length: 0,
-            lkey: 0,
-        }; MAX_SGE];
-        let (inline, regions, num_sge) = match req.data {
-            Data::Slices(s) => {
-                for (g, s) in sges.iter_mut().zip(s) {
-                    *g = ibv::ibv_sge {
-                        addr: s.addr(),
-                        length: s.len as u32,
-                        lkey: s.lkey(),
-                    };
-                }
-                let regions = s.iter().map(|s| Arc::clone(&s.region)).collect();
-                (None, regions, s.len())
-            }
-            Data::Inline(b) => {
-                let copy: Box<[u8]> = b.into();
-                sges[0] = ibv::ibv_sge {
-                    addr: copy.as_ptr() as u64,
-                    length: copy.len() as u32,
-                    lkey: 0,
-                };
-                (Some(copy), Vec::new(), 1)
-            }
+        // Inline bytes are copied into the prepared request (a heap copy: its address survives
+        // moves of the PreparedSend), and the entries point there.
+        let inline: Option<Box<[u8]>> = match req.data {
+            Data::Inline(b) => Some(b.into()),
+            Data::Slices(_) => None,
         };
-        let bytes = req.data_len();
-        // A request with no data (a zero-byte write with immediate) carries no SGE.
-        let num_sge = if bytes == 0 { 0 } else { num_sge };
-        let mut placeholder = MaybeUninit::<ibv::ibv_sge>::uninit();
-        let wr = send_wr(req, 0, false, placeholder.as_mut_ptr(), num_sge);
+        let view = SendRequest {
+            data: inline.as_deref().map_or(req.data, Data::Inline),
+            ..req.clone()
+        };
+        let mut sges = [const { MaybeUninit::<ibv::ibv_sge>::uninit() }; MAX_SGE];
+        let (slices, num_sge) = write_sges(&view, &mut sges);
+        let regions = slices.iter().map(|s| Arc::clone(&s.region)).collect();
+        let wr = send_wr(req, 0, false, sges[0].as_mut_ptr(), num_sge);
         Ok(PreparedSend {
             qp: self,
             flags: wr.send_flags,
@@ -114,7 +97,7 @@ impl QueuePair {
             inline,
             regions,
             op: req.op,
-            bytes,
+            bytes: req.data_len(),
             last: None,
         })
     }
@@ -142,19 +125,14 @@ impl PreparedSend<'_> {
         } else {
             self.flags
         };
-        self.wr.sg_list = self.sges.as_mut_ptr();
-        let mut bad: *mut ibv::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: the QP is valid (borrowed); `wr` (null `next`) and `sges` live in `self` across
-        // the call; every SGE lies inside a registered region of the QP's PD (checked by
-        // `prepare`) that `self.regions` keeps alive, or is the inline copy the provider copies
-        // during the call.
-        let rc = unsafe { ibv::ibv_post_send(qp.qp.as_ptr(), &mut self.wr, &mut bad) };
-        if rc != 0 {
-            ring.unstage(seq);
-            drop(ring);
-            return Err(qp.post_error(self.op, self.bytes, rc, 0, 1));
+        self.wr.sg_list = self.sges[0].as_mut_ptr();
+        // SAFETY: `wr` (null `next`) and the entries `prepare` initialised live in `self` across
+        // the call; every entry lies inside a registered region of the QP's PD (checked by
+        // `prepare`) that `self.regions` keeps alive and `Drop` hands to the ring while posts are
+        // in flight, or is the inline copy in `self.inline`.
+        unsafe {
+            qp.post_staged(ring, &mut self.wr, sig, self.op, self.bytes)?;
         }
-        ring.commit(sig);
         self.last = Some(seq);
         Ok(())
     }
