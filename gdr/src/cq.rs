@@ -252,12 +252,13 @@ impl Completion {
         } else {
             Err(Error::Completion {
                 wr_id: self.wr_id,
-                opcode: if self.is_recv {
-                    "receive".into()
+                queue: if self.is_recv {
+                    crate::qp::WorkQueue::Recv
                 } else {
-                    "send queue".into()
+                    crate::qp::WorkQueue::Send
                 },
-                status: format!("{} ({:?})", self.status, self.status),
+                status: self.status,
+                qp_num: self.qp_num,
                 vendor_err: self.vendor_err,
                 hint: self.status.hint().map(Hint::new).unwrap_or_default(),
             })
@@ -622,7 +623,7 @@ mod tests {
             ..Default::default()
         };
         let e = c.result().unwrap_err().to_string();
-        assert!(e.starts_with("work request 9 (send queue) completed with transport retry counter exceeded (RetryExceeded)"), "{e}");
+        assert!(e.starts_with("work request 9 (send queue of QP 0x0) completed with transport retry counter exceeded (RetryExceeded"), "{e}");
         assert!(e.contains("hint: the peer did not acknowledge"), "{e}");
         assert!(Completion::default().result().is_ok());
     }

@@ -6,9 +6,13 @@
 use std::borrow::Cow;
 use std::fmt;
 
-/// A fix hint attached to an error: printed after the message as `hint: ...`.
+use crate::cq::WcStatus;
+pub use crate::qp::WorkQueue;
+
+/// A fix hint attached to an error: printed after the message as `hint: ...`. Read it with
+/// [`Hint::text`] or [`Error::hint`]; its representation is private.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Hint(pub Option<Cow<'static, str>>);
+pub struct Hint(Option<Cow<'static, str>>);
 
 impl Hint {
     /// No hint.
@@ -50,28 +54,30 @@ impl From<String> for Hint {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A libibverbs or librdmacm call returned an error.
-    #[error("{call}({args}) failed: {} (errno {errno}){hint}", errno_text(*.errno))]
+    /// A libibverbs or librdmacm call returned an error. The operating system's error is the
+    /// [`std::error::Error::source`]; [`Error::errno`] gives its number.
+    #[error("{call}({args}) failed: {} (errno {}){hint}", errno_text(os_errno(.source)), os_errno(.source))]
     Verbs {
         /// The C function, e.g. `ibv_reg_mr`.
         call: &'static str,
         /// The arguments that matter, already formatted, e.g. `len=4096, access=LOCAL_WRITE`.
         args: String,
-        /// The positive errno value.
-        errno: i32,
+        /// The errno as an I/O error (`raw_os_error()` is the positive errno value).
+        #[source]
+        source: std::io::Error,
         /// How to fix it.
         hint: Hint,
     },
 
     /// A CUDA driver call returned an error.
-    #[error("{call}({args}) failed: {name} ({code}){hint}")]
+    #[error("{call}({args}) failed: {name} ({}){hint}", *.result as i32)]
     Cuda {
         /// The driver function, e.g. `cuPointerGetAttributes`.
         call: &'static str,
         /// The arguments that matter.
         args: String,
-        /// The numeric `CUresult`.
-        code: i32,
+        /// The driver's `CUresult`.
+        result: gdr_sys::cuda::CUresult,
         /// The `CUresult` name, e.g. `CUDA_ERROR_INVALID_VALUE`.
         name: String,
         /// How to fix it.
@@ -140,15 +146,34 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// A work queue has no free slot: nothing was posted. Reap completions, then post again.
+    #[error("{queue} queue of QP {qp_num:#x} full: {outstanding} requests in flight, {requested} more asked for (capacity {capacity}){hint}")]
+    QueueFull {
+        /// Which queue.
+        queue: WorkQueue,
+        /// The queue pair number.
+        qp_num: u32,
+        /// Requests posted whose completions have not been reaped.
+        outstanding: u64,
+        /// The queue's depth.
+        capacity: u64,
+        /// How many requests the refused call wanted to post.
+        requested: usize,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// A work request completed with an error status.
-    #[error("work request {wr_id} ({opcode}) completed with {status} (vendor error {vendor_err:#x}){hint}")]
+    #[error("work request {wr_id} ({queue} queue of QP {qp_num:#x}) completed with {status} ({status:?}, vendor error {vendor_err:#x}){hint}")]
     Completion {
-        /// The `wr_id` of the failed request.
+        /// The `wr_id` the application gave the failed request.
         wr_id: u64,
-        /// The opcode as text.
-        opcode: String,
-        /// The `ibv_wc_status` as text.
-        status: String,
+        /// The queue the request was posted to.
+        queue: WorkQueue,
+        /// The completion's status.
+        status: WcStatus,
+        /// The local queue pair number.
+        qp_num: u32,
         /// Provider-specific error code.
         vendor_err: u32,
         /// How to fix it.
@@ -191,7 +216,7 @@ impl Error {
         Error::Verbs {
             call,
             args: args.into(),
-            errno: errno.abs(),
+            source: std::io::Error::from_raw_os_error(errno.saturating_abs()),
             hint: hint.into(),
         }
     }
@@ -237,7 +262,7 @@ impl Error {
     /// The errno of a [`Error::Verbs`], if this is one.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Error::Verbs { errno, .. } => Some(*errno),
+            Error::Verbs { source, .. } => source.raw_os_error(),
             Error::Io { source, .. } => source.raw_os_error(),
             _ => None,
         }
@@ -254,6 +279,7 @@ impl Error {
             | Error::InvalidArgument { hint, .. }
             | Error::Unsupported { hint, .. }
             | Error::Protocol { hint, .. }
+            | Error::QueueFull { hint, .. }
             | Error::Completion { hint, .. }
             | Error::Timeout { hint, .. } => hint.text(),
             Error::Io { .. } => None,
@@ -269,6 +295,11 @@ pub fn errno_text(errno: i32) -> String {
         s.truncate(i);
     }
     s
+}
+
+/// The errno of an I/O error made from one (0 for any other).
+fn os_errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
 }
 
 fn list_or_none(items: &[String]) -> String {

@@ -77,6 +77,7 @@ pub mod gpu_mr;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+mod return_code;
 pub mod topology;
 pub mod wr;
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use gdr_sys::ibv;
 
 use crate::device::Context;
-use crate::error::{Error, Result};
+use crate::error::{Hint, Result};
+use crate::return_code;
 
 /// A protection domain (`ibv_pd`): memory regions and queue pairs of one domain may work together.
 /// It keeps its [`Context`] alive; regions and queue pairs keep it alive in turn.
@@ -34,13 +35,12 @@ impl ProtectionDomain {
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<ProtectionDomain>> {
         // SAFETY: `ctx` is an open context kept alive by the Arc we store.
         let pd = unsafe { ibv::ibv_alloc_pd(ctx.as_raw()) };
-        let pd = NonNull::new(pd).ok_or_else(|| {
-            Error::verbs_errno(
-                "ibv_alloc_pd",
-                format!("device={}", ctx.name()),
-                "the device's max_pd may be exhausted",
-            )
-        })?;
+        let pd = return_code::non_null(
+            "ibv_alloc_pd",
+            pd,
+            || format!("device={}", ctx.name()),
+            |_| Hint::new("the device's max_pd may be exhausted"),
+        )?;
         Ok(Arc::new(ProtectionDomain {
             pd,
             ctx: ctx.clone(),
@@ -62,12 +62,6 @@ impl Drop for ProtectionDomain {
     fn drop(&mut self) {
         // SAFETY: every region and queue pair of this domain holds an Arc to it, so none is alive.
         let rc = unsafe { ibv::ibv_dealloc_pd(self.pd.as_ptr()) };
-        if rc != 0 {
-            log::warn!(
-                "ibv_dealloc_pd({}) failed: {}",
-                self.ctx.name(),
-                crate::error::errno_text(rc.abs())
-            );
-        }
+        return_code::teardown("ibv_dealloc_pd", self.ctx.name(), rc);
     }
 }

@@ -42,6 +42,24 @@ pub const LIST_CHUNK: usize = 32;
 /// Most scatter/gather entries of the requests in one provider call.
 pub const LIST_SGES: usize = 4 * MAX_SGE;
 
+/// One of a queue pair's two work queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkQueue {
+    /// The send queue: writes, reads, sends, atomics.
+    Send,
+    /// The receive queue: receives.
+    Recv,
+}
+
+impl fmt::Display for WorkQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WorkQueue::Send => "send",
+            WorkQueue::Recv => "receive",
+        })
+    }
+}
+
 /// What a peer needs to connect its queue pair to ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {

@@ -261,7 +261,7 @@ pub(crate) fn check(
     Err(Error::Cuda {
         call,
         args: args(),
-        code: rc as i32,
+        result: rc,
         name: result_name(rc),
         hint: hint(rc),
     })
