@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::cq::WcStatus;
-pub use crate::qp::WorkQueue;
+pub use crate::qp::{QpState, WorkQueue};
 
 /// A fix hint attached to an error: printed after the message as `hint: ...`. Read it with
 /// [`Hint::text`] or [`Error::hint`]; its representation is private.
@@ -163,6 +163,19 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// The queue pair is not in a state that takes this kind of request: nothing was posted.
+    #[error("QP {qp_num:#x} in state {state:?} cannot take {queue}-queue requests{hint}")]
+    QpNotReady {
+        /// The queue pair number.
+        qp_num: u32,
+        /// The queue posted to.
+        queue: WorkQueue,
+        /// The state gdr last moved the queue pair to.
+        state: QpState,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// A work request completed with an error status.
     #[error("work request {wr_id} ({queue} queue of QP {qp_num:#x}) completed with {status} ({status:?}, vendor error {vendor_err:#x}){hint}")]
     Completion {
@@ -280,6 +293,7 @@ impl Error {
             | Error::Unsupported { hint, .. }
             | Error::Protocol { hint, .. }
             | Error::QueueFull { hint, .. }
+            | Error::QpNotReady { hint, .. }
             | Error::Completion { hint, .. }
             | Error::Timeout { hint, .. } => hint.text(),
             Error::Io { .. } => None,

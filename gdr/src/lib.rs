@@ -74,6 +74,7 @@ pub mod device;
 pub mod doctor;
 pub mod error;
 pub mod gpu_mr;
+mod inflight;
 pub mod mr;
 pub mod pd;
 pub mod qp;

@@ -486,11 +486,11 @@ fn check_qp(qp: &QueuePair, ctx: &Arc<Context>, port: u8) -> Result<()> {
             "build the protection domain, completion queues and queue pair on the context rdma_cm returns",
         ));
     }
-    if qp.config().port != port {
+    if qp.port() != port {
         return Err(Error::invalid(
             format!(
                 "the queue pair uses port {}, rdma_cm resolved port {port}",
-                qp.config().port
+                qp.port()
             ),
             "build it with .port(connector.port())",
         ));

@@ -12,10 +12,12 @@ use std::sync::Arc;
 
 use gdr_sys::ibv;
 
-use super::{queue_full, send_wr, write_sges, QueuePair, MAX_SGE};
+use super::post::{send_wr, write_sges};
+use super::{QueuePair, WorkQueue, MAX_SGE};
 use crate::error::{Error, Hint, Result};
+use crate::inflight::{lock, queue_full};
 use crate::mr::Registered;
-use crate::wr::{lock, Data, Operation, SendRequest};
+use crate::wr::{Data, Operation, SendRequest};
 
 /// A send request checked once by [`QueuePair::prepare`] and posted any number of times with
 /// [`PreparedSend::post`]. It borrows its queue pair (a request cannot be posted on another) and
@@ -112,26 +114,29 @@ impl PreparedSend<'_> {
     pub fn post(&mut self, wr_id: u64, signaled: bool) -> Result<()> {
         let qp = self.qp;
         let mut ring = lock(&qp.inflight.send);
-        if ring.outstanding() >= ring.capacity() {
-            return Err(queue_full(&ring, 1));
+        qp.not_ready(&ring, WorkQueue::Send)?;
+        if ring.free() == 0 {
+            return Err(queue_full(&ring, qp.qp_num(), 1));
         }
         let sig = signaled || ring.signal_due(ring.since_signal);
         // The prepared request keeps its regions itself (and hands them to the ring when it is
         // dropped with posts in flight), so the slot holds none.
         let seq = ring.stage(0, wr_id, signaled, std::iter::empty());
-        self.wr.wr_id = seq;
+        self.wr.wr_id = ring.provider_id(seq);
         self.wr.send_flags = if sig {
             self.flags | ibv::ibv_send_flags::IBV_SEND_SIGNALED.0
         } else {
             self.flags
         };
-        self.wr.sg_list = self.sges[0].as_mut_ptr();
+        if self.wr.num_sge > 0 {
+            self.wr.sg_list = self.sges[0].as_mut_ptr();
+        }
         // SAFETY: `wr` (null `next`) and the entries `prepare` initialised live in `self` across
         // the call; every entry lies inside a registered region of the QP's PD (checked by
         // `prepare`) that `self.regions` keeps alive and `Drop` hands to the ring while posts are
         // in flight, or is the inline copy in `self.inline`.
         unsafe {
-            qp.post_staged(ring, &mut self.wr, sig, self.op, self.bytes)?;
+            qp.post_staged(ring, &mut self.wr, seq, sig, self.op, self.bytes)?;
         }
         self.last = Some(seq);
         Ok(())

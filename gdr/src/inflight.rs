@@ -1,0 +1,463 @@
+//! The in-flight table of a queue pair: every posted request's bookkeeping until its completion
+//! is reaped (soundness rule 1), and the `wr_id` the provider carries for it.
+//!
+//! # Attribution
+//!
+//! gdr never hands the application's `wr_id` to the provider. Each posted request gets a 64-bit
+//! provider id made of
+//!
+//! | bits | meaning |
+//! |---|---|
+//! | 63 | 1 for the receive queue, 0 for the send queue |
+//! | 40..63 | the queue pair's *tag*: which incarnation of this QP number posted it |
+//! | 0..40 | the request's sequence number on its queue (modulo 2^40) |
+//!
+//! A completion is attributed to a request only when its QP number is registered with the
+//! completion queue, its tag is that queue pair's current tag, and its sequence number lies in the
+//! queue's in-flight window. A queue pair gets a new tag when it is created and when it is reset;
+//! the completion queue remembers the (QP number, tag) pairs whose completions may still sit in it
+//! ([`crate::cq`]'s tombstones) until it has been polled empty, and a new tag never repeats one of
+//! them. So a stale completion (of a destroyed queue pair whose number the provider reused, or of
+//! requests from before a reset) can never retire, or release the memory of, a live request.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Error, Hint, Result};
+use crate::mr::Registered;
+use crate::qp::{QpState, WorkQueue};
+
+/// The top bit of a provider `wr_id` marks receive-queue requests.
+const RECV_BIT: u64 = 1 << 63;
+/// Bits of the sequence number in a provider `wr_id`.
+const SEQ_BITS: u32 = 40;
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+/// Bits of the tag in a provider `wr_id`.
+const TAG_BITS: u32 = 23;
+const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
+
+/// The provider `wr_id` of request `seq` posted to `queue` by the incarnation `tag`.
+pub(crate) fn encode(queue: WorkQueue, tag: u32, seq: u64) -> u64 {
+    let q = match queue {
+        WorkQueue::Send => 0,
+        WorkQueue::Recv => RECV_BIT,
+    };
+    q | (u64::from(tag & TAG_MASK) << SEQ_BITS) | (seq & SEQ_MASK)
+}
+
+/// A provider `wr_id` taken apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProviderId {
+    pub(crate) queue: WorkQueue,
+    pub(crate) tag: u32,
+    /// The sequence number modulo 2^40.
+    pub(crate) seq: u64,
+}
+
+/// Takes a provider `wr_id` apart (any 64-bit value decodes; attribution checks the parts).
+pub(crate) fn decode(wr_id: u64) -> ProviderId {
+    ProviderId {
+        queue: if wr_id & RECV_BIT != 0 {
+            WorkQueue::Recv
+        } else {
+            WorkQueue::Send
+        },
+        tag: ((wr_id >> SEQ_BITS) as u32) & TAG_MASK,
+        seq: wr_id & SEQ_MASK,
+    }
+}
+
+/// Source of tags: consecutive values, so a tag repeats only after 2^23 incarnations, and never
+/// while the completion queues still hold a completion carrying it (see [`new_tag`]).
+static NEXT_TAG: AtomicU32 = AtomicU32::new(1);
+
+/// A tag for a new incarnation of QP number `qpn`: the next one for which `in_use(tag)` is false
+/// (the caller passes the completion queues' tombstones of `qpn`).
+pub(crate) fn new_tag(qpn: u32, in_use: impl Fn(u32) -> bool) -> Result<u32> {
+    for _ in 0..=TAG_MASK {
+        let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed) & TAG_MASK;
+        if !in_use(tag) {
+            return Ok(tag);
+        }
+    }
+    Err(Error::invalid(
+        format!("QP {qpn:#x}: every tag is held by completions still queued for its earlier incarnations"),
+        "poll the completion queues until they are empty, then create or reset the queue pair again",
+    ))
+}
+
+/// One posted request's bookkeeping.
+struct Slot {
+    user_wr_id: u64,
+    user_signaled: bool,
+    regions: Vec<Arc<dyn Registered>>,
+}
+
+/// Requests posted to one work queue, in posting order. The NIC completes a queue's requests in
+/// order (RC), so a completion for sequence number `s` retires every request up to `s`.
+pub(crate) struct Ring {
+    queue: WorkQueue,
+    /// A power of two at least the depth, so a sequence number's slot is `seq & mask`.
+    slots: Box<[Slot]>,
+    mask: u64,
+    depth: u64,
+    /// Sequence number of the next request to post.
+    pub(crate) head: u64,
+    /// Sequence number of the oldest request still in flight.
+    pub(crate) tail: u64,
+    /// Unsignalled requests posted since the last signalled one.
+    pub(crate) since_signal: u32,
+    /// The queue pair's current incarnation.
+    tag: u32,
+    /// The queue pair's state as gdr last moved it (the device may have moved it to the error
+    /// state since; posting there is harmless: the requests complete as flushed).
+    pub(crate) state: QpState,
+}
+
+impl Ring {
+    fn new(queue: WorkQueue, depth: u32, max_sge: u32, tag: u32) -> Self {
+        let depth = depth.max(1);
+        let slots: Box<[Slot]> = (0..depth.next_power_of_two())
+            .map(|_| Slot {
+                user_wr_id: 0,
+                user_signaled: true,
+                regions: Vec::with_capacity(max_sge.max(1) as usize),
+            })
+            .collect();
+        Ring {
+            queue,
+            mask: slots.len() as u64 - 1,
+            slots,
+            depth: u64::from(depth),
+            head: 0,
+            tail: 0,
+            since_signal: 0,
+            tag,
+            state: QpState::Reset,
+        }
+    }
+
+    /// Capacity in requests.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.depth
+    }
+
+    /// Requests in flight.
+    pub(crate) fn outstanding(&self) -> u64 {
+        self.head - self.tail
+    }
+
+    /// The incarnation tag its requests carry.
+    pub(crate) fn tag(&self) -> u32 {
+        self.tag
+    }
+
+    /// Free slots.
+    pub(crate) fn free(&self) -> u64 {
+        self.depth - self.outstanding()
+    }
+
+    /// The provider `wr_id` of sequence number `seq`.
+    pub(crate) fn provider_id(&self, seq: u64) -> u64 {
+        encode(self.queue, self.tag, seq)
+    }
+
+    /// Whether a request must be signalled when `since_signal` unsignalled ones precede it, to
+    /// keep the queue from filling with requests nobody can retire.
+    pub(crate) fn signal_due(&self, since_signal: u32) -> bool {
+        u64::from(since_signal) + 1 >= (self.capacity() / 2).max(1)
+    }
+
+    /// Fills the slot of sequence number `head + ahead` (the `ahead`-th request of a list being
+    /// posted); returns that number. The caller has checked that the slot is free and that
+    /// `regions` fits the slot's reserved capacity (no allocation).
+    pub(crate) fn stage<'r>(
+        &mut self,
+        ahead: u64,
+        user_wr_id: u64,
+        user_signaled: bool,
+        regions: impl Iterator<Item = &'r Arc<dyn Registered>>,
+    ) -> u64 {
+        let seq = self.head + ahead;
+        let slot = &mut self.slots[(seq & self.mask) as usize];
+        slot.user_wr_id = user_wr_id;
+        slot.user_signaled = user_signaled;
+        slot.regions.clear();
+        slot.regions.extend(regions.cloned());
+        seq
+    }
+
+    /// Makes the in-flight request `seq` keep `regions` alive too (until it is retired or the
+    /// ring cleared); drops them at once when `seq` is no longer in flight.
+    pub(crate) fn adopt(&mut self, seq: u64, regions: impl Iterator<Item = Arc<dyn Registered>>) {
+        if seq >= self.tail && seq < self.head {
+            self.slots[(seq & self.mask) as usize]
+                .regions
+                .extend(regions);
+        }
+    }
+
+    /// Undoes [`Ring::stage`] for a request the provider reported as not posted.
+    pub(crate) fn unstage(&mut self, seq: u64) {
+        self.slots[(seq & self.mask) as usize].regions.clear();
+    }
+
+    /// Marks the oldest staged request as posted.
+    pub(crate) fn commit(&mut self, signaled: bool) {
+        self.head += 1;
+        self.since_signal = if signaled { 0 } else { self.since_signal + 1 };
+    }
+
+    /// Retires every request up to and including the one `id` names; returns that request's
+    /// bookkeeping, or `None` (retiring nothing) when `id` is not one of this incarnation's
+    /// requests in flight.
+    fn retire(&mut self, id: ProviderId) -> Option<(u64, bool)> {
+        if id.tag != self.tag || id.queue != self.queue {
+            return None;
+        }
+        // The one in-flight sequence number congruent to `id.seq` modulo 2^40 (the window is at
+        // most the depth, far below 2^40, so there is at most one).
+        let seq = self.tail + (id.seq.wrapping_sub(self.tail) & SEQ_MASK);
+        if seq >= self.head {
+            return None;
+        }
+        for s in self.tail..=seq {
+            self.slots[(s & self.mask) as usize].regions.clear();
+        }
+        self.tail = seq + 1;
+        let slot = &self.slots[(seq & self.mask) as usize];
+        Some((slot.user_wr_id, slot.user_signaled))
+    }
+
+    /// Forgets everything in flight and starts incarnation `tag` with sequence number 0 (after
+    /// the queue pair was reset or destroyed: the NIC no longer touches the requests' memory, and
+    /// completions still queued for them carry the old tag). Sequence numbers restart as they do
+    /// for a new queue pair that reuses a QP number, so only the tag tells the incarnations apart.
+    pub(crate) fn restart(&mut self, tag: u32) {
+        for s in self.tail..self.head {
+            self.slots[(s & self.mask) as usize].regions.clear();
+        }
+        self.head = 0;
+        self.tail = 0;
+        self.since_signal = 0;
+        self.tag = tag;
+    }
+}
+
+/// What a reaped completion retired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Done {
+    pub(crate) user_wr_id: u64,
+    pub(crate) user_signaled: bool,
+    pub(crate) queue: WorkQueue,
+}
+
+/// The in-flight table of one queue pair: its send and receive rings.
+pub(crate) struct InFlight {
+    pub(crate) send: Mutex<Ring>,
+    pub(crate) recv: Mutex<Ring>,
+}
+
+impl InFlight {
+    pub(crate) fn new(
+        tag: u32,
+        send_depth: u32,
+        send_sge: u32,
+        recv_depth: u32,
+        recv_sge: u32,
+    ) -> Self {
+        InFlight {
+            send: Mutex::new(Ring::new(WorkQueue::Send, send_depth, send_sge, tag)),
+            recv: Mutex::new(Ring::new(WorkQueue::Recv, recv_depth, recv_sge, tag)),
+        }
+    }
+
+    /// The current tag.
+    pub(crate) fn tag(&self) -> u32 {
+        lock(&self.send).tag
+    }
+
+    /// Retires the request a completion's provider `wr_id` names, if it is one of ours.
+    pub(crate) fn complete(&self, wr_id: u64) -> Option<Done> {
+        let id = decode(wr_id);
+        let ring = match id.queue {
+            WorkQueue::Send => &self.send,
+            WorkQueue::Recv => &self.recv,
+        };
+        let (user_wr_id, user_signaled) = lock(ring).retire(id)?;
+        Some(Done {
+            user_wr_id,
+            user_signaled: user_signaled || id.queue == WorkQueue::Recv,
+            queue: id.queue,
+        })
+    }
+}
+
+/// Locks a ring, recovering from poisoning (the ring's state stays consistent on panic).
+pub(crate) fn lock(m: &Mutex<Ring>) -> MutexGuard<'_, Ring> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The "queue full" error of `ring` when `more` requests were asked for.
+pub(crate) fn queue_full(ring: &Ring, qp_num: u32, more: usize) -> Error {
+    Error::QueueFull {
+        queue: ring.queue,
+        qp_num,
+        outstanding: ring.outstanding(),
+        capacity: ring.capacity(),
+        requested: more,
+        hint: Hint::new(match ring.queue {
+            WorkQueue::Send => "poll the completion queue before posting more; signal requests periodically, or raise max_send_wr",
+            WorkQueue::Recv => "reap receive completions first or raise max_recv_wr",
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring(depth: u32) -> Ring {
+        Ring::new(WorkQueue::Send, depth, 1, 5)
+    }
+
+    fn post(r: &mut Ring, user: u64, sig: bool) -> u64 {
+        let seq = r.stage(0, user, sig, std::iter::empty());
+        r.commit(sig);
+        r.provider_id(seq)
+    }
+
+    #[test]
+    fn provider_ids_round_trip() {
+        for (q, tag, seq) in [
+            (WorkQueue::Send, 0, 0),
+            (WorkQueue::Recv, TAG_MASK, SEQ_MASK),
+            (WorkQueue::Send, 12345, 1 << 39),
+        ] {
+            let id = decode(encode(q, tag, seq));
+            assert_eq!((id.queue, id.tag, id.seq), (q, tag, seq));
+        }
+        // Out-of-range parts are truncated, never smeared into the other fields.
+        let id = decode(encode(WorkQueue::Send, u32::MAX, u64::MAX));
+        assert_eq!(
+            (id.queue, id.tag, id.seq),
+            (WorkQueue::Send, TAG_MASK, SEQ_MASK)
+        );
+        // Any value decodes.
+        let _ = decode(u64::MAX);
+    }
+
+    #[test]
+    fn ring_retires_in_order_and_ignores_stale_ids() {
+        let mut r = ring(4);
+        let ids: Vec<u64> = (10..13).map(|u| post(&mut r, u, u == 12)).collect();
+        assert_eq!(r.outstanding(), 3);
+        assert_eq!(
+            r.retire(decode(ids[2])),
+            Some((12, true)),
+            "signalled completion retires the unsignalled before it"
+        );
+        assert_eq!(r.outstanding(), 0);
+        assert_eq!(r.retire(decode(ids[1])), None, "already retired");
+        assert_eq!(r.retire(decode(r.provider_id(7))), None, "never posted");
+    }
+
+    #[test]
+    fn a_completion_of_another_incarnation_retires_nothing() {
+        let mut r = ring(4);
+        let old = post(&mut r, 1, true);
+        r.restart(6);
+        let new = post(&mut r, 2, true);
+        assert_eq!(decode(old).seq, decode(new).seq, "sequence numbers restart");
+        // The old incarnation's id, even rewritten to the live sequence number, is refused.
+        let forged = encode(WorkQueue::Send, 5, decode(new).seq);
+        assert_eq!(r.retire(decode(forged)), None);
+        assert_eq!(r.retire(decode(old)), None);
+        assert_eq!(r.outstanding(), 1, "the live request is still in flight");
+        assert_eq!(r.retire(decode(new)), Some((2, true)));
+        // A receive id never retires a send request.
+        let s = post(&mut r, 3, true);
+        let as_recv = encode(WorkQueue::Recv, 6, decode(s).seq);
+        assert_eq!(r.retire(decode(as_recv)), None);
+    }
+
+    #[test]
+    fn sequence_numbers_wrap_at_40_bits() {
+        let mut r = ring(4);
+        r.head = SEQ_MASK - 1;
+        r.tail = r.head;
+        let a = post(&mut r, 1, false);
+        let b = post(&mut r, 2, false);
+        let c = post(&mut r, 3, true);
+        assert_eq!(decode(a).seq, SEQ_MASK - 1);
+        assert_eq!(decode(c).seq, 0, "wrapped");
+        assert_eq!(r.retire(decode(b)), Some((2, false)));
+        assert_eq!(r.retire(decode(c)), Some((3, true)));
+        assert_eq!(r.outstanding(), 0);
+    }
+
+    #[test]
+    fn periodic_signalling_bounds_unsignalled_runs() {
+        let mut r = ring(8);
+        let mut forced = 0;
+        for i in 0..32 {
+            let sig = r.signal_due(r.since_signal);
+            forced += sig as u32;
+            let id = post(&mut r, i, sig);
+            assert!(
+                r.since_signal < 4,
+                "never more than half the queue unsignalled"
+            );
+            if sig {
+                r.retire(decode(id));
+            }
+        }
+        assert_eq!(forced, 8);
+    }
+
+    #[test]
+    fn a_depth_that_is_not_a_power_of_two_wraps_correctly() {
+        let mut r = ring(3);
+        assert_eq!(r.capacity(), 3, "capacity is the depth, not the slot count");
+        for round in 0..10u64 {
+            for k in 0..3 {
+                r.stage(k, round * 10 + k, k == 2, std::iter::empty());
+            }
+            for k in 0..3 {
+                r.commit(k == 2);
+            }
+            assert_eq!(r.outstanding(), 3);
+            let last = r.provider_id(r.head - 1);
+            assert_eq!(r.retire(decode(last)), Some((round * 10 + 2, true)));
+        }
+    }
+
+    #[test]
+    fn new_tags_skip_the_ones_in_use() {
+        let t = new_tag(7, |_| false).unwrap();
+        let u = new_tag(7, |x| x == (t + 1) & TAG_MASK || x == (t + 2) & TAG_MASK).unwrap();
+        assert_ne!(u, t);
+        assert_ne!(u, (t + 1) & TAG_MASK);
+        assert_ne!(u, (t + 2) & TAG_MASK);
+        let e = new_tag(7, |_| true).unwrap_err();
+        assert!(e.to_string().contains("QP 0x7"), "{e}");
+    }
+
+    #[test]
+    fn queue_full_is_its_own_variant() {
+        let mut r = ring(2);
+        post(&mut r, 1, true);
+        post(&mut r, 2, true);
+        match queue_full(&r, 0x11, 3) {
+            Error::QueueFull {
+                queue: WorkQueue::Send,
+                qp_num: 0x11,
+                outstanding: 2,
+                capacity: 2,
+                requested: 3,
+                ..
+            } => {}
+            e => panic!("{e:?}"),
+        }
+    }
+}
