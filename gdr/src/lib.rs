@@ -66,6 +66,8 @@
 
 #![deny(missing_docs)]
 #![warn(unsafe_op_in_unsafe_fn)]
+#![warn(unreachable_pub)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod connect;
 pub mod cq;
@@ -83,3 +85,19 @@ pub mod topology;
 pub mod wr;
 
 pub use error::{Error, Hint, Result};
+
+pub use cq::{Completion, CompletionQueue, WcStatus};
+pub use device::Context as DeviceContext;
+pub use gpu_mr::GpuMemoryRegion;
+pub use mr::{
+    AccessFlags, LocalSlice, MemoryRegion, RegionExt, Registered, RemoteRegion, RemoteSlice,
+};
+pub use pd::ProtectionDomain;
+pub use qp::{Endpoint, QpState, QueuePair, WorkQueue};
+pub use wr::{Operation, RecvRequest, SendRequest};
+
+/// The traits a program using gdr needs in scope (`use gdr::prelude::*;`): slicing and describing
+/// registered regions.
+pub mod prelude {
+    pub use crate::mr::{RegionExt, Registered};
+}

@@ -1,4 +1,4 @@
-//! Protection domains.
+//! Protection domains, and the factories that start from one: regions and queue pairs.
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -6,8 +6,11 @@ use std::sync::Arc;
 
 use gdr_sys::ibv;
 
+use crate::cq::CompletionQueue;
 use crate::device::Context;
 use crate::error::{Hint, Result};
+use crate::mr::{AccessFlags, HostMemory, MemoryRegion};
+use crate::qp::{QueuePair, QueuePairBuilder};
 use crate::return_code;
 
 /// A protection domain (`ibv_pd`): memory regions and queue pairs of one domain may work together.
@@ -55,6 +58,53 @@ impl ProtectionDomain {
     /// The device context.
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
+    }
+}
+
+impl Context {
+    /// Allocates a protection domain on this device (the same as [`ProtectionDomain::new`]).
+    pub fn alloc_pd(self: &Arc<Self>) -> Result<Arc<ProtectionDomain>> {
+        ProtectionDomain::new(self)
+    }
+}
+
+impl ProtectionDomain {
+    /// Allocates `len` zeroed, page-aligned bytes and registers them with this domain (the same
+    /// as [`MemoryRegion::new`]).
+    pub fn alloc_region(
+        self: &Arc<Self>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Arc<MemoryRegion>> {
+        MemoryRegion::new(self, len, access)
+    }
+
+    /// Registers a copy of `data` with this domain (the same as [`MemoryRegion::with_data`]).
+    pub fn register_copy(
+        self: &Arc<Self>,
+        data: &[u8],
+        access: AccessFlags,
+    ) -> Result<Arc<MemoryRegion>> {
+        MemoryRegion::with_data(self, data, access)
+    }
+
+    /// Registers host memory the region will own (the same as [`MemoryRegion::register`]).
+    pub fn register(
+        self: &Arc<Self>,
+        mem: Box<dyn HostMemory>,
+        access: AccessFlags,
+    ) -> Result<Arc<MemoryRegion>> {
+        MemoryRegion::register(self, mem, access)
+    }
+
+    /// A builder for a reliable-connected queue pair in this domain (the same as
+    /// [`QueuePair::builder`]).
+    pub fn queue_pair(
+        self: &Arc<Self>,
+        send_cq: &Arc<CompletionQueue>,
+        recv_cq: &Arc<CompletionQueue>,
+    ) -> QueuePairBuilder {
+        QueuePair::builder(self, send_cq, recv_cq)
     }
 }
 

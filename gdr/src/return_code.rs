@@ -108,7 +108,7 @@ mod tests {
         let p = non_null(
             "ibv_alloc_pd",
             std::ptr::null_mut::<u8>(),
-            || String::new(),
+            String::new,
             no_hint,
         );
         assert!(matches!(

@@ -359,6 +359,20 @@ fn translate(d: &Dispatch, wc: &ibv::ibv_wc) -> Option<Completion> {
     })
 }
 
+impl Context {
+    /// A completion queue with room for `depth` completions, polled only (the same as
+    /// [`CompletionQueue::new`]).
+    pub fn create_cq(self: &Arc<Self>, depth: u32) -> Result<Arc<CompletionQueue>> {
+        CompletionQueue::new(self, depth)
+    }
+
+    /// A completion queue with its own completion channel (the same as
+    /// [`CompletionQueue::with_channel`]).
+    pub fn create_cq_with_channel(self: &Arc<Self>, depth: u32) -> Result<Arc<CompletionQueue>> {
+        CompletionQueue::with_channel(self, depth)
+    }
+}
+
 /// The dispatch state of one or two completion queues (a queue pair's send and receive queues),
 /// locked in one global order (by address) so that two threads locking the same pair cannot
 /// deadlock. Lock order everywhere: completion queues, then a queue pair's rings.
