@@ -192,12 +192,13 @@ impl QueuePair {
         // SAFETY: `wr` (with a null `next`) and its SGEs live across the call; every SGE lies
         // inside a registered region of our PD that the ring now keeps alive, or is inline data
         // the provider copies during the call.
-        unsafe { self.post_staged(ring, &mut wr, seq, sig, req.op, req.data_len()) }
+        unsafe { self.post_staged(ring, &mut wr, seq, sig, req.op, req.data_len()) }.1
     }
 
     /// Rings the doorbell for the one request `wr` just staged in `ring` as sequence number
     /// `seq`: commits it unless the provider reports exactly this request as not posted (then
-    /// it is unstaged). `op` and `bytes` only feed the error message.
+    /// it is unstaged). Returns whether it was committed (it may be, with an error: a failed
+    /// doorbell) and the outcome. `op` and `bytes` only feed the error message.
     ///
     /// # Safety
     /// `wr.next` is null, and every scatter/gather entry of `wr` lies inside a registered region
@@ -211,14 +212,14 @@ impl QueuePair {
         signaled: bool,
         op: Operation,
         bytes: usize,
-    ) -> Result<()> {
+    ) -> (bool, Result<()>) {
         let mut bad: *mut ibv::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is valid for `self`'s lifetime; the request's memory is the caller's
         // contract.
         let rc = unsafe { ibv::ibv_post_send(self.qp.as_ptr(), wr, &mut bad) };
         if rc == 0 {
             ring.commit(signaled);
-            return Ok(());
+            return (true, Ok(()));
         }
         let refused = std::ptr::eq(bad, wr);
         if refused {
@@ -228,7 +229,10 @@ impl QueuePair {
             ring.commit(signaled);
         }
         drop(ring);
-        Err(self.post_error(op, bytes, rc, if refused { 0 } else { 1 }, 1))
+        (
+            !refused,
+            Err(self.post_error(op, bytes, rc, if refused { 0 } else { 1 }, 1)),
+        )
     }
 
     /// Posts several send-queue requests with one doorbell per [`LIST_CHUNK`] requests (one

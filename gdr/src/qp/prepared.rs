@@ -135,11 +135,14 @@ impl PreparedSend<'_> {
         // the call; every entry lies inside a registered region of the QP's PD (checked by
         // `prepare`) that `self.regions` keeps alive and `Drop` hands to the ring while posts are
         // in flight, or is the inline copy in `self.inline`.
-        unsafe {
-            qp.post_staged(ring, &mut self.wr, seq, sig, self.op, self.bytes)?;
+        let (committed, outcome) =
+            unsafe { qp.post_staged(ring, &mut self.wr, seq, sig, self.op, self.bytes) };
+        // A post the provider may have queued (even one reported as failed) is in flight: the
+        // regions must outlive it when this request is dropped.
+        if committed {
+            self.last = Some(seq);
         }
-        self.last = Some(seq);
-        Ok(())
+        outcome
     }
 
     /// Sets the immediate value of a write or send with immediate for the following posts.
