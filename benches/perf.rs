@@ -6,16 +6,12 @@
 //! Environment: `GDR_BENCH_ITERS` (bandwidth messages per size, default 1000),
 //! `GDR_BENCH_LAT_ITERS` (round trips, default 1000), `GDR_BENCH_SIZES` (comma-separated).
 
-#[allow(dead_code, unused_imports)]
-#[path = "../src/perf/mod.rs"]
-mod perf;
-
 use gdr::cq::Completion;
-use perf::engine::{self, BwState};
-use perf::loopback::{device_from_env, Loopback};
-use perf::params::{self, Limit, Op, Test};
-use perf::report::{self, BwRow, LatRow};
-use perf::stats;
+use gdr_tools::perf::engine::{self, BwState};
+use gdr_tools::perf::loopback::{device_from_env, Loopback};
+use gdr_tools::perf::params::{self, Limit, Op, Test};
+use gdr_tools::perf::report::{self, BwRow, LatRow};
+use gdr_tools::perf::stats;
 
 fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -55,7 +51,7 @@ fn bench() -> Result<(), String> {
     println!(
         "write bandwidth, {dev}, 1 QP, tx depth {tx_depth}, cq moderation {cq_mod}, automatic post list, in-process"
     );
-    print!("{}", report::table_header(Test::Bw, true));
+    print!("{}", report::table::column_header(Test::Bw, true));
     let mut wc = [Completion::default(); 32];
     let mut st = BwState::default();
     for &size in &sizes {
@@ -76,13 +72,13 @@ fn bench() -> Result<(), String> {
         let bw = stats::bandwidth(size, &posted, &completed, cq_mod as usize);
         print!(
             "{}",
-            report::bw_line(&BwRow::new(size, run.messages, bw), true)
+            report::table::bw_line(&BwRow::new(size, run.messages, bw), true)
         );
     }
 
     println!();
     println!("write latency (ping-pong polling the last byte), {dev}, in-process");
-    print!("{}", report::table_header(Test::Lat, true));
+    print!("{}", report::table::column_header(Test::Lat, true));
     for &size in sizes.iter().filter(|&&s| s <= 65536) {
         let (a, b) = lb
             .ping_pong(size, cq_mod, tx_depth)
@@ -106,7 +102,10 @@ fn bench() -> Result<(), String> {
                 .map_err(|e| format!("latency, {size} B: {e}"))
         })?;
         let l = stats::latency(&mut samples);
-        print!("{}", report::lat_line(&LatRow::new(size, lat_iters, l)));
+        print!(
+            "{}",
+            report::table::lat_line(&LatRow::new(size, lat_iters, l))
+        );
     }
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! `gdr`: the command-line tool of the gdr GPUDirect RDMA library.
 //!
-//! A thin dispatcher: each subcommand lives in its own module under `src/cli/`.
+//! A thin dispatcher: each subcommand lives in its own module under `src/cli/`; the measurement
+//! engine of `bw` and `lat` is this package's library (`gdr_tools::perf`, `src/perf/`).
 
 mod cli;
-mod perf;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

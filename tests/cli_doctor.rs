@@ -3,8 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The doctor's recorded machines live with the library (`gdr/tests/fixtures/doctor/`), whose
+/// golden tests own them; the CLI replays the same files.
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/doctor")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("gdr/tests/fixtures/doctor")
 }
 
 fn gdr(args: &[&str]) -> Output {

@@ -7,10 +7,6 @@
 //! `GDR_TEST_DEVICE`, `GDR_TEST_GID_INDEX` and `GDR_TEST_ADDR` are set. They fail loudly when
 //! the device is missing.
 
-#[allow(dead_code)]
-#[path = "../src/perf/mod.rs"]
-mod perf;
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::process::{Child, Command, Output, Stdio};
@@ -18,9 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gdr::cq::Completion;
-use perf::engine::{self, BwState};
-use perf::loopback::{device_from_env, Loopback};
-use perf::params::{Limit, Op};
+use gdr_tools::perf::engine::{self, BwState};
+use gdr_tools::perf::loopback::{device_from_env, Loopback};
+use gdr_tools::perf::params::{Limit, Op};
 
 // ---------------------------------------------------------------------------------------------
 // Counting allocator: counts allocations made by threads that switched counting on.

@@ -1,6 +1,6 @@
 //! Golden-output tests of `gdr::doctor` on recorded and synthetic machines.
 //!
-//! Fixtures live in `tests/fixtures/doctor/` (workspace root):
+//! Fixtures live in `tests/fixtures/doctor/` (in this crate, `gdr/`):
 //! - `snapshots/<name>.json`: snapshots built by the functions below (each one a machine
 //!   described in a few lines); the test checks the committed file still equals what the builder
 //!   makes, so the JSON that `gdr doctor --snapshot` replays is the reviewed description.
@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/doctor")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/doctor")
 }
 
 fn bless() -> bool {

@@ -2,8 +2,8 @@
 
 use clap::Args;
 
-use crate::perf::cli::CommonArgs;
-use crate::perf::params::{Op, Test};
+use gdr_tools::perf::cli::CommonArgs;
+use gdr_tools::perf::params::{Op, Test};
 
 const AFTER_HELP: &str = "\
 Like perftest: start the server, then the client with the server's address. The client's

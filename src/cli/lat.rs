@@ -3,8 +3,8 @@
 
 use clap::Args;
 
-use crate::perf::cli::CommonArgs;
-use crate::perf::params::{Op, Test};
+use gdr_tools::perf::cli::CommonArgs;
+use gdr_tools::perf::params::{Op, Test};
 
 const AFTER_HELP: &str = "\
 Ping-pong: the client sends a message, the server answers with one of the same size, and the

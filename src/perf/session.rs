@@ -204,7 +204,7 @@ impl Printer<'_> {
 
     fn start(&self) {
         if self.table() {
-            print!("{}", report::table_head(&self.report, self.out.gbits));
+            print!("{}", report::table::head(&self.report, self.out.gbits));
         }
     }
 
@@ -222,13 +222,13 @@ impl Printer<'_> {
         match (&mut self.report.results, bw, lat) {
             (Rows::Bw(rows), Some(r), _) => {
                 if table {
-                    print!("{}", report::bw_line(&r, self.out.gbits));
+                    print!("{}", report::table::bw_line(&r, self.out.gbits));
                 }
                 rows.push(r);
             }
             (Rows::Lat(rows), _, Some(r)) => {
                 if table {
-                    print!("{}", report::lat_line(&r));
+                    print!("{}", report::table::lat_line(&r));
                 }
                 rows.push(r);
             }
@@ -238,16 +238,16 @@ impl Printer<'_> {
 
     fn finish(&self) -> gdr::Result<()> {
         if self.table() {
-            print!("{}", report::table_tail(&self.report));
+            print!("{}", report::table::tail(&self.report));
         } else if self.out.json {
             let text = serde_json::to_string_pretty(&self.report)
                 .map_err(|e| Error::protocol(format!("encoding the report: {e}")))?;
             println!("{text}");
         } else {
-            print!("{}", report::csv(&self.report.results));
+            print!("{}", report::csv::render(&self.report.results));
         }
         if let Some(path) = &self.out.plot {
-            std::fs::write(path, report::plot(&self.report, self.out.gbits))
+            std::fs::write(path, report::svg::plot(&self.report, self.out.gbits))
                 .map_err(|e| Error::io(format!("writing the plot {}", path.display()), e))?;
             eprintln!("plot written to {}", path.display());
         }

@@ -7,11 +7,13 @@
 //! * `gpu-bundle`: collect the `gpu_*` test binaries for the GPU machine.
 //! * `compare-perftest`: gdr bw/lat against perftest, medians and ratios.
 //! * `bench`: `cargo bench` (benches/perf.rs) inside the VM.
+//! * `downstream`: build a new crate from README.md's dependency line and example.
 
 mod bench;
 mod bundle;
 mod cargo;
 mod demo;
+mod downstream;
 mod perftest;
 mod setup;
 mod test;
@@ -53,6 +55,8 @@ enum Command {
     ComparePerftest(perftest::CompareOpts),
     /// Run `cargo bench` (write bandwidth and latency, benches/perf.rs) inside the VM.
     Bench(bench::BenchOpts),
+    /// Build a new crate from README.md alone (its dependency line and example), not run.
+    Downstream,
 }
 
 fn main() -> ExitCode {
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
         Command::GpuBundle => bundle::gpu_bundle().map(|()| 0),
         Command::ComparePerftest(opts) => perftest::compare(&opts),
         Command::Bench(opts) => bench::bench(&opts),
+        Command::Downstream => downstream::downstream(),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -1,4 +1,5 @@
-//! `cargo xtask test`: all host tests, then every device test inside one VM boot.
+//! `cargo xtask test`: all host tests and the README's downstream crate (`cargo xtask
+//! downstream`, counted as one test), then every device test inside one VM boot.
 //!
 //! Device tests are `#[ignore]`d on the host and run in the VM with `--ignored --test-threads=1`.
 //! Test targets named `gpu_*` are the GPU tier: they run on the GPU machine (`cargo xtask
@@ -72,6 +73,12 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
         say!("host: {counts}");
         ok &= host_ok;
         total.add(counts);
+        let built = crate::downstream::check()?;
+        ok &= built;
+        total.add(Counts {
+            passed: u64::from(built),
+            failed: u64::from(!built),
+        });
     }
     if !opts.host_only {
         let (vm_ok, counts) = vm_tests(opts)?;
