@@ -60,9 +60,14 @@
 //!
 //! Safe code cannot cause undefined behaviour: a posted request keeps every region it references
 //! alive until its completion is reaped ([`cq::CompletionQueue::poll`]) or the queue pair is reset
-//! or destroyed; ranges are checked before anything is posted; memory the NIC may write is only
-//! reachable through copies or `unsafe` views with a written contract; nothing panics on missing
-//! hardware or libraries (every such case is an [`Error`] with a hint).
+//! or destroyed; ranges and the queue pair's state are checked before anything reaches the
+//! provider, and a post the provider may have queued counts as posted even when it reported an
+//! error; every completion is attributed by QP number, incarnation tag and sequence number (see
+//! `inflight.rs`), so a completion of a destroyed or reset queue pair never retires a live
+//! request; a completion queue polled from several threads reports each completion once, in
+//! order; memory the NIC may write is only reachable through copies or `unsafe` views with a
+//! written contract; nothing panics on missing hardware or libraries or on hostile arguments
+//! (every such case is an [`Error`] with a hint, a matchable variant).
 
 #![deny(missing_docs)]
 #![warn(unsafe_op_in_unsafe_fn)]
