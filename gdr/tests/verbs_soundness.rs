@@ -382,3 +382,96 @@ fn hostile_arguments_are_errors_not_panics() {
     );
     assert_eq!(p.cq_a.poll(&mut []).unwrap(), 0);
 }
+
+/// Resets racing posts and polls from other threads: a post either lands in one incarnation or
+/// is refused, and every completion reported is a request that was posted, reported once.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn resets_racing_posts_and_polls_never_misattribute() {
+    use std::collections::HashSet;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
+
+    let p = Arc::new(pair(true, |b| b.max_send_wr(32)));
+    let dst = MemoryRegion::new(&p.pd, 64, AccessFlags::remote_rw()).unwrap();
+    let remote = dst.remote().slice(0..8).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let posted = Arc::new(Mutex::new(HashSet::new()));
+    let poster = {
+        let (p, stop, posted) = (p.clone(), stop.clone(), posted.clone());
+        std::thread::spawn(move || {
+            let mut refused = 0u64;
+            let mut id = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                match p
+                    .a
+                    .post_send(&SendRequest::write_inline(b"racingxx", remote).id(id))
+                {
+                    Ok(()) => {
+                        posted.lock().unwrap().insert(id);
+                    }
+                    Err(Error::QpNotReady { .. } | Error::QueueFull { .. }) => refused += 1,
+                    // A doorbell the provider refused mid-reset: the request may have been
+                    // queued, so it counts as posted.
+                    Err(Error::Verbs { .. }) => {
+                        posted.lock().unwrap().insert(id);
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+                id += 1;
+            }
+            (id, refused)
+        })
+    };
+    let poller = {
+        let (p, stop) = (p.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut buf = [Completion::default(); 16];
+            while !stop.load(Ordering::Relaxed) {
+                let n = p.cq_a.poll(&mut buf).unwrap();
+                seen.extend(buf[..n].iter().map(|c| (c.wr_id, c.status)));
+            }
+            seen
+        })
+    };
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(30));
+        p.a.reset().unwrap();
+        p.b.reset().unwrap();
+        p.a.connect(&p.b.endpoint()).unwrap();
+        p.b.connect(&p.a.endpoint()).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    stop.store(true, Ordering::Relaxed);
+    let (tried, refused) = poster.join().unwrap();
+    let mut seen = poller.join().unwrap();
+    seen.extend(
+        drain_for(&p.cq_a, Duration::from_millis(300))
+            .iter()
+            .map(|c| (c.wr_id, c.status)),
+    );
+    let posted = posted.lock().unwrap();
+    let mut ids = HashSet::new();
+    for (id, status) in &seen {
+        assert!(
+            posted.contains(id),
+            "completion {id} ({status:?}) for a request never posted"
+        );
+        assert!(ids.insert(*id), "completion {id} reported twice");
+        assert!(
+            matches!(status, WcStatus::Success | WcStatus::WrFlush),
+            "{id}: {status:?}"
+        );
+    }
+    assert!(
+        !seen.is_empty() && refused > 0,
+        "the race happened: {} seen, {refused} refused",
+        seen.len()
+    );
+    println!(
+        "10 resets: {tried} posts tried, {} posted, {refused} refused, {} completions, all attributed once",
+        posted.len(),
+        seen.len()
+    );
+}
