@@ -179,7 +179,7 @@ impl CmId {
         })?;
         let owner: Arc<dyn std::any::Any + Send + Sync> = self.clone();
         // SAFETY: librdmacm keeps the context open while the id exists; `owner` keeps the id.
-        Ok(unsafe { Context::borrowed(verbs, owner) })
+        Ok(unsafe { Context::borrowed(verbs, self.port(), owner) })
     }
 
     fn port(&self) -> u8 {
