@@ -249,3 +249,46 @@ fn handshake_whose_peer_closes_before_the_hello_leaves_the_qp_untouched() {
     assert!(matches!(e, Error::Io { .. }), "{e}");
     assert_eq!(me.qp.state().unwrap(), QpState::Init);
 }
+
+fn cm_client(dst: SocketAddr) -> cm::CmConnection {
+    let pending = cm::Connector::resolve(dst, T).unwrap();
+    let ctx = pending.context().clone();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 8).unwrap();
+    let qp = QueuePair::builder(&pd, &cq, &cq)
+        .port(pending.port())
+        .build()
+        .unwrap();
+    pending.connect(qp, None).unwrap()
+}
+
+fn cm_accept(req: cm::ConnectRequest) -> cm::CmConnection {
+    let ctx = req.context().clone();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 8).unwrap();
+    let qp = QueuePair::builder(&pd, &cq, &cq)
+        .port(req.port())
+        .build()
+        .unwrap();
+    req.accept(qp, None).unwrap()
+}
+
+#[test]
+#[ignore = "needs an RDMA device and its IP in GDR_TEST_ADDR (run in the VM: cargo xtask test)"]
+fn a_second_request_that_arrives_during_accept_is_kept_for_next_request() {
+    let listener = cm::Listener::bind(format!("{}:0", addr()).parse().unwrap()).unwrap();
+    let dst: SocketAddr = format!("{}:{}", addr(), listener.port()).parse().unwrap();
+    let a = std::thread::spawn(move || cm_client(dst));
+    let req_a = listener.next_request(T).unwrap();
+    // B's request reaches the listener's channel before A is accepted, so accept(A) reads it
+    // while waiting for A's ESTABLISHED (it used to drop it, leaking its id, and B timed out).
+    let b = std::thread::spawn(move || cm_client(dst));
+    std::thread::sleep(Duration::from_millis(500));
+    let conn_a = cm_accept(req_a);
+    let req_b = listener.next_request(T).unwrap();
+    let conn_b = cm_accept(req_b);
+    let (client_a, client_b) = (a.join().unwrap(), b.join().unwrap());
+    for c in [&conn_a, &conn_b, &client_a, &client_b] {
+        assert_eq!(c.qp().state().unwrap(), QpState::Rts);
+    }
+}

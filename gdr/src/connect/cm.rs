@@ -32,16 +32,60 @@ use crate::mr::RemoteRegion;
 use crate::qp::{QpState, QueuePair};
 use crate::return_code::{check, errno_of, no_hint, non_null, teardown};
 
-/// Longest single `poll` while waiting for an event: waits longer than this (up to "forever",
-/// `Duration::MAX`) are several polls, so no timeout overflows poll's `int` milliseconds.
-const POLL_SLICE: Duration = Duration::from_secs(3600);
+/// Longest single `poll` while waiting for an event. Waits of any length (up to "forever",
+/// `Duration::MAX`) are many polls, so no timeout overflows poll's `int` milliseconds, and a
+/// waiter notices soon when another thread has read its event into the backlog.
+const POLL_SLICE: Duration = Duration::from_millis(100);
 
-/// An rdma_cm event channel.
-struct EventChannel(NonNull<ibv::rdma_event_channel>);
+/// Most events kept for ids other than the reader's (see [`Backlog`]).
+const BACKLOG_CAP: usize = 256;
 
-// SAFETY: the channel is a file descriptor plus library state that librdmacm locks.
+/// Events read from a shared channel for an id other than the reader's: an accepted
+/// connection's `ESTABLISHED` that the listener's `next_request` read, a second client's
+/// `CONNECT_REQUEST` that arrived during `accept`. Each waiter takes its own; a destroyed id's
+/// events are purged so a later id at the same address never sees them.
+#[derive(Default)]
+struct Backlog {
+    events: std::collections::VecDeque<Event>,
+}
+
+impl Backlog {
+    /// The oldest event `wanted` accepts.
+    fn take(&mut self, wanted: &dyn Fn(&Event) -> bool) -> Option<Event> {
+        let i = self.events.iter().position(wanted)?;
+        self.events.remove(i)
+    }
+
+    /// Keeps `e`; returns the event that did not fit (the oldest) when the backlog is full.
+    fn push(&mut self, e: Event) -> Option<Event> {
+        self.events.push_back(e);
+        if self.events.len() > BACKLOG_CAP {
+            self.events.pop_front()
+        } else {
+            None
+        }
+    }
+
+    /// Removes every event of `id`.
+    fn purge(&mut self, id: *mut ibv::rdma_cm_id) -> Vec<Event> {
+        let (gone, kept): (Vec<Event>, Vec<Event>) = std::mem::take(&mut self.events)
+            .into_iter()
+            .partition(|e| e.id == id);
+        self.events = kept.into();
+        gone
+    }
+}
+
+/// An rdma_cm event channel (non-blocking) and the events read for ids other than the reader's.
+struct EventChannel {
+    ch: NonNull<ibv::rdma_event_channel>,
+    backlog: std::sync::Mutex<Backlog>,
+}
+
+// SAFETY: the channel is a file descriptor plus library state that librdmacm locks; the
+// backlog is behind a mutex.
 unsafe impl Send for EventChannel {}
-// SAFETY: as above; we only read events from one place at a time (owners hold &mut or a Mutex).
+// SAFETY: as above: reads are non-blocking calls into librdmacm, made under the backlog lock.
 unsafe impl Sync for EventChannel {}
 
 impl EventChannel {
@@ -51,32 +95,47 @@ impl EventChannel {
         let ch = non_null("rdma_create_event_channel", ch, String::new, |_| {
             Hint::new("is /dev/infiniband/rdma_cm present? load rdma_ucm")
         })?;
-        Ok(Arc::new(EventChannel(ch)))
+        let channel = Arc::new(EventChannel {
+            ch,
+            backlog: Default::default(),
+        });
+        // Non-blocking, so that a reader whose event another thread took does not block in
+        // rdma_get_cm_event (as rdma_cm(7) suggests for polled channels).
+        let fd = channel.fd();
+        // SAFETY: fcntl on the channel's own descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        let rc = if flags < 0 {
+            -1
+        } else {
+            unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }
+        };
+        if rc < 0 {
+            return Err(Error::io(
+                "making the rdma_cm event channel non-blocking",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(channel)
     }
 
-    /// Waits until `deadline` (`None`: forever) for the next event, copies what we need,
-    /// acknowledges it. `timeout` is what the caller asked for, for the error message.
-    fn next_until(&self, deadline: Option<Instant>, timeout: Duration) -> Result<Event> {
+    fn fd(&self) -> libc::c_int {
         // SAFETY: the channel is valid while self lives.
-        let fd = unsafe { (*self.0.as_ptr()).fd };
-        loop {
-            let left = time_left(deadline);
-            if crate::cq::wait_readable(fd, left.min(POLL_SLICE), "rdma_cm event channel")? {
-                break;
-            }
-            if left <= POLL_SLICE {
-                return Err(Error::Timeout {
-                    what: "rdma_cm event".into(),
-                    millis: millis(timeout),
-                    hint: Hint::new(
-                        "is the peer listening on that address and port, and reachable over RDMA?",
-                    ),
-                });
-            }
-        }
+        unsafe { (*self.ch.as_ptr()).fd }
+    }
+
+    fn backlog(&self) -> std::sync::MutexGuard<'_, Backlog> {
+        self.backlog.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads one event if one is ready: copies what we need and acknowledges it.
+    fn read_one(&self) -> Result<Option<Event>> {
         let mut ev: *mut ibv::rdma_cm_event = std::ptr::null_mut();
-        // SAFETY: the fd is readable, so this does not block; `ev` receives an event we ack below.
-        let rc = unsafe { ibv::rdma_get_cm_event(self.0.as_ptr(), &mut ev) };
+        // SAFETY: valid channel; non-blocking; `ev` receives an event we acknowledge below.
+        let rc = unsafe { ibv::rdma_get_cm_event(self.ch.as_ptr(), &mut ev) };
+        if rc != 0 && errno_of(rc) == libc::EAGAIN {
+            return Ok(None);
+        }
         check("rdma_get_cm_event", rc, String::new, no_hint)?;
         if ev.is_null() {
             return Err(Error::verbs(
@@ -126,27 +185,98 @@ impl EventChannel {
                 crate::error::errno_text(errno_of(rc))
             );
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
-    /// [`EventChannel::next_until`] with a timeout from now (`Duration::MAX`: no deadline).
-    fn next(&self, timeout: Duration) -> Result<Event> {
-        self.next_until(deadline_after(timeout), timeout)
+    /// Waits until `deadline` (`None`: forever) for the oldest event `wanted` accepts; events for
+    /// others go to the backlog. `timeout` is what the caller asked for, for the error message.
+    fn wait_for(
+        &self,
+        deadline: Option<Instant>,
+        timeout: Duration,
+        wanted: &dyn Fn(&Event) -> bool,
+    ) -> Result<Event> {
+        loop {
+            {
+                let mut backlog = self.backlog();
+                if let Some(e) = backlog.take(wanted) {
+                    return Ok(e);
+                }
+                while let Some(e) = self.read_one()? {
+                    if wanted(&e) {
+                        return Ok(e);
+                    }
+                    if let Some(old) = backlog.push(e) {
+                        log::warn!(
+                            "rdma_cm: more than {BACKLOG_CAP} events nobody waits for; dropping {}",
+                            event_name(old.kind)
+                        );
+                        old.dispose();
+                    }
+                }
+            }
+            let left = time_left(deadline);
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    what: "rdma_cm event".into(),
+                    millis: millis(timeout),
+                    hint: Hint::new(
+                        "is the peer listening on that address and port, and reachable over RDMA?",
+                    ),
+                });
+            }
+            crate::cq::wait_readable(self.fd(), left.min(POLL_SLICE), "rdma_cm event channel")?;
+        }
+    }
+
+    /// Forgets the events of a destroyed id.
+    fn purge(&self, id: *mut ibv::rdma_cm_id) {
+        for e in self.backlog().purge(id) {
+            e.dispose();
+        }
     }
 }
 
 impl Drop for EventChannel {
     fn drop(&mut self) {
-        // SAFETY: every id on this channel holds an Arc to it, so none is left.
-        unsafe { ibv::rdma_destroy_event_channel(self.0.as_ptr()) }
+        for e in std::mem::take(&mut self.backlog().events) {
+            e.dispose();
+        }
+        // SAFETY: every id on this channel holds an Arc to it, so none is left; the connection
+        // requests nobody took were rejected and destroyed above.
+        unsafe { ibv::rdma_destroy_event_channel(self.ch.as_ptr()) }
     }
 }
 
+/// What gdr keeps of an rdma_cm event (it is acknowledged as soon as it is read).
 struct Event {
     kind: u32,
     status: i32,
     id: *mut ibv::rdma_cm_id,
     private: Vec<u8>,
+}
+
+// SAFETY: `id` is a handle compared by address or passed back to librdmacm, which locks its
+// own state; nothing is dereferenced through it outside librdmacm calls.
+unsafe impl Send for Event {}
+
+impl Event {
+    /// Disposes of an event nobody will take: a connection request's new id is rejected and
+    /// destroyed (its peer is told at once instead of timing out); others are dropped.
+    fn dispose(self) {
+        if self.kind != ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST || self.id.is_null()
+        {
+            return;
+        }
+        // SAFETY: a connection request's id is new and owned by nobody else: reject, destroy.
+        let rc = unsafe { ibv::rdma_reject(self.id, std::ptr::null(), 0) };
+        if rc != 0 {
+            log::debug!("rdma_reject: {}", crate::error::errno_text(errno_of(rc)));
+        }
+        // SAFETY: as above; its only event was acknowledged when it was read.
+        let rc = unsafe { ibv::rdma_destroy_id(self.id) };
+        teardown("rdma_destroy_id", "unclaimed connection request", rc);
+    }
 }
 
 fn event_name(kind: u32) -> String {
@@ -173,7 +303,7 @@ impl CmId {
         // SAFETY: valid channel and out-pointer.
         let rc = unsafe {
             ibv::rdma_create_id(
-                channel.0.as_ptr(),
+                channel.ch.as_ptr(),
                 &mut id,
                 std::ptr::null_mut(),
                 ibv::rdma_port_space::RDMA_PS_TCP,
@@ -226,7 +356,10 @@ impl CmId {
     }
 
     fn expect(&self, want: u32, timeout: Duration, what: &str) -> Result<Event> {
-        let e = self.channel.next(timeout)?;
+        let me = self.raw();
+        let e = self
+            .channel
+            .wait_for(deadline_after(timeout), timeout, &|e| e.id == me)?;
         check_event(&e, want, what)?;
         Ok(e)
     }
@@ -236,6 +369,8 @@ impl Drop for CmId {
     fn drop(&mut self) {
         // SAFETY: every event of this id was acknowledged; no QP was created through the id.
         let rc = unsafe { ibv::rdma_destroy_id(self.id.as_ptr()) };
+        // Events other readers kept for this id must not reach a later id at the same address.
+        self.channel.purge(self.id.as_ptr());
         if !teardown("rdma_destroy_id", "cm id", rc) {
             // The id still refers to its channel: keep the channel open rather than free it
             // under librdmacm.
@@ -572,7 +707,12 @@ impl Listener {
 
     /// Waits for a connection request.
     pub fn next_request(&self, timeout: Duration) -> Result<ConnectRequest> {
-        let e = self.channel.next(timeout)?;
+        let me = self.id.raw();
+        let e = self
+            .channel
+            .wait_for(deadline_after(timeout), timeout, &|e| {
+                e.kind == ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST || e.id == me
+            })?;
         check_event(
             &e,
             ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
@@ -653,24 +793,19 @@ impl ConnectRequest {
             || format!("qpn={:#x}", qp.qp_num()),
             no_hint,
         )?;
-        // No deadline when the timeout does not fit an Instant (Duration::MAX).
-        let deadline = deadline_after(self.timeout);
-        // The ESTABLISHED event arrives on the listener's channel, for this id.
-        loop {
-            let e = self.id.channel.next_until(deadline, self.timeout)?;
-            if e.id == self.id.raw() {
-                check_event(
-                    &e,
-                    ibv::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
-                    "accepting",
-                )?;
-                break;
-            }
-            log::debug!(
-                "ignoring {} for another id while accepting",
-                event_name(e.kind)
-            );
-        }
+        // The ESTABLISHED event arrives on the listener's channel, for this id; events for other
+        // ids stay in the channel's backlog for their owners. No deadline when the timeout
+        // does not fit an Instant (Duration::MAX).
+        let me = self.id.raw();
+        let e = self
+            .id
+            .channel
+            .wait_for(deadline_after(self.timeout), self.timeout, &|e| e.id == me)?;
+        check_event(
+            &e,
+            ibv::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+            "accepting",
+        )?;
         Ok(CmConnection {
             qp,
             remote: self.remote,
@@ -709,6 +844,59 @@ mod tests {
         assert!(private::decode(&overflow)
             .unwrap_err()
             .contains("overflows"));
+    }
+
+    /// A fake id: never dereferenced, the backlog only compares ids.
+    fn fake_id(n: usize) -> *mut ibv::rdma_cm_id {
+        std::ptr::without_provenance_mut(n * 64)
+    }
+
+    fn event(kind: u32, id: usize) -> Event {
+        Event {
+            kind,
+            status: 0,
+            id: fake_id(id),
+            private: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn backlog_keeps_events_for_their_owners_in_order() {
+        use ibv::rdma_cm_event_type::*;
+        let mut b = Backlog::default();
+        assert!(b.push(event(RDMA_CM_EVENT_ESTABLISHED, 1)).is_none());
+        assert!(b.push(event(RDMA_CM_EVENT_DISCONNECTED, 2)).is_none());
+        assert!(b.push(event(RDMA_CM_EVENT_DISCONNECTED, 1)).is_none());
+        let id1 = fake_id(1);
+        assert_eq!(
+            b.take(&|e| e.id == id1).unwrap().kind,
+            RDMA_CM_EVENT_ESTABLISHED
+        );
+        assert_eq!(
+            b.take(&|e| e.id == id1).unwrap().kind,
+            RDMA_CM_EVENT_DISCONNECTED
+        );
+        assert!(b.take(&|e| e.id == id1).is_none());
+        // A destroyed id's events are purged; others stay.
+        assert!(b.push(event(RDMA_CM_EVENT_TIMEWAIT_EXIT, 3)).is_none());
+        let gone = b.purge(fake_id(2));
+        assert_eq!(gone.len(), 1);
+        assert_eq!(b.events.len(), 1);
+        assert_eq!(b.events[0].id, fake_id(3));
+    }
+
+    #[test]
+    fn backlog_is_bounded() {
+        use ibv::rdma_cm_event_type::*;
+        let mut b = Backlog::default();
+        for i in 0..BACKLOG_CAP {
+            assert!(b.push(event(RDMA_CM_EVENT_DISCONNECTED, i + 1)).is_none());
+        }
+        let dropped = b.push(event(RDMA_CM_EVENT_DISCONNECTED, 9999)).unwrap();
+        assert_eq!(dropped.id, fake_id(1), "the oldest goes");
+        assert_eq!(b.events.len(), BACKLOG_CAP);
+        // Events that are not connection requests are simply dropped.
+        dropped.dispose();
     }
 
     #[test]
