@@ -225,7 +225,14 @@ impl EventChannel {
                     ),
                 });
             }
-            crate::cq::wait_readable(self.fd(), left.min(POLL_SLICE), "rdma_cm event channel")?;
+            match crate::cq::wait_readable(self.fd(), left.min(POLL_SLICE), "rdma_cm event channel")
+            {
+                // A signal interrupted the poll: wait again.
+                Err(e) if e.errno() == Some(libc::EINTR) => {}
+                other => {
+                    other?;
+                }
+            }
         }
     }
 
