@@ -54,7 +54,10 @@ impl Context {
     ///
     /// `spec` is a device name (`mlx5_0`), `NAME:PORT` (`mlx5_0:2`), or any list in the
     /// `NCCL_IB_HCA` syntax of [`Selection`]: `mlx5_0:1,^mlx5_2`, `^mlx5_2`, `=mlx5_1`. Names match
-    /// by prefix unless the list starts with `=`, as in NCCL. A port that the device lacks is an
+    /// by prefix unless the list starts with `=`, as in NCCL, but a device named exactly as an
+    /// item is preferred to those it is a prefix of; an empty spec opens the host's first device.
+    /// The port is the one the chosen item names, else the device's first port that the list
+    /// does not exclude (port state is not considered). A port that the device lacks is an
     /// [`crate::Error::InvalidArgument`] naming it; a list that matches nothing is an
     /// [`crate::Error::DeviceNotFound`] listing the devices that exist.
     pub fn open(spec: &str) -> Result<Arc<Context>> {

@@ -159,8 +159,9 @@ impl Selection {
     /// The first device and port of `devices` (each a name and its number of ports, in the
     /// host's order) that the selection allows:
     ///
-    /// * with inclusion items, in the list's order: for each item, the devices it names in the
-    ///   host's order, and the port it names (or each port from 1);
+    /// * with inclusion items, in the list's order: for each item, the devices it names (the one
+    ///   named exactly first, then those it is a prefix of, in the host's order), and the port it
+    ///   names (or each port from 1);
     /// * with none (an empty or exclusion-only list): the devices in the host's order, each
     ///   port from 1.
     ///
@@ -219,9 +220,14 @@ impl Selection {
                 })
         } else {
             self.include.iter().find_map(|item| {
-                names
+                // A device named exactly as the item comes before the ones it is a prefix of.
+                let exact = names.iter().filter(|n| **n == item.name);
+                let prefixed = names
                     .iter()
-                    .filter(|n| self.name_matches(&item.name, n) && !self.device_excluded(n))
+                    .filter(|n| **n != item.name && self.name_matches(&item.name, n));
+                exact
+                    .chain(prefixed)
+                    .filter(|n| !self.device_excluded(n))
                     .find_map(|n| {
                         let have = count(n);
                         match item.port {
@@ -304,6 +310,18 @@ mod tests {
     #[test]
     fn prefix_exact_and_exclusion_lists() {
         assert_eq!(pick("mlx5", HOST), found("mlx5_0", 1), "prefix, host order");
+        let reordered = [("mlx5_10", 1), ("mlx5_1", 1)];
+        assert_eq!(
+            pick("mlx5_1", &reordered),
+            found("mlx5_1", 1),
+            "the exact name first"
+        );
+        assert_eq!(pick("=mlx5_1", &reordered), found("mlx5_1", 1));
+        assert_eq!(
+            pick("mlx5_1,^mlx5_1", &reordered),
+            None,
+            "an exclusion matches by prefix too"
+        );
         assert_eq!(
             pick("mlx5_1", &HOST[2..]),
             found("mlx5_10", 1),
