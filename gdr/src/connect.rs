@@ -21,11 +21,38 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Hint, Result};
 use crate::mr::RemoteRegion;
-use crate::qp::Endpoint;
+use crate::qp::{Endpoint, QueuePair};
 
 pub use wire::PeerInfo;
 
+/// How long one TCP connection attempt of [`TcpLink::connect`] may take.
+const CONNECT_ATTEMPT: Duration = Duration::from_millis(500);
+/// Pause between rounds of attempts.
+const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// Read and write timeout of a new link.
+const DEFAULT_LINK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The instant `timeout` from now, or `None` (no deadline: wait forever) when it does not fit
+/// an [`Instant`], as with `Duration::MAX`.
+pub(crate) fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}
+
+/// Time left until `deadline` (zero once it passed; `Duration::MAX` without one).
+pub(crate) fn time_left(deadline: Option<Instant>) -> Duration {
+    match deadline {
+        Some(d) => d.saturating_duration_since(Instant::now()),
+        None => Duration::MAX,
+    }
+}
+
+/// A duration in whole milliseconds, saturating at `u64::MAX`, for error messages.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A TCP connection to the peer for the out-of-band exchange.
+#[derive(Debug)]
 pub struct TcpLink {
     stream: TcpStream,
     peer: SocketAddr,
@@ -33,29 +60,42 @@ pub struct TcpLink {
 
 impl TcpLink {
     /// Connects to `addr`, retrying until `timeout` passes (the server may not listen yet).
+    /// Every round tries each address once (at most 500 ms each), so a zero timeout still makes
+    /// one round; `Duration::MAX` retries forever.
     pub fn connect(addr: impl ToSocketAddrs, timeout: Duration) -> Result<TcpLink> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|e| Error::io("resolving the peer's address", e))?
             .collect();
-        let deadline = Instant::now() + timeout;
+        if addrs.is_empty() {
+            return Err(Error::invalid(
+                "the peer's address resolved to no socket address",
+                Hint::NONE,
+            ));
+        }
+        let start = Instant::now();
+        let deadline = deadline_after(timeout);
         loop {
             let mut last = None;
             for a in &addrs {
-                match TcpStream::connect_timeout(a, Duration::from_millis(500)) {
+                match TcpStream::connect_timeout(a, CONNECT_ATTEMPT) {
                     Ok(stream) => return Self::from_stream(stream),
                     Err(e) => last = Some((a, e)),
                 }
             }
-            if Instant::now() >= deadline {
+            let left = time_left(deadline);
+            if left.is_zero() {
                 let (a, e) =
                     last.ok_or_else(|| Error::invalid("no address to connect to", Hint::NONE))?;
                 return Err(Error::io(
-                    format!("connecting to {a} (tried for {} ms)", timeout.as_millis()),
+                    format!(
+                        "connecting to {a} (tried for {} ms)",
+                        millis(start.elapsed())
+                    ),
                     e,
                 ));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(left.min(CONNECT_RETRY_PAUSE));
         }
     }
 
@@ -76,11 +116,13 @@ impl TcpLink {
             .set_nodelay(true)
             .map_err(|e| Error::io("TCP_NODELAY", e))?;
         let link = TcpLink { stream, peer };
-        link.set_timeout(Some(Duration::from_secs(30)))?;
+        link.set_timeout(Some(DEFAULT_LINK_TIMEOUT))?;
         Ok(link)
     }
 
-    /// Sets the read/write timeout of later exchanges (default 30 s; `None` waits forever).
+    /// Sets the read/write timeout of later exchanges (default 30 s; `None` waits forever, and
+    /// so does a timeout too long for the operating system, such as `Duration::MAX`). A zero
+    /// timeout is an [`Error::Io`] (`InvalidInput`), as with [`TcpStream::set_read_timeout`].
     pub fn set_timeout(&self, t: Option<Duration>) -> Result<()> {
         self.stream
             .set_read_timeout(t)
@@ -96,7 +138,7 @@ impl TcpLink {
     }
 
     fn send_message(&mut self, kind: u16, body: &[u8]) -> Result<()> {
-        let msg = wire::frame(kind, body);
+        let msg = wire::frame(kind, body)?;
         self.stream
             .write_all(&msg)
             .map_err(|e| Error::io(format!("sending to {}", self.peer), e))
@@ -113,6 +155,7 @@ impl TcpLink {
                 "expected message kind {want}, peer sent kind {kind}"
             )));
         }
+        // `len` is at most wire::MAX_BODY (parse_header checked it): a bounded allocation.
         let mut body = vec![0u8; len];
         self.stream
             .read_exact(&mut body)
@@ -160,24 +203,44 @@ impl TcpLink {
 /// Connects a queue pair to a peer in one call: sends our endpoint and regions, receives the
 /// peer's, moves the queue pair to RTS, and waits at a barrier so that neither side posts before
 /// the other is ready.
-pub fn handshake(
-    link: &mut TcpLink,
-    qp: &crate::qp::QueuePair,
-    regions: &[RemoteRegion],
-) -> Result<PeerInfo> {
+///
+/// # Errors, and the queue pair afterwards
+///
+/// * The hello exchange fails (I/O error, timeout, [`Error::Protocol`] for a malformed or
+///   incompatible hello): `qp` is untouched, still in INIT; handshake again over a new link.
+/// * The hello succeeded but [`QueuePair::connect`] or the barrier fails (the peer closed the
+///   link, timed out, or sent garbage): the peer may already believe the connection is up, so
+///   handshake moves `qp` to the error state ([`QueuePair::disconnect`]). Requests already
+///   posted complete with flush errors (reap them to release their regions), new posts are
+///   refused, and the caller must [`QueuePair::reset`] it and handshake again (both sides)
+///   before using it. If even that transition fails, the failure is logged, the original error
+///   is returned, and [`QueuePair::state`] tells where the queue pair is.
+///
+/// The error returned is always the one that broke the handshake.
+pub fn handshake(link: &mut TcpLink, qp: &QueuePair, regions: &[RemoteRegion]) -> Result<PeerInfo> {
     let mine = PeerInfo {
         endpoint: qp.endpoint(),
         regions: regions.to_vec(),
         app: Vec::new(),
     };
     let peer = link.exchange(&mine)?;
-    qp.connect(&peer.endpoint)?;
-    link.barrier()?;
+    let connected = qp.connect(&peer.endpoint).and_then(|()| link.barrier());
+    if let Err(e) = connected {
+        if let Err(d) = qp.disconnect() {
+            log::error!(
+                "handshake with {} failed ({e}); moving QP {:#x} to the error state failed too: {d}",
+                link.peer_addr(),
+                qp.qp_num()
+            );
+        }
+        return Err(e);
+    }
     Ok(peer)
 }
 
 impl PeerInfo {
     /// Our endpoint and no regions.
+    #[must_use]
     pub fn new(endpoint: Endpoint) -> Self {
         PeerInfo {
             endpoint,
@@ -187,14 +250,140 @@ impl PeerInfo {
     }
 
     /// Adds a region the peer may access.
+    #[must_use]
     pub fn region(mut self, r: RemoteRegion) -> Self {
         self.regions.push(r);
         self
     }
 
     /// Attaches application bytes (sizes, names, ...).
+    #[must_use]
     pub fn app_data(mut self, data: impl Into<Vec<u8>>) -> Self {
         self.app = data.into();
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Shutdown;
+
+    #[test]
+    fn deadlines_never_overflow() {
+        assert_eq!(
+            deadline_after(Duration::MAX),
+            None,
+            "no deadline, not a panic"
+        );
+        assert_eq!(time_left(None), Duration::MAX);
+        assert!(deadline_after(Duration::from_secs(1)).is_some());
+        let past = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(time_left(Some(past)), Duration::ZERO);
+        assert_eq!(millis(Duration::MAX), u64::MAX);
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+    }
+
+    #[test]
+    fn connect_with_duration_max_connects() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || TcpLink::accept(&listener).map(|l| l.peer_addr()));
+        let link = TcpLink::connect(addr, Duration::MAX).unwrap();
+        assert_eq!(link.peer_addr(), addr);
+        assert_eq!(
+            server.join().unwrap().unwrap(),
+            link.stream.local_addr().unwrap()
+        );
+        link.set_timeout(Some(Duration::MAX)).unwrap();
+        link.set_timeout(None).unwrap();
+        assert!(matches!(
+            link.set_timeout(Some(Duration::ZERO)),
+            Err(Error::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn connect_with_zero_timeout_tries_once() {
+        // A port nobody listens on: bind one, note it, close it.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let t = Instant::now();
+        let e = TcpLink::connect(addr, Duration::ZERO).unwrap_err();
+        assert!(matches!(e, Error::Io { .. }), "{e}");
+        assert!(e.to_string().contains(&addr.to_string()), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+
+    /// A link whose peer is a thread that writes `bytes` raw and then closes.
+    fn hostile_peer(bytes: Vec<u8>) -> TcpLink {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let _ = s.write_all(&bytes);
+            let _ = s.shutdown(Shutdown::Write);
+            // Drain what the other side sends until it closes, so no reset races the bytes.
+            let _ = std::io::copy(&mut s, &mut std::io::sink());
+        });
+        let link = TcpLink::connect(addr, Duration::from_secs(5)).unwrap();
+        link.set_timeout(Some(Duration::from_secs(5))).unwrap();
+        link
+    }
+
+    fn header(kind: u16, len: u32) -> Vec<u8> {
+        let mut h = wire::frame(kind, &[]).unwrap();
+        h[8..12].copy_from_slice(&len.to_be_bytes());
+        h
+    }
+
+    #[test]
+    fn hostile_peers_get_errors_not_panics_or_huge_allocations() {
+        // Lengths near u32::MAX are refused from the header alone.
+        for len in [u32::MAX, u32::MAX - 1, wire::MAX_BODY as u32 + 1] {
+            let e = hostile_peer(header(wire::KIND_APP, len))
+                .recv_bytes()
+                .unwrap_err();
+            assert!(matches!(e, Error::Protocol { .. }), "{len}: {e}");
+        }
+        // A body length at the limit with the body missing: an I/O error after EOF.
+        let e = hostile_peer(header(wire::KIND_APP, wire::MAX_BODY as u32))
+            .recv_bytes()
+            .unwrap_err();
+        assert!(matches!(e, Error::Io { .. }), "{e}");
+        // A truncated header, and nothing at all.
+        for bytes in [header(wire::KIND_APP, 0)[..7].to_vec(), Vec::new()] {
+            let e = hostile_peer(bytes).recv_bytes().unwrap_err();
+            assert!(matches!(e, Error::Io { .. }), "{e}");
+        }
+        // The wrong kind, a barrier with a body, a hello that does not decode.
+        let e = hostile_peer(wire::frame(wire::KIND_BARRIER, &[]).unwrap())
+            .recv_bytes()
+            .unwrap_err();
+        assert!(e.to_string().contains("expected message kind 3"), "{e}");
+        let e = hostile_peer(wire::frame(wire::KIND_BARRIER, &[1, 2]).unwrap())
+            .barrier()
+            .unwrap_err();
+        assert!(e.to_string().contains("2 unexpected bytes"), "{e}");
+        let e = hostile_peer(wire::frame(wire::KIND_HELLO, &[0; 20]).unwrap())
+            .recv_message(wire::KIND_HELLO)
+            .and_then(|b| PeerInfo::decode_body(&b))
+            .unwrap_err();
+        assert!(matches!(e, Error::Protocol { .. }), "{e}");
+        // And a well-formed message still arrives.
+        let got = hostile_peer(wire::frame(wire::KIND_APP, b"fine").unwrap())
+            .recv_bytes()
+            .unwrap();
+        assert_eq!(got, b"fine");
+    }
+
+    #[test]
+    fn oversized_sends_are_refused_before_anything_is_written() {
+        let mut link = hostile_peer(Vec::new());
+        let e = link.send_bytes(&vec![0; wire::MAX_BODY + 1]).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     }
 }

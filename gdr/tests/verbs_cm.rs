@@ -1,20 +1,28 @@
-//! rdma_cm connections (resolve, connect, listen, accept) on a real RDMA device.
-//! Run in the Soft-RoCE VM by `cargo xtask test` (needs GDR_TEST_ADDR, the device's IP address).
+//! Connection setup on a real RDMA device: rdma_cm (resolve, connect, listen, accept) and the
+//! TCP handshake of `gdr::connect`.
+//! Run in the Soft-RoCE VM by `cargo xtask test` (needs GDR_TEST_ADDR, the device's IP address,
+//! and GDR_TEST_DEVICE, its name).
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
-use gdr::connect::cm;
-use gdr::cq::{CompletionQueue, WcOpcode};
+use gdr::connect::{self, cm, PeerInfo, TcpLink};
+use gdr::cq::{CompletionQueue, WcOpcode, WcStatus};
+use gdr::device::Context;
 use gdr::mr::{AccessFlags, MemoryRegion, RegionExt};
 use gdr::pd::ProtectionDomain;
-use gdr::qp::QueuePair;
+use gdr::qp::{QpState, QueuePair};
 use gdr::wr::{RecvRequest, SendRequest};
+use gdr::Error;
 
 const T: Duration = Duration::from_secs(10);
 
 fn addr() -> String {
     std::env::var("GDR_TEST_ADDR").expect("GDR_TEST_ADDR is not set: this test needs the IP address of an RDMA device (cargo xtask test sets it in the VM)")
+}
+
+fn device() -> String {
+    std::env::var("GDR_TEST_DEVICE").expect("GDR_TEST_DEVICE is not set: this test needs an RDMA device (cargo xtask test runs it in the Soft-RoCE VM)")
 }
 
 #[test]
@@ -63,6 +71,11 @@ fn connect_accept_write_and_send() {
     let dst: SocketAddr = format!("{}:{port}", addr()).parse().unwrap();
     let pending = cm::Connector::resolve(dst, T).unwrap();
     let ctx = pending.context().clone();
+    assert_eq!(
+        ctx.port(),
+        pending.port(),
+        "the context remembers rdma_cm's port"
+    );
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let cq = CompletionQueue::new(&ctx, 64).unwrap();
     let qp = QueuePair::builder(&pd, &cq, &cq)
@@ -130,4 +143,152 @@ fn resolving_an_address_no_device_reaches_fails_clearly() {
         e.contains("rdma_resolve_addr") || e.contains("ADDR_ERROR") || e.contains("timed out"),
         "{e}"
     );
+}
+
+#[test]
+#[ignore = "needs an RDMA device and its IP in GDR_TEST_ADDR (run in the VM: cargo xtask test)"]
+fn duration_max_timeouts_resolve_connect_and_accept() {
+    // Instant + Duration::MAX used to panic in accept; every wait here has no deadline.
+    let listener = cm::Listener::bind(format!("{}:0", addr()).parse().unwrap()).unwrap();
+    let port = listener.port();
+    let server = std::thread::spawn(move || {
+        let req = listener.next_request(Duration::MAX).unwrap();
+        assert_eq!(req.context().port(), req.port());
+        let ctx = req.context().clone();
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        let cq = CompletionQueue::new(&ctx, 8).unwrap();
+        let qp = QueuePair::builder(&pd, &cq, &cq)
+            .port(req.port())
+            .build()
+            .unwrap();
+        let conn = req.accept(qp, None).unwrap();
+        assert_eq!(conn.qp().state().unwrap(), QpState::Rts);
+        conn
+    });
+    let dst: SocketAddr = format!("{}:{port}", addr()).parse().unwrap();
+    let pending = cm::Connector::resolve(dst, Duration::MAX).unwrap();
+    let ctx = pending.context().clone();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 8).unwrap();
+    let qp = QueuePair::builder(&pd, &cq, &cq)
+        .port(pending.port())
+        .build()
+        .unwrap();
+    let conn = pending.connect(qp, None).unwrap();
+    assert_eq!(conn.qp().state().unwrap(), QpState::Rts);
+    let server_conn = server.join().unwrap();
+    drop(conn);
+    drop(server_conn);
+}
+
+struct Side {
+    cq: std::sync::Arc<CompletionQueue>,
+    pd: std::sync::Arc<ProtectionDomain>,
+    qp: QueuePair,
+}
+
+fn side() -> Side {
+    let ctx = Context::open(&device()).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let qp = QueuePair::builder(&pd, &cq, &cq).build().unwrap();
+    Side { cq, pd, qp }
+}
+
+#[test]
+#[ignore = "needs an RDMA device and its IP in GDR_TEST_ADDR (run in the VM: cargo xtask test)"]
+fn handshake_whose_peer_closes_after_the_hello_leaves_the_qp_in_error() {
+    // TCP over the rxe device's own address, not loopback.
+    let listener = TcpListener::bind(format!("{}:0", addr())).unwrap();
+    let at = listener.local_addr().unwrap();
+    let peer = side();
+    let peer_endpoint = peer.qp.endpoint();
+    let peer_thread = std::thread::spawn(move || {
+        let mut link = TcpLink::accept(&listener).unwrap();
+        let theirs = link.exchange(&PeerInfo::new(peer_endpoint)).unwrap();
+        // Close right after the hello: the barrier never comes.
+        drop(link);
+        theirs
+    });
+
+    let me = side();
+    let mr = MemoryRegion::new(&me.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    me.qp
+        .post_recv(&RecvRequest::new(&[mr.slice(..).unwrap()]).id(9))
+        .unwrap();
+    let mut link = TcpLink::connect(at, T).unwrap();
+    let e = connect::handshake(&mut link, &me.qp, &[]).unwrap_err();
+    assert!(
+        matches!(e, Error::Io { .. }),
+        "the barrier's I/O error: {e}"
+    );
+    assert_eq!(
+        peer_thread.join().unwrap().endpoint,
+        me.qp.endpoint(),
+        "the hello went through"
+    );
+    assert_eq!(me.qp.state().unwrap(), QpState::Error);
+
+    // The posted receive flushes, and reset() makes the queue pair usable again.
+    let c = me.cq.wait_for(1, T).unwrap()[0];
+    assert_eq!((c.wr_id, c.status), (9, WcStatus::WrFlush), "{c:?}");
+    me.qp.reset().unwrap();
+    assert_eq!(me.qp.state().unwrap(), QpState::Init);
+}
+
+#[test]
+#[ignore = "needs an RDMA device and its IP in GDR_TEST_ADDR (run in the VM: cargo xtask test)"]
+fn handshake_whose_peer_closes_before_the_hello_leaves_the_qp_untouched() {
+    let listener = TcpListener::bind(format!("{}:0", addr())).unwrap();
+    let at = listener.local_addr().unwrap();
+    let peer_thread = std::thread::spawn(move || drop(TcpLink::accept(&listener).unwrap()));
+    let me = side();
+    let mut link = TcpLink::connect(at, T).unwrap();
+    peer_thread.join().unwrap();
+    let e = connect::handshake(&mut link, &me.qp, &[]).unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    assert_eq!(me.qp.state().unwrap(), QpState::Init);
+}
+
+fn cm_client(dst: SocketAddr) -> cm::CmConnection {
+    let pending = cm::Connector::resolve(dst, T).unwrap();
+    let ctx = pending.context().clone();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 8).unwrap();
+    let qp = QueuePair::builder(&pd, &cq, &cq)
+        .port(pending.port())
+        .build()
+        .unwrap();
+    pending.connect(qp, None).unwrap()
+}
+
+fn cm_accept(req: cm::ConnectRequest) -> cm::CmConnection {
+    let ctx = req.context().clone();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 8).unwrap();
+    let qp = QueuePair::builder(&pd, &cq, &cq)
+        .port(req.port())
+        .build()
+        .unwrap();
+    req.accept(qp, None).unwrap()
+}
+
+#[test]
+#[ignore = "needs an RDMA device and its IP in GDR_TEST_ADDR (run in the VM: cargo xtask test)"]
+fn a_second_request_that_arrives_during_accept_is_kept_for_next_request() {
+    let listener = cm::Listener::bind(format!("{}:0", addr()).parse().unwrap()).unwrap();
+    let dst: SocketAddr = format!("{}:{}", addr(), listener.port()).parse().unwrap();
+    let a = std::thread::spawn(move || cm_client(dst));
+    let req_a = listener.next_request(T).unwrap();
+    // B's request reaches the listener's channel before A is accepted, so accept(A) reads it
+    // while waiting for A's ESTABLISHED (it used to drop it, leaking its id, and B timed out).
+    let b = std::thread::spawn(move || cm_client(dst));
+    std::thread::sleep(Duration::from_millis(500));
+    let conn_a = cm_accept(req_a);
+    let req_b = listener.next_request(T).unwrap();
+    let conn_b = cm_accept(req_b);
+    let (client_a, client_b) = (a.join().unwrap(), b.join().unwrap());
+    for c in [&conn_a, &conn_b, &client_a, &client_b] {
+        assert_eq!(c.qp().state().unwrap(), QpState::Rts);
+    }
 }

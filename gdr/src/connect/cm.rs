@@ -25,51 +25,125 @@ use std::time::{Duration, Instant};
 
 use gdr_sys::ibv;
 
+use super::{deadline_after, millis, time_left};
 use crate::device::Context;
 use crate::error::{Error, Hint, Result};
 use crate::mr::RemoteRegion;
 use crate::qp::{QpState, QueuePair};
+use crate::return_code::{check, errno_of, no_hint, non_null, teardown};
 
-/// An rdma_cm event channel.
-struct EventChannel(NonNull<ibv::rdma_event_channel>);
+/// Longest single `poll` while waiting for an event. Waits of any length (up to "forever",
+/// `Duration::MAX`) are many polls, so no timeout overflows poll's `int` milliseconds, and a
+/// waiter notices soon when another thread has read its event into the backlog.
+const POLL_SLICE: Duration = Duration::from_millis(100);
 
-// SAFETY: the channel is a file descriptor plus library state that librdmacm locks.
+/// Most events kept for ids other than the reader's (see [`Backlog`]).
+const BACKLOG_CAP: usize = 256;
+
+/// Events read from a shared channel for an id other than the reader's: an accepted
+/// connection's `ESTABLISHED` that the listener's `next_request` read, a second client's
+/// `CONNECT_REQUEST` that arrived during `accept`. Each waiter takes its own; a destroyed id's
+/// events are purged so a later id at the same address never sees them.
+#[derive(Default)]
+struct Backlog {
+    events: std::collections::VecDeque<Event>,
+}
+
+impl Backlog {
+    /// The oldest event `wanted` accepts.
+    fn take(&mut self, wanted: &dyn Fn(&Event) -> bool) -> Option<Event> {
+        let i = self.events.iter().position(wanted)?;
+        self.events.remove(i)
+    }
+
+    /// Keeps `e`; returns the event that did not fit (the oldest) when the backlog is full.
+    fn push(&mut self, e: Event) -> Option<Event> {
+        self.events.push_back(e);
+        if self.events.len() > BACKLOG_CAP {
+            self.events.pop_front()
+        } else {
+            None
+        }
+    }
+
+    /// Removes every event of `id`.
+    fn purge(&mut self, id: *mut ibv::rdma_cm_id) -> Vec<Event> {
+        let (gone, kept): (Vec<Event>, Vec<Event>) = std::mem::take(&mut self.events)
+            .into_iter()
+            .partition(|e| e.id == id);
+        self.events = kept.into();
+        gone
+    }
+}
+
+/// An rdma_cm event channel (non-blocking) and the events read for ids other than the reader's.
+struct EventChannel {
+    ch: NonNull<ibv::rdma_event_channel>,
+    backlog: std::sync::Mutex<Backlog>,
+}
+
+// SAFETY: the channel is a file descriptor plus library state that librdmacm locks; the
+// backlog is behind a mutex.
 unsafe impl Send for EventChannel {}
-// SAFETY: as above; we only read events from one place at a time (owners hold &mut or a Mutex).
+// SAFETY: as above: reads are non-blocking calls into librdmacm, made under the backlog lock.
 unsafe impl Sync for EventChannel {}
 
 impl EventChannel {
     fn new() -> Result<Arc<EventChannel>> {
         // SAFETY: no preconditions.
         let ch = unsafe { ibv::rdma_create_event_channel() };
-        NonNull::new(ch)
-            .map(|c| Arc::new(EventChannel(c)))
-            .ok_or_else(|| {
-                Error::verbs_errno(
-                    "rdma_create_event_channel",
-                    "",
-                    "is /dev/infiniband/rdma_cm present? load rdma_ucm",
-                )
-            })
+        let ch = non_null("rdma_create_event_channel", ch, String::new, |_| {
+            Hint::new("is /dev/infiniband/rdma_cm present? load rdma_ucm")
+        })?;
+        let channel = Arc::new(EventChannel {
+            ch,
+            backlog: Default::default(),
+        });
+        // Non-blocking, so that a reader whose event another thread took does not block in
+        // rdma_get_cm_event (as rdma_cm(7) suggests for polled channels).
+        let fd = channel.fd();
+        // SAFETY: fcntl on the channel's own descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        let rc = if flags < 0 {
+            -1
+        } else {
+            unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }
+        };
+        if rc < 0 {
+            return Err(Error::io(
+                "making the rdma_cm event channel non-blocking",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(channel)
     }
 
-    /// Waits for the next event, copies what we need, acknowledges it.
-    fn next(&self, timeout: Duration) -> Result<Event> {
+    fn fd(&self) -> libc::c_int {
         // SAFETY: the channel is valid while self lives.
-        let fd = unsafe { (*self.0.as_ptr()).fd };
-        if !crate::cq::wait_readable(fd, timeout, "rdma_cm event channel")? {
-            return Err(Error::Timeout {
-                what: "rdma_cm event".into(),
-                millis: timeout.as_millis() as u64,
-                hint: Hint::new(
-                    "is the peer listening on that address and port, and reachable over RDMA?",
-                ),
-            });
-        }
+        unsafe { (*self.ch.as_ptr()).fd }
+    }
+
+    fn backlog(&self) -> std::sync::MutexGuard<'_, Backlog> {
+        self.backlog.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads one event if one is ready: copies what we need and acknowledges it.
+    fn read_one(&self) -> Result<Option<Event>> {
         let mut ev: *mut ibv::rdma_cm_event = std::ptr::null_mut();
-        // SAFETY: the fd is readable, so this does not block; `ev` receives an event we ack below.
-        if unsafe { ibv::rdma_get_cm_event(self.0.as_ptr(), &mut ev) } != 0 {
-            return Err(Error::verbs_errno("rdma_get_cm_event", "", Hint::NONE));
+        // SAFETY: valid channel; non-blocking; `ev` receives an event we acknowledge below.
+        let rc = unsafe { ibv::rdma_get_cm_event(self.ch.as_ptr(), &mut ev) };
+        if rc != 0 && errno_of(rc) == libc::EAGAIN {
+            return Ok(None);
+        }
+        check("rdma_get_cm_event", rc, String::new, no_hint)?;
+        if ev.is_null() {
+            return Err(Error::verbs(
+                "rdma_get_cm_event",
+                "",
+                libc::EIO,
+                "librdmacm returned success without an event",
+            ));
         }
         // SAFETY: `ev` is a valid event until acknowledged.
         let e = unsafe { &*ev };
@@ -82,7 +156,7 @@ impl EventChannel {
             // SAFETY: for connection events the `conn` member is active; private_data points to
             // private_data_len bytes (or is NULL).
             let conn = unsafe { &e.param.conn };
-            if conn.private_data.is_null() {
+            if conn.private_data.is_null() || conn.private_data_len == 0 {
                 Vec::new()
             } else {
                 // SAFETY: as above.
@@ -104,23 +178,112 @@ impl EventChannel {
             private,
         };
         // SAFETY: acknowledges the event we took; nothing refers to it afterwards.
-        unsafe { ibv::rdma_ack_cm_event(ev) };
-        Ok(out)
+        let rc = unsafe { ibv::rdma_ack_cm_event(ev) };
+        if rc != 0 {
+            log::warn!(
+                "rdma_ack_cm_event failed: {}",
+                crate::error::errno_text(errno_of(rc))
+            );
+        }
+        Ok(Some(out))
+    }
+
+    /// Waits until `deadline` (`None`: forever) for the oldest event `wanted` accepts; events for
+    /// others go to the backlog. `timeout` is what the caller asked for, for the error message.
+    fn wait_for(
+        &self,
+        deadline: Option<Instant>,
+        timeout: Duration,
+        wanted: &dyn Fn(&Event) -> bool,
+    ) -> Result<Event> {
+        loop {
+            {
+                let mut backlog = self.backlog();
+                if let Some(e) = backlog.take(wanted) {
+                    return Ok(e);
+                }
+                while let Some(e) = self.read_one()? {
+                    if wanted(&e) {
+                        return Ok(e);
+                    }
+                    if let Some(old) = backlog.push(e) {
+                        log::warn!(
+                            "rdma_cm: more than {BACKLOG_CAP} events nobody waits for; dropping {}",
+                            event_name(old.kind)
+                        );
+                        old.dispose();
+                    }
+                }
+            }
+            let left = time_left(deadline);
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    what: "rdma_cm event".into(),
+                    millis: millis(timeout),
+                    hint: Hint::new(
+                        "is the peer listening on that address and port, and reachable over RDMA?",
+                    ),
+                });
+            }
+            match crate::cq::wait_readable(self.fd(), left.min(POLL_SLICE), "rdma_cm event channel")
+            {
+                // A signal interrupted the poll: wait again.
+                Err(e) if e.errno() == Some(libc::EINTR) => {}
+                other => {
+                    other?;
+                }
+            }
+        }
+    }
+
+    /// Forgets the events of a destroyed id.
+    fn purge(&self, id: *mut ibv::rdma_cm_id) {
+        for e in self.backlog().purge(id) {
+            e.dispose();
+        }
     }
 }
 
 impl Drop for EventChannel {
     fn drop(&mut self) {
-        // SAFETY: every id on this channel holds an Arc to it, so none is left.
-        unsafe { ibv::rdma_destroy_event_channel(self.0.as_ptr()) }
+        for e in std::mem::take(&mut self.backlog().events) {
+            e.dispose();
+        }
+        // SAFETY: every id on this channel holds an Arc to it, so none is left; the connection
+        // requests nobody took were rejected and destroyed above.
+        unsafe { ibv::rdma_destroy_event_channel(self.ch.as_ptr()) }
     }
 }
 
+/// What gdr keeps of an rdma_cm event (it is acknowledged as soon as it is read).
 struct Event {
     kind: u32,
     status: i32,
     id: *mut ibv::rdma_cm_id,
     private: Vec<u8>,
+}
+
+// SAFETY: `id` is a handle compared by address or passed back to librdmacm, which locks its
+// own state; nothing is dereferenced through it outside librdmacm calls.
+unsafe impl Send for Event {}
+
+impl Event {
+    /// Disposes of an event nobody will take: a connection request's new id is rejected and
+    /// destroyed (its peer is told at once instead of timing out); others are dropped.
+    fn dispose(self) {
+        if self.kind != ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST || self.id.is_null()
+        {
+            return;
+        }
+        // SAFETY: a connection request's id is new and owned by nobody else: reject, destroy.
+        let rc = unsafe { ibv::rdma_reject(self.id, std::ptr::null(), 0) };
+        if rc != 0 {
+            log::debug!("rdma_reject: {}", crate::error::errno_text(errno_of(rc)));
+        }
+        // SAFETY: as above; its only event was acknowledged when it was read.
+        let rc = unsafe { ibv::rdma_destroy_id(self.id) };
+        teardown("rdma_destroy_id", "unclaimed connection request", rc);
+    }
 }
 
 fn event_name(kind: u32) -> String {
@@ -147,21 +310,16 @@ impl CmId {
         // SAFETY: valid channel and out-pointer.
         let rc = unsafe {
             ibv::rdma_create_id(
-                channel.0.as_ptr(),
+                channel.ch.as_ptr(),
                 &mut id,
                 std::ptr::null_mut(),
                 ibv::rdma_port_space::RDMA_PS_TCP,
             )
         };
-        if rc != 0 {
-            return Err(Error::verbs_errno(
-                "rdma_create_id",
-                "ps=RDMA_PS_TCP",
-                Hint::NONE,
-            ));
-        }
+        check("rdma_create_id", rc, || "ps=RDMA_PS_TCP".into(), no_hint)?;
+        let id = non_null("rdma_create_id", id, || "ps=RDMA_PS_TCP".into(), no_hint)?;
         Ok(Arc::new(CmId {
-            id: NonNull::new(id).expect("rdma_create_id succeeded"),
+            id,
             channel: channel.clone(),
         }))
     }
@@ -179,7 +337,7 @@ impl CmId {
         })?;
         let owner: Arc<dyn std::any::Any + Send + Sync> = self.clone();
         // SAFETY: librdmacm keeps the context open while the id exists; `owner` keeps the id.
-        Ok(unsafe { Context::borrowed(verbs, owner) })
+        Ok(unsafe { Context::borrowed(verbs, self.port(), owner) })
     }
 
     fn port(&self) -> u8 {
@@ -194,18 +352,21 @@ impl CmId {
         attr.qp_state = state;
         let mut mask = 0;
         // SAFETY: valid id and output pointers.
-        if unsafe { ibv::rdma_init_qp_attr(self.raw(), &mut attr, &mut mask) } != 0 {
-            return Err(Error::verbs_errno(
-                "rdma_init_qp_attr",
-                format!("state={target:?}"),
-                Hint::NONE,
-            ));
-        }
+        let rc = unsafe { ibv::rdma_init_qp_attr(self.raw(), &mut attr, &mut mask) };
+        check(
+            "rdma_init_qp_attr",
+            rc,
+            || format!("state={target:?}"),
+            no_hint,
+        )?;
         qp.apply(&mut attr, mask, target)
     }
 
     fn expect(&self, want: u32, timeout: Duration, what: &str) -> Result<Event> {
-        let e = self.channel.next(timeout)?;
+        let me = self.raw();
+        let e = self
+            .channel
+            .wait_for(deadline_after(timeout), timeout, &|e| e.id == me)?;
         check_event(&e, want, what)?;
         Ok(e)
     }
@@ -214,7 +375,14 @@ impl CmId {
 impl Drop for CmId {
     fn drop(&mut self) {
         // SAFETY: every event of this id was acknowledged; no QP was created through the id.
-        unsafe { ibv::rdma_destroy_id(self.id.as_ptr()) };
+        let rc = unsafe { ibv::rdma_destroy_id(self.id.as_ptr()) };
+        // Events other readers kept for this id must not reach a later id at the same address.
+        self.channel.purge(self.id.as_ptr());
+        if !teardown("rdma_destroy_id", "cm id", rc) {
+            // The id still refers to its channel: keep the channel open rather than free it
+            // under librdmacm.
+            std::mem::forget(self.channel.clone());
+        }
     }
 }
 
@@ -231,7 +399,7 @@ fn check_event(e: &Event, want: u32, what: &str) -> Result<()> {
         _ => "see rdma_cm(7)",
     };
     let status = if e.status < 0 {
-        crate::error::errno_text(-e.status)
+        crate::error::errno_text(e.status.saturating_neg())
     } else {
         format!("status {}", e.status)
     };
@@ -251,9 +419,10 @@ mod private {
 
     const MAGIC: &[u8; 4] = b"GDRc";
     /// Encoded length (fits the 56 bytes a connect request carries).
-    pub const LEN: usize = 4 + 1 + 1 + 20;
+    pub(super) const LEN: usize = 4 + 1 + 1 + 20;
 
-    pub fn encode(r: Option<RemoteRegion>) -> [u8; LEN] {
+    /// Encodes our private data, advertising `r` if given.
+    pub(super) fn encode(r: Option<RemoteRegion>) -> [u8; LEN] {
         let mut b = [0u8; LEN];
         b[..4].copy_from_slice(MAGIC);
         b[4] = 1;
@@ -268,7 +437,7 @@ mod private {
 
     /// The peer's region; `None` when the peer is not a gdr program (no magic) or sent none.
     /// Private data may be zero-padded by the transport: trailing bytes are ignored.
-    pub fn decode(b: &[u8]) -> Result<Option<RemoteRegion>, String> {
+    pub(super) fn decode(b: &[u8]) -> Result<Option<RemoteRegion>, String> {
         if b.len() < LEN || &b[..4] != MAGIC {
             return Ok(None);
         }
@@ -373,8 +542,22 @@ impl CmConnection {
 impl Drop for CmConnection {
     fn drop(&mut self) {
         // SAFETY: valid id; disconnect moves the QP to the error state through the CM.
-        unsafe { ibv::rdma_disconnect(self.id.raw()) };
+        let rc = unsafe { ibv::rdma_disconnect(self.id.raw()) };
+        if rc != 0 {
+            // The peer may have disconnected first; the queue pair is destroyed next either way.
+            log::debug!(
+                "rdma_disconnect(qpn={:#x}): {}",
+                self.qp.qp_num(),
+                crate::error::errno_text(errno_of(rc))
+            );
+        }
     }
+}
+
+/// The `timeout_ms` argument of `rdma_resolve_addr`/`rdma_resolve_route`: the timeout in
+/// milliseconds, at least 1, at most `i32::MAX` (longer timeouts are cut to about 24 days).
+fn resolve_ms(timeout: Duration) -> libc::c_int {
+    libc::c_int::try_from(timeout.as_millis().max(1)).unwrap_or(libc::c_int::MAX)
 }
 
 /// The active side after address and route resolution: build the queue pair on
@@ -391,36 +574,35 @@ impl Connector {
         let channel = EventChannel::new()?;
         let id = CmId::new(&channel)?;
         let (mut ss, _) = sockaddr_of(&addr);
-        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let ms = resolve_ms(timeout);
         // SAFETY: valid id; `ss` holds a sockaddr of the right family.
-        if unsafe {
+        let rc = unsafe {
             ibv::rdma_resolve_addr(
                 id.raw(),
                 std::ptr::null_mut(),
                 std::ptr::addr_of_mut!(ss).cast(),
                 ms,
             )
-        } != 0
-        {
-            return Err(Error::verbs_errno(
-                "rdma_resolve_addr",
-                format!("dst={addr}"),
-                "is the address an IP of an RDMA-capable interface's peer?",
-            ));
-        }
+        };
+        check(
+            "rdma_resolve_addr",
+            rc,
+            || format!("dst={addr}, timeout_ms={ms}"),
+            |_| Hint::new("is the address an IP of an RDMA-capable interface's peer?"),
+        )?;
         id.expect(
             ibv::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
             timeout,
             &format!("resolving {addr}"),
         )?;
         // SAFETY: valid id with a resolved address.
-        if unsafe { ibv::rdma_resolve_route(id.raw(), ms) } != 0 {
-            return Err(Error::verbs_errno(
-                "rdma_resolve_route",
-                format!("dst={addr}"),
-                Hint::NONE,
-            ));
-        }
+        let rc = unsafe { ibv::rdma_resolve_route(id.raw(), ms) };
+        check(
+            "rdma_resolve_route",
+            rc,
+            || format!("dst={addr}, timeout_ms={ms}"),
+            no_hint,
+        )?;
         id.expect(
             ibv::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
             timeout,
@@ -446,13 +628,13 @@ impl Connector {
         let data = private::encode(region);
         let mut param = conn_param(&qp, &data);
         // SAFETY: valid id with a resolved route; `param` and `data` live across the call.
-        if unsafe { ibv::rdma_connect(self.id.raw(), &mut param) } != 0 {
-            return Err(Error::verbs_errno(
-                "rdma_connect",
-                format!("qpn={:#x}", qp.qp_num()),
-                Hint::NONE,
-            ));
-        }
+        let rc = unsafe { ibv::rdma_connect(self.id.raw(), &mut param) };
+        check(
+            "rdma_connect",
+            rc,
+            || format!("qpn={:#x}", qp.qp_num()),
+            no_hint,
+        )?;
         let e = self.id.expect(
             ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE,
             self.timeout,
@@ -464,13 +646,13 @@ impl Connector {
         self.id
             .transition(&qp, ibv::ibv_qp_state::IBV_QPS_RTS, QpState::Rts)?;
         // SAFETY: valid id after CONNECT_RESPONSE with the QP in RTS.
-        if unsafe { ibv::rdma_establish(self.id.raw()) } != 0 {
-            return Err(Error::verbs_errno(
-                "rdma_establish",
-                format!("qpn={:#x}", qp.qp_num()),
-                Hint::NONE,
-            ));
-        }
+        let rc = unsafe { ibv::rdma_establish(self.id.raw()) };
+        check(
+            "rdma_establish",
+            rc,
+            || format!("qpn={:#x}", qp.qp_num()),
+            no_hint,
+        )?;
         Ok(CmConnection {
             qp,
             remote,
@@ -511,21 +693,16 @@ impl Listener {
         let id = CmId::new(&channel)?;
         let (mut ss, _) = sockaddr_of(&addr);
         // SAFETY: valid id and sockaddr.
-        if unsafe { ibv::rdma_bind_addr(id.raw(), std::ptr::addr_of_mut!(ss).cast()) } != 0 {
-            return Err(Error::verbs_errno(
-                "rdma_bind_addr",
-                format!("addr={addr}"),
-                "is the port in use, or the address not on an RDMA-capable interface?",
-            ));
-        }
+        let rc = unsafe { ibv::rdma_bind_addr(id.raw(), std::ptr::addr_of_mut!(ss).cast()) };
+        check(
+            "rdma_bind_addr",
+            rc,
+            || format!("addr={addr}"),
+            |_| Hint::new("is the port in use, or the address not on an RDMA-capable interface?"),
+        )?;
         // SAFETY: bound id.
-        if unsafe { ibv::rdma_listen(id.raw(), 16) } != 0 {
-            return Err(Error::verbs_errno(
-                "rdma_listen",
-                format!("addr={addr}"),
-                Hint::NONE,
-            ));
-        }
+        let rc = unsafe { ibv::rdma_listen(id.raw(), 16) };
+        check("rdma_listen", rc, || format!("addr={addr}"), no_hint)?;
         Ok(Listener { id, channel })
     }
 
@@ -537,21 +714,37 @@ impl Listener {
 
     /// Waits for a connection request.
     pub fn next_request(&self, timeout: Duration) -> Result<ConnectRequest> {
-        let e = self.channel.next(timeout)?;
+        let me = self.id.raw();
+        let e = self
+            .channel
+            .wait_for(deadline_after(timeout), timeout, &|e| {
+                e.kind == ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST || e.id == me
+            })?;
         check_event(
             &e,
             ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
             "waiting for a connection request",
         )?;
+        let id = NonNull::new(e.id).ok_or_else(|| {
+            Error::verbs(
+                "rdma_get_cm_event",
+                "CONNECT_REQUEST",
+                libc::EIO,
+                "librdmacm delivered a connection request without an id",
+            )
+        })?;
         let id = Arc::new(CmId {
-            id: NonNull::new(e.id).expect("connect request carries an id"),
+            id,
             channel: self.channel.clone(),
         });
         let remote = match private::decode(&e.private) {
             Ok(r) => r,
             Err(what) => {
                 // SAFETY: valid new id; rejecting frees the peer from waiting.
-                unsafe { ibv::rdma_reject(id.raw(), std::ptr::null(), 0) };
+                let rc = unsafe { ibv::rdma_reject(id.raw(), std::ptr::null(), 0) };
+                if rc != 0 {
+                    log::debug!("rdma_reject: {}", crate::error::errno_text(errno_of(rc)));
+                }
                 return Err(Error::protocol(what));
             }
         };
@@ -600,31 +793,26 @@ impl ConnectRequest {
         let data = private::encode(region);
         let mut param = conn_param(&qp, &data);
         // SAFETY: valid id from a connect request; `param`/`data` live across the call.
-        if unsafe { ibv::rdma_accept(self.id.raw(), &mut param) } != 0 {
-            return Err(Error::verbs_errno(
-                "rdma_accept",
-                format!("qpn={:#x}", qp.qp_num()),
-                Hint::NONE,
-            ));
-        }
-        let deadline = Instant::now() + self.timeout;
-        // The ESTABLISHED event arrives on the listener's channel, for this id.
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let e = self.id.channel.next(left)?;
-            if e.id == self.id.raw() {
-                check_event(
-                    &e,
-                    ibv::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
-                    "accepting",
-                )?;
-                break;
-            }
-            log::debug!(
-                "ignoring {} for another id while accepting",
-                event_name(e.kind)
-            );
-        }
+        let rc = unsafe { ibv::rdma_accept(self.id.raw(), &mut param) };
+        check(
+            "rdma_accept",
+            rc,
+            || format!("qpn={:#x}", qp.qp_num()),
+            no_hint,
+        )?;
+        // The ESTABLISHED event arrives on the listener's channel, for this id; events for other
+        // ids stay in the channel's backlog for their owners. No deadline when the timeout
+        // does not fit an Instant (Duration::MAX).
+        let me = self.id.raw();
+        let e = self
+            .id
+            .channel
+            .wait_for(deadline_after(self.timeout), self.timeout, &|e| e.id == me)?;
+        check_event(
+            &e,
+            ibv::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+            "accepting",
+        )?;
         Ok(CmConnection {
             qp,
             remote: self.remote,
@@ -663,6 +851,118 @@ mod tests {
         assert!(private::decode(&overflow)
             .unwrap_err()
             .contains("overflows"));
+    }
+
+    /// A fake id: never dereferenced, the backlog only compares ids.
+    fn fake_id(n: usize) -> *mut ibv::rdma_cm_id {
+        std::ptr::without_provenance_mut(n * 64)
+    }
+
+    fn event(kind: u32, id: usize) -> Event {
+        Event {
+            kind,
+            status: 0,
+            id: fake_id(id),
+            private: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn backlog_keeps_events_for_their_owners_in_order() {
+        use ibv::rdma_cm_event_type::*;
+        let mut b = Backlog::default();
+        assert!(b.push(event(RDMA_CM_EVENT_ESTABLISHED, 1)).is_none());
+        assert!(b.push(event(RDMA_CM_EVENT_DISCONNECTED, 2)).is_none());
+        assert!(b.push(event(RDMA_CM_EVENT_DISCONNECTED, 1)).is_none());
+        let id1 = fake_id(1);
+        assert_eq!(
+            b.take(&|e| e.id == id1).unwrap().kind,
+            RDMA_CM_EVENT_ESTABLISHED
+        );
+        assert_eq!(
+            b.take(&|e| e.id == id1).unwrap().kind,
+            RDMA_CM_EVENT_DISCONNECTED
+        );
+        assert!(b.take(&|e| e.id == id1).is_none());
+        // A destroyed id's events are purged; others stay.
+        assert!(b.push(event(RDMA_CM_EVENT_TIMEWAIT_EXIT, 3)).is_none());
+        let gone = b.purge(fake_id(2));
+        assert_eq!(gone.len(), 1);
+        assert_eq!(b.events.len(), 1);
+        assert_eq!(b.events[0].id, fake_id(3));
+    }
+
+    #[test]
+    fn backlog_is_bounded() {
+        use ibv::rdma_cm_event_type::*;
+        let mut b = Backlog::default();
+        for i in 0..BACKLOG_CAP {
+            assert!(b.push(event(RDMA_CM_EVENT_DISCONNECTED, i + 1)).is_none());
+        }
+        let dropped = b.push(event(RDMA_CM_EVENT_DISCONNECTED, 9999)).unwrap();
+        assert_eq!(dropped.id, fake_id(1), "the oldest goes");
+        assert_eq!(b.events.len(), BACKLOG_CAP);
+        // Events that are not connection requests are simply dropped.
+        dropped.dispose();
+    }
+
+    #[test]
+    fn resolve_timeouts_never_overflow() {
+        assert_eq!(resolve_ms(Duration::ZERO), 1);
+        assert_eq!(resolve_ms(Duration::from_millis(1500)), 1500);
+        assert_eq!(resolve_ms(Duration::from_secs(1 << 40)), i32::MAX);
+        assert_eq!(resolve_ms(Duration::MAX), i32::MAX);
+    }
+
+    #[test]
+    fn private_data_decoder_takes_hostile_input() {
+        // Every length from empty to longer than a connect request's 56 bytes, every byte value
+        // at each position of the header: never a panic, never a region that overflows.
+        let good = private::encode(Some(RemoteRegion::new(0x1000, 4096, 7)));
+        for len in 0..=80 {
+            let mut b = good.to_vec();
+            b.resize(len, 0xff);
+            if let Ok(Some(r)) = private::decode(&b) {
+                assert!(r.addr.checked_add(r.len).is_some());
+            }
+        }
+        for pos in 0..private::LEN {
+            for v in [0u8, 1, 2, 0x7f, 0xff] {
+                let mut b = good;
+                b[pos] = v;
+                if let Ok(Some(r)) = private::decode(&b) {
+                    assert!(r.addr.checked_add(r.len).is_some(), "pos {pos} = {v}");
+                }
+            }
+        }
+        let mut max = good;
+        max[6..14].copy_from_slice(&(u64::MAX - 4095).to_be_bytes());
+        max[14..22].copy_from_slice(&4095u64.to_be_bytes());
+        assert_eq!(
+            private::decode(&max).unwrap().map(|r| r.addr + r.len),
+            Some(u64::MAX),
+            "the last byte of the address space is a valid end"
+        );
+    }
+
+    #[test]
+    fn event_status_of_any_value_formats() {
+        for status in [i32::MIN, -1, 0, 28, i32::MAX] {
+            let e = Event {
+                kind: ibv::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED,
+                status,
+                id: std::ptr::null_mut(),
+                private: Vec::new(),
+            };
+            let err = check_event(
+                &e,
+                ibv::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+                "accepting",
+            )
+            .unwrap_err();
+            assert!(matches!(err, Error::Protocol { .. }), "{err}");
+            assert!(err.to_string().contains("accepting"), "{err}");
+        }
     }
 
     #[test]

@@ -51,15 +51,28 @@ pub struct PeerInfo {
     pub app: Vec<u8>,
 }
 
-/// Builds header + body.
-pub fn frame(kind: u16, body: &[u8]) -> Vec<u8> {
+/// Builds header + body. A body longer than [`MAX_BODY`] is an [`Error::InvalidArgument`]
+/// (the peer would refuse it).
+pub fn frame(kind: u16, body: &[u8]) -> Result<Vec<u8>> {
+    let len = u32::try_from(body.len())
+        .ok()
+        .filter(|_| body.len() <= MAX_BODY)
+        .ok_or_else(|| {
+            Error::invalid(
+                format!(
+                    "message body of {} bytes exceeds the wire limit {MAX_BODY}",
+                    body.len()
+                ),
+                "send bulk data over RDMA",
+            )
+        })?;
     let mut v = Vec::with_capacity(HEADER_LEN + body.len());
     v.extend_from_slice(&MAGIC);
     v.extend_from_slice(&VERSION.to_be_bytes());
     v.extend_from_slice(&kind.to_be_bytes());
-    v.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    v.extend_from_slice(&len.to_be_bytes());
     v.extend_from_slice(body);
-    v
+    Ok(v)
 }
 
 /// Checks a header; returns the kind and body length.
@@ -78,13 +91,13 @@ pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(u16, usize)> {
         });
     }
     let kind = u16::from_be_bytes([h[6], h[7]]);
-    let len = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
-    if len > MAX_BODY {
-        return Err(Error::protocol(format!(
+    let len = u32::from_be_bytes([h[8], h[9], h[10], h[11]]);
+    match usize::try_from(len) {
+        Ok(len) if len <= MAX_BODY => Ok((kind, len)),
+        _ => Err(Error::protocol(format!(
             "body length {len} exceeds the limit {MAX_BODY}"
-        )));
+        ))),
     }
-    Ok((kind, len))
 }
 
 /// A bounds-checked reader over a body.
@@ -130,6 +143,11 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A count or size already checked against its limit (all limits fit a `u16`).
+fn wire_u16(n: usize) -> u16 {
+    u16::try_from(n).unwrap_or(u16::MAX)
+}
+
 impl PeerInfo {
     /// Encodes the hello body.
     pub fn encode_body(&self) -> Result<Vec<u8>> {
@@ -160,16 +178,16 @@ impl PeerInfo {
         v.extend_from_slice(&e.lid.to_be_bytes());
         v.extend_from_slice(&e.gid.0);
         v.extend_from_slice(&e.gid_index.to_be_bytes());
-        v.extend_from_slice(&(e.mtu.bytes() as u16).to_be_bytes());
+        v.extend_from_slice(&wire_u16(e.mtu.bytes() as usize).to_be_bytes());
         v.push(e.port);
         v.push(0);
-        v.extend_from_slice(&(self.regions.len() as u16).to_be_bytes());
+        v.extend_from_slice(&wire_u16(self.regions.len()).to_be_bytes());
         for r in &self.regions {
             v.extend_from_slice(&r.addr.to_be_bytes());
             v.extend_from_slice(&r.len.to_be_bytes());
             v.extend_from_slice(&r.rkey.to_be_bytes());
         }
-        v.extend_from_slice(&(self.app.len() as u16).to_be_bytes());
+        v.extend_from_slice(&wire_u16(self.app.len()).to_be_bytes());
         v.extend_from_slice(&self.app);
         Ok(v)
     }
@@ -264,7 +282,7 @@ mod tests {
         let p = sample();
         let body = p.encode_body().unwrap();
         assert_eq!(PeerInfo::decode_body(&body).unwrap(), p);
-        let f = frame(KIND_HELLO, &body);
+        let f = frame(KIND_HELLO, &body).unwrap();
         let (kind, len) = parse_header(f[..HEADER_LEN].try_into().unwrap()).unwrap();
         assert_eq!((kind, len), (KIND_HELLO, body.len()));
     }
@@ -316,7 +334,7 @@ mod tests {
     #[test]
     fn headers_are_checked() {
         let mut h = [0u8; HEADER_LEN];
-        h.copy_from_slice(&frame(KIND_HELLO, &[])[..HEADER_LEN]);
+        h.copy_from_slice(&frame(KIND_HELLO, &[]).unwrap()[..HEADER_LEN]);
         assert!(parse_header(&h).is_ok());
         let mut bad = h;
         bad[0] = b'X';
@@ -338,6 +356,89 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("exceeds the limit"));
+    }
+
+    fn header_with_len(len: u32) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h.copy_from_slice(&frame(KIND_APP, &[]).unwrap()[..HEADER_LEN]);
+        h[8..12].copy_from_slice(&len.to_be_bytes());
+        h
+    }
+
+    #[test]
+    fn body_lengths_near_the_limits() {
+        let max = MAX_BODY as u32;
+        assert_eq!(
+            parse_header(&header_with_len(max)).unwrap(),
+            (KIND_APP, MAX_BODY)
+        );
+        for len in [max + 1, u32::MAX / 2, u32::MAX - 1, u32::MAX] {
+            let e = parse_header(&header_with_len(len)).unwrap_err();
+            assert!(matches!(e, Error::Protocol { .. }), "{len}: {e}");
+            assert!(e.to_string().contains(&len.to_string()), "{e}");
+        }
+        assert_eq!(
+            frame(KIND_APP, &vec![0; MAX_BODY]).unwrap().len(),
+            HEADER_LEN + MAX_BODY
+        );
+        let e = frame(KIND_APP, &vec![0; MAX_BODY + 1]).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    }
+
+    #[test]
+    fn the_largest_hello_fits_the_body_limit() {
+        let mut p = sample();
+        p.regions = (0..MAX_REGIONS as u64)
+            .map(|i| RemoteRegion::new(i << 20, 4096, i as u32))
+            .collect();
+        p.app = vec![7; MAX_APP];
+        let body = p.encode_body().unwrap();
+        assert!(body.len() <= MAX_BODY, "{} bytes", body.len());
+        assert!(frame(KIND_HELLO, &body).is_ok());
+        assert_eq!(PeerInfo::decode_body(&body).unwrap(), p);
+        p.regions.push(RemoteRegion::new(0, 1, 1));
+        assert!(matches!(
+            p.encode_body(),
+            Err(Error::InvalidArgument { .. })
+        ));
+        p.regions.pop();
+        p.app.push(0);
+        assert!(matches!(
+            p.encode_body(),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+
+    #[test]
+    fn counts_and_lengths_the_body_cannot_back_are_refused() {
+        let good = sample().encode_body().unwrap();
+        // A region count at the limit with one region's bytes present: truncated, not a big
+        // allocation.
+        let mut many = good.clone();
+        many[34..36].copy_from_slice(&(MAX_REGIONS as u16).to_be_bytes());
+        let e = PeerInfo::decode_body(&many).unwrap_err();
+        assert!(e.to_string().contains("truncated"), "{e}");
+        // An application length past the limit, and one at the limit with no bytes behind it.
+        let app_at = good.len() - sample().app.len() - 2;
+        for (len, want) in [
+            (u16::MAX, "exceed the limit"),
+            (MAX_APP as u16, "truncated"),
+        ] {
+            let mut b = good.clone();
+            b[app_at..app_at + 2].copy_from_slice(&len.to_be_bytes());
+            let e = PeerInfo::decode_body(&b).unwrap_err();
+            assert!(e.to_string().contains(want), "{len}: {e}");
+        }
+        // A region ending exactly at the top of the address space is fine; one byte more is not.
+        let mut top = good.clone();
+        top[36..44].copy_from_slice(&(u64::MAX - 16).to_be_bytes());
+        top[44..52].copy_from_slice(&16u64.to_be_bytes());
+        assert_eq!(
+            PeerInfo::decode_body(&top).unwrap().regions[0].addr,
+            u64::MAX - 16
+        );
+        top[44..52].copy_from_slice(&17u64.to_be_bytes());
+        assert!(PeerInfo::decode_body(&top).is_err());
     }
 
     #[test]
