@@ -104,10 +104,10 @@ impl EventChannel {
         let fd = channel.fd();
         // SAFETY: fcntl on the channel's own descriptor.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        // SAFETY: as above.
         let rc = if flags < 0 {
             -1
         } else {
+            // SAFETY: as above.
             unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }
         };
         if rc < 0 {

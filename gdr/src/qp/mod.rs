@@ -129,7 +129,7 @@ impl QueuePair {
                 "a queue pair needs at least one send slot",
             ));
         }
-        let port_num = cfg.port.unwrap_or(1); // MERGE: ctx.port()
+        let port_num = cfg.port.unwrap_or_else(|| ctx.port());
         let port = ctx.query_port(port_num)?;
         let gid = match cfg.gid_index {
             Some(i) => ctx.gid(port_num, i)?,
