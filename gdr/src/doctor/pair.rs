@@ -3,8 +3,9 @@
 
 use super::host::{GpuFacts, HostFacts, Tri};
 use super::nic::NicFacts;
-use super::path::{classify, PathClass, PciPath};
+use super::path::{PathClass, PciPath};
 use super::{Finding, PairReport, Severity, Verdict, VerdictKind};
+use crate::gpu_mr::rules;
 use crate::topology::pcie::{self, Acs};
 use crate::topology::Snapshot;
 
@@ -20,15 +21,16 @@ pub(crate) fn check(
     let mut slow = Vec::new();
     let mut unverified = Vec::new();
 
-    // GPU-side capability.
-    match gpu.cuda.as_ref().and_then(|c| c.gpudirect_rdma_supported) {
-        Some(false) => blocking.push(format!("CUDA reports no GPUDirect RDMA on {}", gpu.bdf)),
-        Some(true) => {}
-        None => unverified.push("CUDA GPUDirect attributes".to_string()),
+    // GPU-side capability, by the rule registration applies.
+    let gpudirect = gpu.cuda.as_ref().and_then(|c| c.gpudirect_rdma_supported);
+    if rules::gpudirect_blocked(gpudirect).is_some() {
+        blocking.push(format!("CUDA reports no GPUDirect RDMA on {}", gpu.bdf));
+    } else if gpudirect.is_none() {
+        unverified.push("CUDA GPUDirect attributes".to_string());
     }
-    // Registration path.
+    // Registration path: peer memory, else dma-buf for this GPU (gpu_mr::choose_path's order).
     if !host.peermem {
-        match host.dmabuf {
+        match gpu.dmabuf {
             Tri::No => blocking.push("no peer-memory module and dma-buf not possible".into()),
             Tri::Unknown => unverified.push("dma-buf readiness (no peer-memory module)".into()),
             Tri::Yes => {}
@@ -38,7 +40,7 @@ pub(crate) fn check(
     let path = nic
         .bdf
         .as_deref()
-        .and_then(|nb| classify(snap, &gpu.bdf, nb));
+        .and_then(|nb| PciPath::between(snap, &gpu.bdf, nb));
     if let (Some(p), Some(nb)) = (&path, nic.bdf.as_deref()) {
         findings.push(path_finding(
             snap,

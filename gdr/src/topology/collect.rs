@@ -47,6 +47,22 @@ pub fn collect(root: &Path) -> crate::Result<Snapshot> {
     collect_with(root, CollectOptions::from_process_env())
 }
 
+/// The host facts the GPUDirect rules need ([`crate::gpu_mr::rules::SystemFacts`]), read below
+/// `root` by the same code that fills a [`Snapshot`] (modules, memory peers, NVIDIA module,
+/// kernel release), so registration and the doctor see the same machine.
+pub(crate) fn system_facts(root: &Path) -> crate::gpu_mr::rules::SystemFacts {
+    let mut c = Collector {
+        root: root.to_path_buf(),
+        errors: Vec::new(),
+    };
+    crate::gpu_mr::rules::SystemFacts {
+        modules: c.modules(),
+        memory_peers: c.list_dir("/sys/kernel/mm/memory_peers"),
+        nvidia_version: c.nvidia().and_then(|n| n.version),
+        kernel_release: c.read_str("/proc/sys/kernel/osrelease"),
+    }
+}
+
 /// [`collect`] with explicit environment and CUDA facts.
 pub fn collect_with(root: &Path, opts: CollectOptions) -> crate::Result<Snapshot> {
     let meta = std::fs::metadata(root)

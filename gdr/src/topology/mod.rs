@@ -13,6 +13,7 @@ mod collect;
 mod cuda;
 pub mod pcie;
 
+pub(crate) use collect::system_facts;
 pub use collect::{collect, collect_with, CollectOptions};
 pub use cuda::query_cuda;
 
@@ -210,7 +211,7 @@ impl NvidiaDriver {
     pub fn is_open_kernel_module(&self) -> Option<bool> {
         self.version
             .as_deref()
-            .map(|v| v.contains("Open Kernel Module"))
+            .map(crate::gpu_mr::rules::is_open_kernel_module)
     }
 
     /// The driver version number, e.g. `580.159.04`.
