@@ -498,107 +498,146 @@ fn peer_memory_probe_reads_the_given_root() {
 }
 
 /// The doctor and registration decide with the same rules: on every combination of kernel
-/// module, kernel, driver, GPU attribute and peer memory, the doctor's dma-buf and peer-memory
-/// findings say what `choose_path` does with a NIC that imports dma-bufs.
+/// module, kernel, driver, GPU attribute, peer memory and NIC probe (none recorded, imports,
+/// does not), the doctor's findings and pair verdict say what `choose_path` does.
 #[test]
 fn doctor_and_registration_agree_on_every_machine() {
     use gdr::doctor::{diagnose, Severity};
-    use gdr::topology::{CudaDevice, CudaInfo, Kernel, MemoryPeer, NvidiaDriver, Snapshot};
+    use gdr::topology::{
+        CudaDevice, CudaInfo, Kernel, MemoryPeer, NvidiaDriver, RdmaDevice, Snapshot,
+    };
     let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04";
     let proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.57.02";
-    let mut cases = 0;
+    let nic_probes = [
+        None,
+        Some(NicDmaBuf::Supported),
+        Some(NicDmaBuf::NoProviderSupport),
+    ];
+    let mut machines = Vec::new();
     for module in [open, proprietary] {
         for kernel in ["5.4.0-42-generic", "6.1.0-27-amd64"] {
             for driver in [11040, 11070, 13000] {
                 for dma_buf_attr in [false, true] {
                     for peer in [None, Some("module"), Some("client")] {
-                        let mut snap = Snapshot::new("combination");
-                        snap.kernel = Kernel {
-                            release: Some(kernel.into()),
-                            cmdline: None,
-                        };
-                        snap.nvidia = Some(NvidiaDriver {
-                            version: Some(module.into()),
-                            ..NvidiaDriver::default()
-                        });
-                        snap.modules = vec!["nvidia".into()];
-                        match peer {
-                            Some("module") => snap.modules.push("nvidia_peermem".into()),
-                            Some(_) => snap.memory_peers.push(MemoryPeer {
-                                name: "nv_mem".into(),
-                                version: Some("1.0".into()),
-                            }),
-                            None => {}
+                        for nic_probe in nic_probes {
+                            machines.push((module, kernel, driver, dma_buf_attr, peer, nic_probe));
                         }
-                        snap.cuda = Some(CudaInfo {
-                            driver_version: Some(driver),
-                            devices: vec![CudaDevice {
-                                ordinal: 0,
-                                name: "NVIDIA H200".into(),
-                                pci_bus_id: "0000:00:06.0".into(),
-                                gpudirect_rdma_supported: Some(true),
-                                dma_buf_supported: Some(dma_buf_attr),
-                                ..CudaDevice::default()
-                            }],
-                            error: None,
-                        });
-                        let report = diagnose(&snap);
-                        let severity = |id: &str| {
-                            report
-                                .findings_with_id(id)
-                                .next()
-                                .unwrap_or_else(|| panic!("no {id} finding"))
-                                .severity
-                        };
-                        let mut gpu = h200();
-                        gpu.dma_buf_supported = dma_buf_attr;
-                        let inputs = PathInputs {
-                            driver_version: driver,
-                            driver_exports_dma_buf: driver >= 11070,
-                            gpu,
-                            system: SystemFacts::from_snapshot(&snap),
-                            nic: "mlx5_0".into(),
-                            nic_dma_buf: NicDmaBuf::Supported,
-                        };
-                        let label = format!(
-                            "{module} / {kernel} / driver {driver} / DMA_BUF_SUPPORTED={dma_buf_attr} / peer {peer:?}"
-                        );
-                        let dma = choose_path(&inputs, RegistrationPath::DmaBuf);
-                        assert_eq!(
-                            dma.is_ok(),
-                            severity("dmabuf.readiness") == Severity::Ok,
-                            "dma-buf: {label}: {dma:?}"
-                        );
-                        let pm = choose_path(&inputs, RegistrationPath::PeerMemory);
-                        assert_eq!(
-                            pm.is_ok(),
-                            severity("peermem.module") == Severity::Ok,
-                            "peer memory: {label}: {pm:?}"
-                        );
-                        let auto = choose_path(&inputs, RegistrationPath::Auto);
-                        assert_eq!(
-                            auto.is_err(),
-                            severity("peermem.module") == Severity::Fail,
-                            "no path at all: {label}: {auto:?}"
-                        );
-                        if let Err(e) = &dma {
-                            // The doctor lists the requirement behind the first reason.
-                            let finding =
-                                report.findings_with_id("dmabuf.readiness").next().unwrap();
-                            let first = inputs.dma_buf_blockers()[0].requirement();
-                            assert!(
-                                finding.message.contains(&first),
-                                "{label}: doctor says {:?}, registration {e}",
-                                finding.message
-                            );
-                        }
-                        cases += 1;
                     }
                 }
             }
         }
     }
-    assert_eq!(cases, 72);
+    assert_eq!(machines.len(), 216);
+    for (module, kernel, driver, dma_buf_attr, peer, nic_probe) in machines {
+        let label = format!(
+            "{module} / {kernel} / driver {driver} / DMA_BUF_SUPPORTED={dma_buf_attr} / \
+             peer {peer:?} / NIC {nic_probe:?}"
+        );
+        let mut snap = Snapshot::new("combination");
+        snap.kernel = Kernel {
+            release: Some(kernel.into()),
+            cmdline: None,
+        };
+        snap.nvidia = Some(NvidiaDriver {
+            version: Some(module.into()),
+            ..NvidiaDriver::default()
+        });
+        snap.modules = vec!["nvidia".into()];
+        match peer {
+            Some("module") => snap.modules.push("nvidia_peermem".into()),
+            Some(_) => snap.memory_peers.push(MemoryPeer {
+                name: "nv_mem".into(),
+                version: Some("1.0".into()),
+            }),
+            None => {}
+        }
+        snap.cuda = Some(CudaInfo {
+            driver_version: Some(driver),
+            devices: vec![CudaDevice {
+                ordinal: 0,
+                name: "NVIDIA H200".into(),
+                pci_bus_id: "0000:00:06.0".into(),
+                gpudirect_rdma_supported: Some(true),
+                dma_buf_supported: Some(dma_buf_attr),
+                ..CudaDevice::default()
+            }],
+            error: None,
+        });
+        snap.rdma = vec![RdmaDevice {
+            name: "mlx5_0".into(),
+            dma_buf: nic_probe,
+            ..RdmaDevice::default()
+        }];
+        let report = diagnose(&snap);
+        let severity = |id: &str| {
+            report
+                .findings_with_id(id)
+                .next()
+                .unwrap_or_else(|| panic!("{label}: no {id} finding"))
+                .severity
+        };
+        let nic_findings: Vec<Severity> = report
+            .findings_with_id("dmabuf.nic")
+            .map(|f| f.severity)
+            .collect();
+        assert_eq!(nic_findings.len(), nic_probe.is_some() as usize, "{label}");
+
+        let mut gpu = h200();
+        gpu.dma_buf_supported = dma_buf_attr;
+        let inputs = PathInputs {
+            driver_version: driver,
+            driver_exports_dma_buf: driver >= 11070,
+            gpu,
+            system: SystemFacts::from_snapshot(&snap),
+            nic: "mlx5_0".into(),
+            // Not probed: the doctor leaves the NIC to registration; compare with one that
+            // imports.
+            nic_dma_buf: nic_probe.unwrap_or(NicDmaBuf::Supported),
+        };
+
+        let dma = choose_path(&inputs, RegistrationPath::DmaBuf);
+        let nic_ok = nic_findings.iter().all(|s| *s == Severity::Ok);
+        assert_eq!(
+            dma.is_ok(),
+            severity("dmabuf.readiness") == Severity::Ok && nic_ok,
+            "dma-buf: {label}: {dma:?}"
+        );
+        let pm = choose_path(&inputs, RegistrationPath::PeerMemory);
+        assert_eq!(
+            pm.is_ok(),
+            severity("peermem.module") == Severity::Ok,
+            "peer memory: {label}: {pm:?}"
+        );
+        let auto = choose_path(&inputs, RegistrationPath::Auto);
+        let nic_fail = nic_findings.contains(&Severity::Fail);
+        assert_eq!(
+            auto.is_err(),
+            severity("peermem.module") == Severity::Fail || nic_fail,
+            "no path at all: {label}: {auto:?}"
+        );
+        // The pair's verdict names a registration blocker exactly when choose_path finds no
+        // path.
+        let pair = &report.pairs[0];
+        let no_path = pair
+            .verdict
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("no peer-memory module and"));
+        assert_eq!(
+            no_path,
+            auto.is_err(),
+            "pair verdict: {label}: {:?}",
+            pair.verdict
+        );
+        if let Err(e) = &dma {
+            // The doctor names the first reason registration gives.
+            let first = &inputs.dma_buf_blockers()[0];
+            let said = report
+                .all_findings()
+                .any(|f| f.message.contains(&first.requirement()) || f.message == first.what());
+            assert!(said, "{label}: the doctor does not say {e}");
+        }
+    }
 }
 
 #[test]
@@ -663,6 +702,22 @@ fn nic_dma_buf_probe_and_gpu_registration_without_cuda() {
     );
     // Cached: a second probe answers the same.
     assert_eq!(gpu_mr::probe_nic_dma_buf(&pd), probe);
+    // The doctor's live collection records the same probe, and diagnoses with it.
+    assert_eq!(gpu_mr::probe_nic_dma_buf_by_name(&dev), Some(probe));
+    let snap = gdr::topology::collect_with(
+        std::path::Path::new("/"),
+        gdr::topology::CollectOptions::live(),
+    )
+    .expect("collect this machine");
+    let recorded = snap.rdma.iter().find(|d| d.name == dev);
+    assert_eq!(
+        recorded.and_then(|d| d.dma_buf),
+        Some(probe),
+        "snapshot: {:?}",
+        snap.rdma
+    );
+    assert!(snap.to_json().contains("\"dma_buf\": \"NoProviderSupport\""));
+    assert_eq!(gpu_mr::probe_nic_dma_buf_by_name("no-such-device"), None);
 
     let heap = vec![0u8; 4096];
     // SAFETY: the call fails before registering anything (no libcuda in the VM), and `heap`

@@ -3,7 +3,7 @@
 
 use super::{Finding, Severity};
 use crate::gpu_mr::rules::{
-    self, DmaBufBlocker, DmaBufFacts, GpuDmaBuf, Readiness, SystemFacts,
+    self, DmaBufBlocker, DmaBufFacts, GpuDmaBuf, NicDmaBuf, Readiness, SystemFacts,
     DMA_BUF_MIN_DRIVER_VERSION, DMA_BUF_MIN_KERNEL, OPEN_MODULE_MIN_DRIVER, RDMA_CORE_MIN_DMA_BUF,
 };
 use crate::topology::{CudaDevice, Limit, Snapshot};
@@ -98,7 +98,7 @@ impl HostFacts {
         let system = SystemFacts::from_snapshot(snap);
         let peermem = system.peer_memory().present();
         for g in &mut gpus {
-            g.dmabuf = dmabuf_readiness(snap, &system, &[&*g]).0;
+            g.dmabuf = dmabuf_readiness(snap, &system, &[&*g], None).0;
         }
         let translated_groups = snap
             .iommu
@@ -119,11 +119,13 @@ impl HostFacts {
 
 /// dma-buf readiness of `gpus` by [`rules::dma_buf_readiness`] (the rule registration applies):
 /// open kernel module, kernel, CUDA driver, DMA_BUF_SUPPORTED. The NIC side is probed at
-/// registration. Returns the answer, the evidence and what is missing.
-fn dmabuf_readiness(
+/// registration unless `nic` gives its probe. Returns the answer, the evidence and what is
+/// missing.
+pub(crate) fn dmabuf_readiness(
     snap: &Snapshot,
     system: &SystemFacts,
     gpus: &[&GpuFacts],
+    nic: Option<(&str, NicDmaBuf)>,
 ) -> (Tri, Vec<String>, Vec<String>) {
     let facts = DmaBufFacts {
         system,
@@ -137,7 +139,7 @@ fn dmabuf_readiness(
                 dma_buf_supported: g.cuda.as_ref().and_then(|c| c.dma_buf_supported),
             })
             .collect(),
-        nic: None,
+        nic,
     };
     let readiness = rules::dma_buf_readiness(&facts);
     let mut evidence = Vec::new();
@@ -371,7 +373,7 @@ fn iommu(snap: &Snapshot, host: &HostFacts) -> Finding {
 fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
     let mut out = Vec::new();
     let all: Vec<&GpuFacts> = host.gpus.iter().collect();
-    let (tri, ev, missing) = dmabuf_readiness(snap, &host.system, &all);
+    let (tri, ev, missing) = dmabuf_readiness(snap, &host.system, &all, None);
     let mut mods: Vec<String> = [
         "nvidia",
         "nvidia_peermem",

@@ -53,7 +53,9 @@ pub mod rules;
 pub use dma_buf::{export_dma_buf, export_dma_buf_at, page_aligned, DmaBufExport};
 pub use flush::{flush_method, FlushMethod, FlushOutcome};
 pub use path::{choose_path, registration_error, PathInputs, RegistrationPath};
-pub use probe::{peer_memory, probe_nic_dma_buf, probe_peer_memory, system_facts};
+pub use probe::{
+    peer_memory, probe_nic_dma_buf, probe_nic_dma_buf_by_name, probe_peer_memory, system_facts,
+};
 pub use range::{check_gpu_range, GpuRange};
 pub use region::GpuMemoryRegion;
 pub use rules::{

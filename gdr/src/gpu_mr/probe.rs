@@ -71,3 +71,22 @@ pub fn probe_nic_dma_buf(pd: &ProtectionDomain) -> NicDmaBuf {
     }
     result
 }
+
+/// [`probe_nic_dma_buf`] on the RDMA device `name` (opened, with a protection domain allocated
+/// for the probe); `None` when it cannot be opened.
+pub fn probe_nic_dma_buf_by_name(name: &str) -> Option<NicDmaBuf> {
+    let ctx = match crate::device::DeviceList::new().and_then(|l| l.open(name)) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            log::debug!("dma-buf probe: cannot open {name}: {e}");
+            return None;
+        }
+    };
+    match ProtectionDomain::new(&ctx) {
+        Ok(pd) => Some(probe_nic_dma_buf(&pd)),
+        Err(e) => {
+            log::debug!("dma-buf probe: no protection domain on {name}: {e}");
+            None
+        }
+    }
+}

@@ -16,6 +16,9 @@ pub struct CollectOptions {
     pub env: BTreeMap<String, String>,
     /// CUDA facts to record; `None` leaves [`Snapshot::cuda`] unknown.
     pub cuda: Option<CudaInfo>,
+    /// Open each RDMA device and probe whether it imports dma-bufs
+    /// ([`RdmaDevice::dma_buf`]); only meaningful for this machine (root `/`).
+    pub probe_nics: bool,
 }
 
 impl CollectOptions {
@@ -25,14 +28,20 @@ impl CollectOptions {
             .iter()
             .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
             .collect();
-        CollectOptions { env, cuda: None }
+        CollectOptions {
+            env,
+            cuda: None,
+            probe_nics: false,
+        }
     }
 
-    /// For this machine: the process's NCCL variables and the CUDA driver's facts
-    /// ([`super::query_cuda`]; its `error` says why when libcuda is absent).
+    /// For this machine: the process's NCCL variables, the CUDA driver's facts
+    /// ([`super::query_cuda`]; its `error` says why when libcuda is absent) and each RDMA
+    /// device's dma-buf probe.
     pub fn live() -> Self {
         CollectOptions {
             cuda: Some(super::query_cuda()),
+            probe_nics: true,
             ..CollectOptions::from_process_env()
         }
     }
@@ -95,6 +104,11 @@ pub fn collect_with(root: &Path, opts: CollectOptions) -> crate::Result<Snapshot
         .collect();
     snap.nvidia = c.nvidia();
     snap.rdma = c.rdma_devices();
+    if opts.probe_nics {
+        for dev in &mut snap.rdma {
+            dev.dma_buf = crate::gpu_mr::probe_nic_dma_buf_by_name(&dev.name);
+        }
+    }
     snap.memlock = c.memlock();
     snap.hypervisor = Hypervisor {
         cpu_flag: c.read_str("/proc/cpuinfo").map(|text| {
@@ -390,6 +404,7 @@ impl Collector {
                 hca_type: self.read_str(&format!("{dir}/hca_type")),
                 board_id: self.read_str(&format!("{dir}/board_id")),
                 ports: Vec::new(),
+                dma_buf: None,
             };
             let mut ports: Vec<u32> = self
                 .list_dir(&format!("{dir}/ports"))
