@@ -716,7 +716,9 @@ fn nic_dma_buf_probe_and_gpu_registration_without_cuda() {
         "snapshot: {:?}",
         snap.rdma
     );
-    assert!(snap.to_json().contains("\"dma_buf\": \"NoProviderSupport\""));
+    assert!(snap
+        .to_json()
+        .contains("\"dma_buf\": \"NoProviderSupport\""));
     assert_eq!(gpu_mr::probe_nic_dma_buf_by_name("no-such-device"), None);
 
     let heap = vec![0u8; 4096];
