@@ -12,16 +12,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gdr::cuda::{self, DeviceBuffer, DeviceInfo, ManagedBuffer, PinnedHostBuffer};
+use gdr::cuda::{self, DeviceBuffer, GpuInfo, ManagedBuffer, PinnedHostBuffer};
 use gdr::gpu_mr::{
     self, choose_path, flush_method, registration_error, FlushMethod, NicDmaBuf, PathInputs,
-    PeerMemory, RegistrationPath,
+    PeerMemory, RegistrationPath, SystemFacts,
 };
 use gdr::Error;
 
 /// The H200 of the GPU test machine, as probed (shared/fixtures/h200-vm-probe.txt).
-fn h200() -> DeviceInfo {
-    DeviceInfo {
+fn h200() -> GpuInfo {
+    GpuInfo {
         ordinal: 0,
         name: "NVIDIA H200".into(),
         pci_bus_id: "0000:00:06.0".into(),
@@ -38,15 +38,30 @@ fn h200() -> DeviceInfo {
     }
 }
 
-/// The H200 machine with a NIC whose dma-buf probe gave `nic`, and peer memory as given.
-fn inputs(nic: NicDmaBuf, peer: Option<&str>) -> PathInputs {
+/// The host facts of the H200 machine (shared/fixtures/h200-vm-probe.txt), with `peer_module`
+/// loaded as well when given.
+fn h200_system(peer_module: Option<&str>) -> SystemFacts {
+    let mut modules = vec!["nvidia".to_string(), "nvidia_uvm".to_string()];
+    modules.extend(peer_module.map(str::to_string));
+    SystemFacts {
+        modules,
+        memory_peers: vec![],
+        nvidia_version: Some(
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  \
+             (nixbld@)"
+                .into(),
+        ),
+        kernel_release: Some("6.18.44-fc-v657-gpu".into()),
+    }
+}
+
+/// The H200 machine with a NIC whose dma-buf probe gave `nic`, and the peer-memory module given.
+fn inputs(nic: NicDmaBuf, peer_module: Option<&str>) -> PathInputs {
     PathInputs {
         driver_version: 13000,
         driver_exports_dma_buf: true,
         gpu: h200(),
-        peer_memory: PeerMemory {
-            found: peer.map(str::to_string),
-        },
+        system: h200_system(peer_module),
         nic: "mlx5_0".into(),
         nic_dma_buf: nic,
     }
@@ -113,7 +128,15 @@ fn check_every_entry_point_unavailable(reason: &str) {
         gpu_mr::check_gpu_range(addr, 4096),
         reason,
     );
-    assert_unavailable("export_dma_buf", gpu_mr::export_dma_buf(addr, 4096), reason);
+    // SAFETY: `heap` outlives both calls (and without a driver nothing is looked up).
+    unsafe {
+        assert_unavailable(
+            "export_dma_buf_at",
+            gpu_mr::export_dma_buf_at(addr, 4096),
+            reason,
+        );
+        assert_unavailable("set_sync_memops_at", cuda::set_sync_memops_at(addr), reason);
+    }
 }
 
 /// What the loader sees decides what every entry point says. Run directly, it checks the real
@@ -224,10 +247,7 @@ fn h200_with_a_dma_buf_nic_takes_dma_buf() {
     let got = choose_path(&inputs(NicDmaBuf::Supported, None), RegistrationPath::Auto).unwrap();
     assert_eq!(got, RegistrationPath::DmaBuf);
     // Forcing either path works when its prerequisites are there.
-    let both = inputs(
-        NicDmaBuf::Supported,
-        Some("/sys/module/nvidia_peermem/version"),
-    );
+    let both = inputs(NicDmaBuf::Supported, Some("nvidia_peermem"));
     assert_eq!(
         choose_path(&both, RegistrationPath::PeerMemory).unwrap(),
         RegistrationPath::PeerMemory
@@ -240,10 +260,7 @@ fn h200_with_a_dma_buf_nic_takes_dma_buf() {
 
 #[test]
 fn nic_without_dma_buf_falls_back_to_peer_memory() {
-    let i = inputs(
-        NicDmaBuf::NoProviderSupport,
-        Some("/sys/module/nvidia_peermem/version"),
-    );
+    let i = inputs(NicDmaBuf::NoProviderSupport, Some("nvidia_peermem"));
     assert_eq!(
         choose_path(&i, RegistrationPath::Auto).unwrap(),
         RegistrationPath::PeerMemory
@@ -264,7 +281,10 @@ fn nic_without_dma_buf_and_no_peer_memory_explains_both() {
     assert!(what.contains("RDMA device mlx5_0 cannot import dma-bufs"));
     assert!(what.contains("EOPNOTSUPP"));
     assert!(what.contains("no peer-memory module is loaded"));
-    assert!(what.contains("/sys/module/nvidia_peermem/version"));
+    assert!(
+        what.contains("no nvidia_peermem or nv_peer_mem in /proc/modules"),
+        "{what}"
+    );
     assert!(hint.starts_with(gpu_mr::HINT_NIC_NO_DMA_BUF), "{hint}");
     assert!(hint.contains("rdma-core/OFED lacks dma-buf"));
     assert!(hint.ends_with(gpu_mr::HINT_PEER_MEMORY), "{hint}");
@@ -273,10 +293,7 @@ fn nic_without_dma_buf_and_no_peer_memory_explains_both() {
 #[test]
 fn forced_dma_buf_on_a_nic_without_it_names_rdma_core() {
     let e = choose_path(
-        &inputs(
-            NicDmaBuf::NoProviderSupport,
-            Some("/sys/module/nvidia_peermem/version"),
-        ),
+        &inputs(NicDmaBuf::NoProviderSupport, Some("nvidia_peermem")),
         RegistrationPath::DmaBuf,
     )
     .unwrap_err();
@@ -329,7 +346,7 @@ fn proprietary_module_maps_to_its_hint() {
         "{hint}"
     );
     // With peer memory, Auto still finds a path.
-    i.peer_memory.found = Some("/sys/kernel/mm/memory_peers/nv_mem/version".into());
+    i.system.memory_peers.push("nv_mem".into());
     assert_eq!(
         choose_path(&i, RegistrationPath::Auto).unwrap(),
         RegistrationPath::PeerMemory
@@ -353,10 +370,7 @@ fn old_driver_cannot_export_dma_bufs() {
 
 #[test]
 fn gpu_without_gpudirect_is_refused_on_every_path() {
-    let mut i = inputs(
-        NicDmaBuf::Supported,
-        Some("/sys/module/nvidia_peermem/version"),
-    );
+    let mut i = inputs(NicDmaBuf::Supported, Some("nvidia_peermem"));
     i.gpu.gpu_direct_rdma_supported = false;
     for p in [
         RegistrationPath::Auto,
@@ -445,18 +459,24 @@ fn registration_errnos_map_to_design_hints() {
 fn peer_memory_probe_reads_the_given_root() {
     let root = std::env::temp_dir().join(format!("gdr-peermem-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(root.join("sys/module/nvidia")).unwrap();
-    assert_eq!(gpu_mr::probe_peer_memory(&root), PeerMemory { found: None });
+    std::fs::create_dir_all(root.join("proc")).unwrap();
     std::fs::create_dir_all(root.join("sys/module/nvidia_peermem")).unwrap();
-    std::fs::write(
-        root.join("sys/module/nvidia_peermem/version"),
-        "580.159.04\n",
-    )
-    .unwrap();
+    let modules = |names: &[&str]| {
+        let text: String = names
+            .iter()
+            .map(|n| format!("{n} 16384 0 - Live 0x0000000000000000\n"))
+            .collect();
+        std::fs::write(root.join("proc/modules"), text).unwrap();
+    };
+    // /proc/modules decides, not a stale /sys/module folder.
+    modules(&["nvidia", "nvidia_uvm"]);
+    assert_eq!(gpu_mr::probe_peer_memory(&root), PeerMemory { found: None });
+    modules(&["nvidia", "nvidia_peermem"]);
     assert_eq!(
         gpu_mr::probe_peer_memory(&root).found.as_deref(),
-        Some("/sys/module/nvidia_peermem/version")
+        Some("kernel module nvidia_peermem")
     );
+    modules(&["nvidia"]);
     std::fs::create_dir_all(root.join("sys/kernel/mm/memory_peers/nv_mem")).unwrap();
     std::fs::write(
         root.join("sys/kernel/mm/memory_peers/nv_mem/version"),
@@ -465,9 +485,159 @@ fn peer_memory_probe_reads_the_given_root() {
     .unwrap();
     assert_eq!(
         gpu_mr::probe_peer_memory(&root).found.as_deref(),
-        Some("/sys/kernel/mm/memory_peers/nv_mem/version")
+        Some("memory peer nv_mem")
+    );
+    // The doctor's collector reads the same tree into the same facts.
+    let snap = gdr::topology::collect(&root).unwrap();
+    assert_eq!(
+        SystemFacts::from_snapshot(&snap),
+        SystemFacts::probe(&root),
+        "registration and the doctor read the same facts"
     );
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The doctor and registration decide with the same rules: on every combination of kernel
+/// module, kernel, driver, GPU attribute, peer memory and NIC probe (none recorded, imports,
+/// does not), the doctor's findings and pair verdict say what `choose_path` does.
+#[test]
+fn doctor_and_registration_agree_on_every_machine() {
+    use gdr::doctor::{diagnose, Severity};
+    use gdr::topology::{
+        CudaDevice, CudaInfo, Kernel, MemoryPeer, NvidiaDriver, RdmaDevice, Snapshot,
+    };
+    let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04";
+    let proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.57.02";
+    let nic_probes = [
+        None,
+        Some(NicDmaBuf::Supported),
+        Some(NicDmaBuf::NoProviderSupport),
+    ];
+    let mut machines = Vec::new();
+    for module in [open, proprietary] {
+        for kernel in ["5.4.0-42-generic", "6.1.0-27-amd64"] {
+            for driver in [11040, 11070, 13000] {
+                for dma_buf_attr in [false, true] {
+                    for peer in [None, Some("module"), Some("client")] {
+                        for nic_probe in nic_probes {
+                            machines.push((module, kernel, driver, dma_buf_attr, peer, nic_probe));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(machines.len(), 216);
+    for (module, kernel, driver, dma_buf_attr, peer, nic_probe) in machines {
+        let label = format!(
+            "{module} / {kernel} / driver {driver} / DMA_BUF_SUPPORTED={dma_buf_attr} / \
+             peer {peer:?} / NIC {nic_probe:?}"
+        );
+        let mut snap = Snapshot::new("combination");
+        snap.kernel = Kernel {
+            release: Some(kernel.into()),
+            cmdline: None,
+        };
+        snap.nvidia = Some(NvidiaDriver {
+            version: Some(module.into()),
+            ..NvidiaDriver::default()
+        });
+        snap.modules = vec!["nvidia".into()];
+        match peer {
+            Some("module") => snap.modules.push("nvidia_peermem".into()),
+            Some(_) => snap.memory_peers.push(MemoryPeer {
+                name: "nv_mem".into(),
+                version: Some("1.0".into()),
+            }),
+            None => {}
+        }
+        snap.cuda = Some(CudaInfo {
+            driver_version: Some(driver),
+            devices: vec![CudaDevice {
+                ordinal: 0,
+                name: "NVIDIA H200".into(),
+                pci_bus_id: "0000:00:06.0".into(),
+                gpudirect_rdma_supported: Some(true),
+                dma_buf_supported: Some(dma_buf_attr),
+                ..CudaDevice::default()
+            }],
+            error: None,
+        });
+        snap.rdma = vec![RdmaDevice {
+            name: "mlx5_0".into(),
+            dma_buf: nic_probe,
+            ..RdmaDevice::default()
+        }];
+        let report = diagnose(&snap);
+        let severity = |id: &str| {
+            report
+                .findings_with_id(id)
+                .next()
+                .unwrap_or_else(|| panic!("{label}: no {id} finding"))
+                .severity
+        };
+        let nic_findings: Vec<Severity> = report
+            .findings_with_id("dmabuf.nic")
+            .map(|f| f.severity)
+            .collect();
+        assert_eq!(nic_findings.len(), nic_probe.is_some() as usize, "{label}");
+
+        let mut gpu = h200();
+        gpu.dma_buf_supported = dma_buf_attr;
+        let inputs = PathInputs {
+            driver_version: driver,
+            driver_exports_dma_buf: driver >= 11070,
+            gpu,
+            system: SystemFacts::from_snapshot(&snap),
+            nic: "mlx5_0".into(),
+            // Not probed: the doctor leaves the NIC to registration; compare with one that
+            // imports.
+            nic_dma_buf: nic_probe.unwrap_or(NicDmaBuf::Supported),
+        };
+
+        let dma = choose_path(&inputs, RegistrationPath::DmaBuf);
+        let nic_ok = nic_findings.iter().all(|s| *s == Severity::Ok);
+        assert_eq!(
+            dma.is_ok(),
+            severity("dmabuf.readiness") == Severity::Ok && nic_ok,
+            "dma-buf: {label}: {dma:?}"
+        );
+        let pm = choose_path(&inputs, RegistrationPath::PeerMemory);
+        assert_eq!(
+            pm.is_ok(),
+            severity("peermem.module") == Severity::Ok,
+            "peer memory: {label}: {pm:?}"
+        );
+        let auto = choose_path(&inputs, RegistrationPath::Auto);
+        let nic_fail = nic_findings.contains(&Severity::Fail);
+        assert_eq!(
+            auto.is_err(),
+            severity("peermem.module") == Severity::Fail || nic_fail,
+            "no path at all: {label}: {auto:?}"
+        );
+        // The pair's verdict names a registration blocker exactly when choose_path finds no
+        // path.
+        let pair = &report.pairs[0];
+        let no_path = pair
+            .verdict
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("no peer-memory module and"));
+        assert_eq!(
+            no_path,
+            auto.is_err(),
+            "pair verdict: {label}: {:?}",
+            pair.verdict
+        );
+        if let Err(e) = &dma {
+            // The doctor names the first reason registration gives.
+            let first = &inputs.dma_buf_blockers()[0];
+            let said = report
+                .all_findings()
+                .any(|f| f.message.contains(&first.requirement()) || f.message == first.what());
+            assert!(said, "{label}: the doctor does not say {e}");
+        }
+    }
 }
 
 #[test]
@@ -485,17 +655,25 @@ fn flush_follows_writes_ordering() {
 #[test]
 fn page_alignment_for_dma_buf_export() {
     assert_eq!(
-        gpu_mr::page_aligned(0x7f00_0000_1000, 8192, 4096),
+        gpu_mr::page_aligned(0x7f00_0000_1000, 8192, 4096).unwrap(),
         (0x7f00_0000_1000, 8192, 0)
     );
     assert_eq!(
-        gpu_mr::page_aligned(0x7f00_0000_1234, 100, 4096),
+        gpu_mr::page_aligned(0x7f00_0000_1234, 100, 4096).unwrap(),
         (0x7f00_0000_1000, 4096, 0x234)
     );
     assert_eq!(
-        gpu_mr::page_aligned(0x7f00_0000_1ff0, 0x20, 4096),
+        gpu_mr::page_aligned(0x7f00_0000_1ff0, 0x20, 4096).unwrap(),
         (0x7f00_0000_1000, 8192, 0xff0)
     );
+    // Finding 5: the end past u64::MAX is a typed error, not an overflow.
+    let e = gpu_mr::page_aligned(u64::MAX - 10, 100, 4096).unwrap_err();
+    println!("page_aligned(u64::MAX - 10, 100): {e}");
+    assert!(matches!(e, Error::OutOfBounds { offset, len: 100, .. } if offset == u64::MAX - 10));
+    assert!(matches!(
+        gpu_mr::page_aligned(0x1000, 1, 0),
+        Err(Error::InvalidArgument { .. })
+    ));
 }
 
 #[test]
@@ -503,7 +681,7 @@ fn device_info_round_trips_through_json() {
     let g = h200();
     let s = serde_json::to_string(&g).unwrap();
     assert!(s.contains("\"pci_bus_id\":\"0000:00:06.0\""));
-    assert_eq!(serde_json::from_str::<DeviceInfo>(&s).unwrap(), g);
+    assert_eq!(serde_json::from_str::<GpuInfo>(&s).unwrap(), g);
 }
 
 /// Soft-RoCE tier: rxe imports no dma-bufs, and without libcuda a GPU registration stops with
@@ -524,6 +702,24 @@ fn nic_dma_buf_probe_and_gpu_registration_without_cuda() {
     );
     // Cached: a second probe answers the same.
     assert_eq!(gpu_mr::probe_nic_dma_buf(&pd), probe);
+    // The doctor's live collection records the same probe, and diagnoses with it.
+    assert_eq!(gpu_mr::probe_nic_dma_buf_by_name(&dev), Some(probe));
+    let snap = gdr::topology::collect_with(
+        std::path::Path::new("/"),
+        gdr::topology::CollectOptions::live(),
+    )
+    .expect("collect this machine");
+    let recorded = snap.rdma.iter().find(|d| d.name == dev);
+    assert_eq!(
+        recorded.and_then(|d| d.dma_buf),
+        Some(probe),
+        "snapshot: {:?}",
+        snap.rdma
+    );
+    assert!(snap
+        .to_json()
+        .contains("\"dma_buf\": \"NoProviderSupport\""));
+    assert_eq!(gpu_mr::probe_nic_dma_buf_by_name("no-such-device"), None);
 
     let heap = vec![0u8; 4096];
     // SAFETY: the call fails before registering anything (no libcuda in the VM), and `heap`

@@ -67,6 +67,36 @@ fn garbage_config_hex_does_not_panic_the_diagnosis() {
     assert!(r.to_table(false).contains("NCCL_NET_GDR_LEVEL=7"));
 }
 
+/// A snapshot is input (`gdr doctor --snapshot FILE`): a forged configuration-space length, a
+/// GPU and a NIC at the same address, and a GPU whose sysfs path stops at the root complex must
+/// give "unknown" findings, not an allocation without bound or an index panic.
+#[test]
+fn hostile_snapshot_lengths_and_paths_do_not_panic_or_abort() {
+    let text = r#"{"format":1,
+      "pci":[{"bdf":"0000:01:00.0","path":"/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0",
+              "class":197120,"vendor":4318,"device":1,"numa_node":0,
+              "config":{"len":18446744073709551615,"hex":"00"}},
+             {"bdf":"0000:00:01.0","path":"/sys/devices/pci0000:00/0000:00:01.0",
+              "class":394240,"vendor":1,"device":1,"numa_node":0,
+              "config":{"len":1000000000000,"hex":"ffff"}},
+             {"bdf":"0000:09:00.0","path":"/sys/devices/pci0000:00",
+              "class":197120,"vendor":4318,"device":2,"numa_node":0}],
+      "rdma":[{"name":"mlx5_0","pci_bdf":"0000:01:00.0","ports":[]},
+              {"name":"mlx5_1","pci_bdf":"0000:00:01.0","ports":[]}]}"#;
+    let s = Snapshot::from_json(text, "hostile.json").unwrap();
+    assert_eq!(s.pci[0].config_bytes(), None, "forged length refused");
+    let r = gdr::doctor::diagnose(&s);
+    assert_eq!(r.pairs.len(), 4, "{:#?}", r.pairs);
+    for p in &r.pairs {
+        assert_eq!(
+            p.path, None,
+            "{} <-> {}: no path class from a forged tree",
+            p.gpu, p.nic
+        );
+    }
+    assert!(!r.to_table(false).is_empty());
+}
+
 #[test]
 fn collect_records_unreadable_files_and_reads_the_rest() {
     let root = scratch("unreadable");

@@ -211,6 +211,7 @@ fn rdma(name: &str, bdf: &str, hca: &str, fw: &str, port: RdmaPort) -> RdmaDevic
         hca_type: Some(hca.into()),
         board_id: None,
         ports: vec![port],
+        dma_buf: None,
     }
 }
 

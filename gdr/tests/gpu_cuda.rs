@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use gdr::cuda::{
-    self, ContextGuard, DeviceBuffer, DeviceInfo, ManagedBuffer, MemoryKind, PinnedHostBuffer,
+    self, ContextGuard, DeviceBuffer, GpuInfo, ManagedBuffer, PinnedHostBuffer, PointerType,
 };
 use gdr::gpu_mr::{self, NicDmaBuf, PathInputs, RegistrationPath};
 use gdr::Error;
@@ -15,7 +15,7 @@ use gdr::Error;
 const MIB: usize = 1 << 20;
 
 /// GPU 0, or a panic that says why there is none.
-fn gpu() -> DeviceInfo {
+fn gpu() -> GpuInfo {
     let devices = cuda::devices().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
     assert!(
         !devices.is_empty(),
@@ -86,7 +86,7 @@ fn gpu_classify_cumemalloc_and_subranges() {
     let p = buf.device_ptr();
     let info = cuda::classify(p).unwrap();
     println!("cuMemAlloc: {info:?}");
-    assert_eq!(info.kind, MemoryKind::Device);
+    assert_eq!(info.kind, PointerType::Device);
     assert_eq!(info.ordinal, Some(0));
     assert_ne!(info.context, 0, "cuMemAlloc memory belongs to a context");
     assert_eq!(info.allocation_base, Some(p));
@@ -96,7 +96,7 @@ fn gpu_classify_cumemalloc_and_subranges() {
         Some(true),
         "cuMemAlloc memory is GPUDirect capable"
     );
-    cuda::set_sync_memops(p).unwrap();
+    cuda::set_sync_memops(&buf).unwrap();
     assert_eq!(
         cuda::classify(p).unwrap().sync_memops,
         Some(true),
@@ -109,13 +109,12 @@ fn gpu_classify_cumemalloc_and_subranges() {
     // A heap allocation on purpose (not an array on the stack): CUDA must call it pageable host memory.
     #[allow(clippy::useless_vec)]
     let heap = vec![0u8; 64];
-    assert!(matches!(
-        cuda::set_sync_memops(heap.as_ptr() as u64),
-        Err(Error::InvalidArgument { .. })
-    ));
+    // SAFETY: `heap` lives until the end of this test.
+    let r = unsafe { cuda::set_sync_memops_at(heap.as_ptr() as u64) };
+    assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{r:?}");
 
     let inner = cuda::classify(p + 4096 + 17).unwrap();
-    assert_eq!(inner.kind, MemoryKind::Device);
+    assert_eq!(inner.kind, PointerType::Device);
     assert_eq!(inner.allocation_base, Some(p));
     assert_eq!(inner.offset_in_allocation(), Some(4096 + 17));
 
@@ -155,7 +154,7 @@ fn gpu_classify_pinned_host_memory() {
     assert_eq!(&host.as_slice()[..4], b"gdr!");
     let info = cuda::classify(host.as_ptr() as u64).unwrap();
     println!("cuMemAllocHost: {info:?}");
-    assert_eq!(info.kind, MemoryKind::HostPinned);
+    assert_eq!(info.kind, PointerType::HostPinned);
     assert_eq!(info.ordinal, Some(0));
     let e = gpu_mr::check_gpu_range(host.as_ptr() as u64, 4096).unwrap_err();
     println!("pinned host memory as GPU memory: {e}");
@@ -170,12 +169,14 @@ fn gpu_classify_managed_memory_and_refuse_it() {
     let m = ManagedBuffer::alloc(0, 2 * MIB).unwrap();
     let info = cuda::classify(m.device_ptr()).unwrap();
     println!("cuMemAllocManaged: {info:?}");
-    assert_eq!(info.kind, MemoryKind::Managed);
+    assert_eq!(info.kind, PointerType::Managed);
     let e = gpu_mr::check_gpu_range(m.device_ptr(), 4096).unwrap_err();
     println!("managed memory: {e}");
     assert!(matches!(e, Error::Unsupported { .. }));
     assert_eq!(e.hint(), Some(gpu_mr::HINT_MANAGED));
-    assert!(gpu_mr::export_dma_buf(m.device_ptr(), 4096).is_err());
+    assert!(gpu_mr::export_dma_buf(&m, ..4096).is_err());
+    // Managed memory takes SYNC_MEMOPS through its owner too.
+    cuda::set_sync_memops(&m).unwrap();
 }
 
 #[test]
@@ -189,7 +190,7 @@ fn gpu_classify_pool_allocation_uses_the_primary_context() {
         assert!(ContextGuard::current().unwrap().is_null());
         let info = cuda::classify(buf.device_ptr()).unwrap();
         println!("cuMemAllocAsync: {info:?}");
-        assert_eq!(info.kind, MemoryKind::Device);
+        assert_eq!(info.kind, PointerType::Device);
         assert_eq!(info.ordinal, Some(0));
         assert!(info.allocation_base.is_some());
         assert!(
@@ -232,7 +233,7 @@ fn gpu_classify_heap_and_made_up_addresses() {
     let heap = vec![7u8; 1 << 16];
     let info = cuda::classify(heap.as_ptr() as u64).unwrap();
     println!("heap Vec: {info:?}");
-    assert_eq!(info.kind, MemoryKind::PageableHost);
+    assert_eq!(info.kind, PointerType::PageableHost);
     assert_eq!(info.ordinal, None);
     let e = gpu_mr::check_gpu_range(heap.as_ptr() as u64, heap.len()).unwrap_err();
     println!("host pointer as GPU memory: {e}");
@@ -242,7 +243,7 @@ fn gpu_classify_heap_and_made_up_addresses() {
     for addr in [0x10u64, 0x0000_7eee_dead_0000] {
         let info = cuda::classify(addr).unwrap();
         println!("made-up {addr:#x}: {info:?}");
-        assert_eq!(info.kind, MemoryKind::Unknown);
+        assert_eq!(info.kind, PointerType::Unknown);
         let e = gpu_mr::check_gpu_range(addr, 64).unwrap_err();
         println!("made-up address as GPU memory: {e}");
         assert!(matches!(e, Error::InvalidArgument { .. }));
@@ -260,7 +261,7 @@ fn gpu_own_context_is_used_with_none_current() {
         // Range query and dma-buf export need a context; the pointer's own one is used.
         let info = cuda::classify(b.device_ptr() + 100).unwrap();
         assert_eq!(info.allocation_base, Some(b.device_ptr()));
-        let export = gpu_mr::export_dma_buf(b.device_ptr(), 64 * 1024).unwrap();
+        let export = gpu_mr::export_dma_buf(&b, ..64 * 1024).unwrap();
         assert!(std::os::fd::AsRawFd::as_raw_fd(&export.fd) >= 0);
         assert!(
             ContextGuard::current().unwrap().is_null(),
@@ -288,14 +289,14 @@ fn gpu_dma_buf_export_aligned_and_unaligned() {
     let page = 4096u64;
     assert_eq!(p % page, 0, "cuMemAlloc returns page-aligned memory");
 
-    let a = gpu_mr::export_dma_buf(p, 64 * 1024).unwrap();
+    let a = gpu_mr::export_dma_buf(&buf, ..64 * 1024).unwrap();
     println!("aligned export: {a:?} -> {}", fd_target(&a.fd));
     assert_eq!(a.aligned_start, p);
     assert_eq!(a.aligned_len, 64 * 1024);
     assert_eq!(a.offset, 0);
     assert!(fd_target(&a.fd).contains("dmabuf"), "{}", fd_target(&a.fd));
 
-    let u = gpu_mr::export_dma_buf(p + 100, 1000).unwrap();
+    let u = gpu_mr::export_dma_buf(&buf, 100..1100).unwrap();
     println!("unaligned export: {u:?} -> {}", fd_target(&u.fd));
     assert_eq!(u.aligned_start, p);
     assert_eq!(u.aligned_len, page);
@@ -303,7 +304,7 @@ fn gpu_dma_buf_export_aligned_and_unaligned() {
     assert!(fd_target(&u.fd).contains("dmabuf"));
 
     // A range crossing a page boundary spans two pages.
-    let c = gpu_mr::export_dma_buf(p + page - 8, 16).unwrap();
+    let c = gpu_mr::export_dma_buf(&buf, (page - 8) as usize..(page + 8) as usize).unwrap();
     assert_eq!(
         (c.aligned_start, c.aligned_len, c.offset),
         (p, 2 * page, page - 8)
@@ -312,6 +313,19 @@ fn gpu_dma_buf_export_aligned_and_unaligned() {
         std::os::fd::AsRawFd::as_raw_fd(&a.fd),
         std::os::fd::AsRawFd::as_raw_fd(&u.fd)
     );
+    // The whole buffer, and ranges outside it (checked against the owner, before the driver).
+    let whole = gpu_mr::export_dma_buf(&buf, ..).unwrap();
+    assert_eq!((whole.aligned_len, whole.offset), (2 * MIB as u64, 0));
+    for bad in [
+        gpu_mr::export_dma_buf(&buf, 2 * MIB - 1..2 * MIB + 1),
+        gpu_mr::export_dma_buf(&buf, usize::MAX - 1..usize::MAX),
+    ] {
+        assert!(matches!(bad, Err(Error::OutOfBounds { .. })), "{bad:?}");
+    }
+    // The raw form with a caller-kept allocation works the same.
+    // SAFETY: `buf` lives until the end of this test.
+    let raw = unsafe { gpu_mr::export_dma_buf_at(p + 100, 1000) }.unwrap();
+    assert_eq!((raw.aligned_start, raw.offset), (p, 100));
 }
 
 #[test]
@@ -348,8 +362,11 @@ fn gpu_registration_without_rdma_device() {
     // The checks before any verbs call pass for real device memory.
     let range = gpu_mr::check_gpu_range(buf.device_ptr(), 2 * MIB).unwrap();
     assert_eq!(range.gpu, g);
+    let system = gpu_mr::system_facts();
+    println!("host facts of this machine: {system:?}");
     let peer = gpu_mr::peer_memory();
     println!("peer memory on this machine: {peer:?}");
+    assert_eq!(*peer, system.peer_memory());
     println!(
         "flush for RDMA writes: {:?}",
         gpu_mr::flush_method(&g, true)
@@ -371,7 +388,7 @@ fn gpu_registration_without_rdma_device() {
             driver_version: cuda::driver_version().unwrap(),
             driver_exports_dma_buf: true,
             gpu: g.clone(),
-            peer_memory: peer.clone(),
+            system: system.clone(),
             nic: "mlx5_0".into(),
             nic_dma_buf: NicDmaBuf::NoProviderSupport,
         };
@@ -422,4 +439,158 @@ fn gpu_registration_without_rdma_device() {
             }
         }
     }
+}
+
+/// Finding 6: guards for two contexts dropped in either order leave a correct context current
+/// (the newer guard's while it lives, then the one from before the first), never one that an
+/// older guard already released.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_context_guards_dropped_out_of_order() {
+    use gdr_sys::cuda as sys;
+    gpu();
+    std::thread::spawn(|| {
+        // A second context on the same GPU stands in for a second GPU's.
+        let mut dev: sys::CUdevice = 0;
+        let mut other: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: the driver is initialised (gpu() listed the devices); valid out-pointers.
+        // cuCtxCreate makes the new context current; it is unset right away.
+        unsafe {
+            assert_eq!(sys::cuDeviceGet(&mut dev, 0), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(
+                sys::cuCtxCreate_v2(&mut other, 0, dev),
+                sys::CUresult::CUDA_SUCCESS
+            );
+            assert_eq!(
+                sys::cuCtxSetCurrent(std::ptr::null_mut()),
+                sys::CUresult::CUDA_SUCCESS
+            );
+        }
+        let now = || ContextGuard::current().unwrap();
+        assert!(now().is_null());
+
+        // A (primary) then B; A dropped first.
+        let a = ContextGuard::primary(0).unwrap();
+        let a_ctx = a.as_raw();
+        // SAFETY: `other` is destroyed only at the end of this closure, after every guard.
+        let b = unsafe { ContextGuard::from_raw(other) }.unwrap();
+        assert_eq!(now(), other);
+        drop(a);
+        assert_eq!(now(), other, "B's guard lives: B stays current");
+        drop(b);
+        assert!(
+            now().is_null(),
+            "back to none, not to A's released primary context {a_ctx:p}"
+        );
+
+        // B then A; B dropped first.
+        // SAFETY: as above.
+        let b = unsafe { ContextGuard::from_raw(other) }.unwrap();
+        let a = ContextGuard::primary(0).unwrap();
+        drop(b);
+        assert_eq!(now(), a.as_raw(), "A's guard lives: A stays current");
+        drop(a);
+        assert!(now().is_null(), "back to none, not to B");
+
+        // Three guards, the middle one first, then in order.
+        let outer = ContextGuard::primary(0).unwrap();
+        // SAFETY: as above.
+        let middle = unsafe { ContextGuard::from_raw(other) }.unwrap();
+        let inner = ContextGuard::primary(0).unwrap();
+        drop(middle);
+        assert_eq!(now(), inner.as_raw());
+        drop(inner);
+        assert_eq!(now(), outer.as_raw(), "the older live guard's context");
+        drop(outer);
+        assert!(now().is_null());
+
+        // Nested in order still restores each previous context.
+        {
+            // SAFETY: as above.
+            let b = unsafe { ContextGuard::from_raw(other) }.unwrap();
+            {
+                let a = ContextGuard::primary(0).unwrap();
+                assert_eq!(a.previous(), other);
+            }
+            assert_eq!(now(), b.as_raw());
+        }
+        assert!(now().is_null());
+        // SAFETY: no guard refers to `other` any more.
+        assert_eq!(
+            unsafe { sys::cuCtxDestroy_v2(other) },
+            sys::CUresult::CUDA_SUCCESS
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+/// Finding 6: `classify` and `check_gpu_range` are safe on an address another thread frees and
+/// reallocates meanwhile (no context reported for it is ever made current), and range checks
+/// cannot overflow.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_classify_races_with_free_and_never_overflows() {
+    gpu();
+    // Keeps the primary context retained, so the churn below does not recreate it each time.
+    let buf = DeviceBuffer::alloc(0, 2 * MIB).unwrap();
+    let first = DeviceBuffer::alloc(0, MIB).unwrap();
+    let address = first.device_ptr();
+    drop(first);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 2000 {
+                // Often lands on the same address again.
+                let b = DeviceBuffer::alloc(0, MIB).unwrap();
+                drop(b);
+                n += 1;
+            }
+            n
+        })
+    };
+    let (mut device, mut unknown, mut raced) = (0u32, 0u32, 0u32);
+    for _ in 0..2000 {
+        // Freed between two driver queries, the answer is a typed driver error; never a crash.
+        match cuda::classify(address) {
+            Ok(info) => match info.kind {
+                PointerType::Device => device += 1,
+                // A freed device address may lie in CUDA's reserved virtual range, which
+                // /proc/self/maps lists: then it reads as pageable host memory.
+                PointerType::Unknown | PointerType::PageableHost => unknown += 1,
+                other => panic!("a device address classified as {other}"),
+            },
+            Err(Error::Cuda { .. }) => raced += 1,
+            Err(e) => panic!("unexpected: {e:?}"),
+        }
+        match gpu_mr::check_gpu_range(address, 4096) {
+            Ok(r) => assert_eq!(r.address, address),
+            Err(Error::InvalidArgument { .. } | Error::Cuda { .. }) => {}
+            Err(e) => panic!("unexpected: {e:?}"),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let allocations = churn.join().unwrap();
+    println!(
+        "classify during {allocations} alloc/free cycles: {device} device, {unknown} not device, \
+         {raced} freed between two queries"
+    );
+    assert_eq!(device + unknown + raced, 2000);
+
+    let p = buf.device_ptr();
+    for (addr, len) in [
+        (p, usize::MAX),
+        (p + 4096, usize::MAX - 4095),
+        (p + 10, 2 * MIB),
+    ] {
+        let e = gpu_mr::check_gpu_range(addr, len).unwrap_err();
+        assert!(
+            matches!(e, Error::OutOfBounds { .. }),
+            "{addr:#x}+{len}: {e:?}"
+        );
+    }
+    let info = cuda::classify(p + 100).unwrap();
+    assert_eq!(info.bytes_to_end(), info.allocation_len.map(|l| l - 100));
 }

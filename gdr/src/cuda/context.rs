@@ -74,8 +74,57 @@ impl Drop for PrimaryContext {
     }
 }
 
-/// Makes a CUDA context current on this thread and restores the previously current one (possibly
-/// none) when dropped.
+/// The guards alive on one thread, oldest first, and the context that was current before the
+/// oldest of them. Dropping any guard removes its entry; the context current afterwards is that
+/// of the newest remaining guard, or the base when none remains. So the drop order does not
+/// matter, and a guard never restores a context that an older guard already released.
+#[derive(Debug, Default)]
+pub(crate) struct ContextStack {
+    base: usize,
+    entries: Vec<(u64, usize)>,
+    next_id: u64,
+}
+
+impl ContextStack {
+    /// Records a new guard for `ctx`; `current` is the context current right now (used as the
+    /// base when no guard is alive). Returns the guard's id.
+    pub(crate) fn push(&mut self, ctx: usize, current: usize) -> u64 {
+        if self.entries.is_empty() {
+            self.base = current;
+        }
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        self.entries.push((id, ctx));
+        id
+    }
+
+    /// Forgets the guard `id`. Returns the context to make current when it was the newest guard
+    /// (the next newest one's, or the base), `None` when a newer guard stays current (or the id
+    /// is unknown).
+    pub(crate) fn remove(&mut self, id: u64) -> Option<usize> {
+        let pos = self.entries.iter().position(|(i, _)| *i == id)?;
+        self.entries.remove(pos);
+        if pos != self.entries.len() {
+            return None;
+        }
+        Some(self.entries.last().map_or(self.base, |(_, c)| *c))
+    }
+
+    /// The number of live guards.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+thread_local! {
+    static STACK: std::cell::RefCell<ContextStack> = std::cell::RefCell::new(ContextStack::default());
+}
+
+/// Makes a CUDA context current on this thread and restores a correct one when dropped: the
+/// context of the newest guard still alive on this thread, or the context that was current
+/// before the first of them (possibly none). Guards may be dropped in any order: dropping an
+/// older guard while a newer one lives leaves the newer one's context current.
 ///
 /// CUDA keeps the current context per thread, so the guard is neither `Send` nor `Sync`: it must
 /// be dropped on the thread that created it.
@@ -89,6 +138,7 @@ impl Drop for PrimaryContext {
 /// ```
 #[derive(Debug)]
 pub struct ContextGuard {
+    id: u64,
     previous: sys::CUcontext,
     current: sys::CUcontext,
     primary: Option<PrimaryContext>,
@@ -113,7 +163,8 @@ impl ContextGuard {
     ///
     /// # Safety
     /// `ctx` must be a valid context (from `cuPointerGetAttributes(CONTEXT)` of a live allocation,
-    /// `cuCtxCreate`, ...) that is not destroyed while the guard lives.
+    /// `cuCtxCreate`, ...) that is not destroyed while the guard lives (a guard given to
+    /// `mem::forget` lives for the rest of the thread: newer guards may restore its context).
     pub unsafe fn from_raw(ctx: sys::CUcontext) -> Result<Self> {
         init()?;
         // SAFETY: forwarded to the caller's contract.
@@ -132,7 +183,11 @@ impl ContextGuard {
             let rc = unsafe { sys::cuCtxSetCurrent(ctx) };
             check(rc, "cuCtxSetCurrent", || format!("ctx={ctx:p}"), no_hint)?;
         }
+        let id = STACK
+            .try_with(|s| s.borrow_mut().push(ctx as usize, previous as usize))
+            .unwrap_or(u64::MAX);
         Ok(ContextGuard {
+            id,
             previous,
             current: ctx,
             primary,
@@ -145,7 +200,9 @@ impl ContextGuard {
         self.current
     }
 
-    /// The context that was current before (null if none); it is restored on drop.
+    /// The context that was current when the guard was made (null if none). Dropping the guard
+    /// restores it when this guard is the only one alive on the thread, or the newest one and
+    /// the older ones are still alive.
     pub fn previous(&self) -> sys::CUcontext {
         self.previous
     }
@@ -171,17 +228,74 @@ impl ContextGuard {
 
 impl Drop for ContextGuard {
     fn drop(&mut self) {
-        if self.previous != self.current {
-            // SAFETY: `previous` was current when the guard was made (or null, which unsets the
-            // current context); restoring it is what the caller expects.
-            let rc = unsafe { sys::cuCtxSetCurrent(self.previous) };
-            if rc != sys::CUresult::CUDA_SUCCESS {
-                log::warn!(
-                    "cuCtxSetCurrent(previous={:p}) failed while restoring: {rc:?}",
-                    self.previous
-                );
+        // Which context must be current once this guard is gone: the newest remaining guard's,
+        // or the base; nothing changes when a newer guard is still alive. Every context in the
+        // stack belongs to a live guard, so it is still valid (retained, or by the contract of
+        // `from_raw`). Without the thread-local (thread exit), restore what was current before.
+        let target = STACK
+            .try_with(|s| s.borrow_mut().remove(self.id))
+            .unwrap_or(Some(self.previous as usize));
+        if let Some(target) = target {
+            let target = target as sys::CUcontext;
+            let mut now: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: initialised driver (the guard exists); valid out-pointer.
+            let rc = unsafe { sys::cuCtxGetCurrent(&mut now) };
+            if rc != sys::CUresult::CUDA_SUCCESS || now != target {
+                // SAFETY: `target` is null (unsets the current context), the base that was
+                // current before the first live guard, or the context of a live guard.
+                let rc = unsafe { sys::cuCtxSetCurrent(target) };
+                if rc != sys::CUresult::CUDA_SUCCESS {
+                    log::warn!("cuCtxSetCurrent({target:p}) failed while restoring: {rc:?}");
+                }
             }
         }
-        // `primary` (if any) is released after the previous context is back.
+        // `primary` (if any) is released after the right context is current.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ContextStack;
+
+    #[test]
+    fn nested_guards_restore_in_order() {
+        let mut s = ContextStack::default();
+        let a = s.push(0xa, 0);
+        let b = s.push(0xb, 0xa);
+        assert_eq!(s.remove(b), Some(0xa));
+        assert_eq!(s.remove(a), Some(0));
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn out_of_order_drops_never_restore_a_released_context() {
+        // GPU A's guard, then GPU B's; A's dropped first (its primary context is released).
+        let mut s = ContextStack::default();
+        let a = s.push(0xa, 0);
+        let b = s.push(0xb, 0xa);
+        assert_eq!(s.remove(a), None, "B stays current");
+        assert_eq!(s.remove(b), Some(0), "back to none, not to the released A");
+        // Three guards, the middle one first.
+        let a = s.push(0xa, 0x5);
+        let b = s.push(0xb, 0xa);
+        let c = s.push(0xc, 0xb);
+        assert_eq!(s.remove(b), None);
+        assert_eq!(s.remove(c), Some(0xa));
+        assert_eq!(
+            s.remove(a),
+            Some(0x5),
+            "the base from before the first guard"
+        );
+        assert_eq!(s.remove(a), None, "a second removal does nothing");
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn the_base_is_taken_when_the_stack_is_empty() {
+        let mut s = ContextStack::default();
+        let a = s.push(0xa, 0x1);
+        assert_eq!(s.remove(a), Some(0x1));
+        let b = s.push(0xb, 0x2);
+        assert_eq!(s.remove(b), Some(0x2));
     }
 }

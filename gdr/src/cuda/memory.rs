@@ -41,6 +41,71 @@ fn check_range(what: &'static str, offset: usize, len: usize, limit: usize) -> R
     }
 }
 
+/// CUDA memory that a value keeps allocated for as long as it is borrowed.
+///
+/// Safe functions that hand an address to the driver and need the allocation to exist during the
+/// call ([`super::set_sync_memops`], [`crate::gpu_mr::export_dma_buf`]) take a borrowed owner
+/// through this trait instead of a bare address, so no other thread can free the memory (and
+/// destroy its context) in the middle of the call.
+///
+/// # Safety
+/// An implementation must guarantee that `device_ptr()..device_ptr() + len()` lies inside one
+/// live CUDA allocation made by the CUDA driver (`cuMemAlloc`, `cuMemAllocAsync`,
+/// `cuMemAllocManaged`, `cuMemCreate` + map) for as long as `&self` is borrowed: not freed, not
+/// returned to a caching allocator, and its context not destroyed.
+pub unsafe trait DeviceMemory {
+    /// The device virtual address of byte 0.
+    fn device_ptr(&self) -> u64;
+    /// The length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the memory has no bytes (never, for gdr's own buffers).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// SAFETY: a DeviceBuffer frees its allocation only in Drop, which cannot run while it is
+// borrowed; its PrimaryContext keeps the context retained.
+unsafe impl DeviceMemory for DeviceBuffer {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: as for DeviceBuffer: freed only in Drop, context retained by the buffer.
+unsafe impl DeviceMemory for ManagedBuffer {
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+// SAFETY: borrowing the Arc borrows a strong reference, so the inner value (and its allocation)
+// lives at least as long as the borrow.
+unsafe impl<T: DeviceMemory + ?Sized> DeviceMemory for std::sync::Arc<T> {
+    fn device_ptr(&self) -> u64 {
+        (**self).device_ptr()
+    }
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+}
+
+// SAFETY: a shared borrow of an owner keeps the owner borrowed.
+unsafe impl<T: DeviceMemory + ?Sized> DeviceMemory for &T {
+    fn device_ptr(&self) -> u64 {
+        (**self).device_ptr()
+    }
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+}
+
 #[derive(Debug)]
 enum Origin {
     /// `cuMemAlloc`.

@@ -26,7 +26,8 @@
 //! let buf = gdr::cuda::DeviceBuffer::alloc(0, 1 << 20)?;
 //! buf.copy_from_host(0, &[1, 2, 3])?;
 //! let info = gdr::cuda::classify(buf.device_ptr())?;
-//! assert_eq!(info.kind, gdr::cuda::MemoryKind::Device);
+//! assert_eq!(info.kind, gdr::cuda::PointerType::Device);
+//! gdr::cuda::set_sync_memops(&buf)?; // takes the owner: the memory cannot be freed meanwhile
 //! # let _ = version; Ok(()) }
 //! ```
 
@@ -35,8 +36,8 @@ mod memory;
 mod pointer;
 
 pub use context::ContextGuard;
-pub use memory::{DeviceBuffer, ManagedBuffer, PinnedHostBuffer};
-pub use pointer::{classify, set_sync_memops, MemoryKind, PointerInfo};
+pub use memory::{DeviceBuffer, DeviceMemory, ManagedBuffer, PinnedHostBuffer};
+pub use pointer::{classify, set_sync_memops, set_sync_memops_at, PointerInfo, PointerType};
 
 use std::ffi::CStr;
 use std::sync::OnceLock;
@@ -48,9 +49,6 @@ use crate::error::{Error, Hint, Result};
 /// The oldest CUDA driver `gdr` accepts, in `cuDriverGetVersion` form (1000 x major + 10 x minor):
 /// 11.2, the first with stream-ordered pool allocations and `cuDevicePrimaryCtxRelease_v2`.
 pub const MIN_DRIVER_VERSION: i32 = 11020;
-
-/// The first driver version with `cuMemGetHandleForAddressRange` (dma-buf export): 11.7.
-pub const DMA_BUF_MIN_DRIVER_VERSION: i32 = 11070;
 
 /// Symbols called without a further check once the driver is initialised. Names are the exact
 /// ones `cudarc` 0.19 (feature `cuda-12020`) resolves, including `_v2` suffixes.
@@ -135,7 +133,8 @@ fn load_state() -> &'static LoadState {
                     version_text(version),
                     version_text(MIN_DRIVER_VERSION)
                 ),
-                hint: "upgrade the NVIDIA driver (CUDA 11.7 or newer also enables dma-buf)",
+                hint: "upgrade the NVIDIA driver (CUDA 11.7 or newer also enables dma-buf, see \
+                       gdr::gpu_mr::rules)",
             };
         }
         LoadState::Loaded { version }
@@ -272,9 +271,10 @@ pub(crate) fn no_hint(_: sys::CUresult) -> Hint {
     Hint::NONE
 }
 
-/// One CUDA device as the driver reports it, with the attributes that decide GPUDirect RDMA.
+/// One CUDA GPU as the driver reports it, with the attributes that decide GPUDirect RDMA. (The
+/// RDMA side's counterpart is [`crate::device::DeviceInfo`].)
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct DeviceInfo {
+pub struct GpuInfo {
     /// The CUDA device ordinal (as `CUDA_VISIBLE_DEVICES` renumbers them).
     pub ordinal: i32,
     /// The marketing name, e.g. `NVIDIA H200`.
@@ -307,7 +307,7 @@ pub struct DeviceInfo {
     pub memory_pools_supported: bool,
 }
 
-impl DeviceInfo {
+impl GpuInfo {
     /// `true` when RDMA writes into this GPU need a flush before a kernel consumes them
     /// (`writes_ordering` below `CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER`, 100).
     pub fn needs_flush(&self) -> bool {
@@ -374,12 +374,12 @@ pub fn normalize_pci_bus_id(raw: &str) -> String {
     }
 }
 
-/// Reads everything [`DeviceInfo`] holds for one ordinal.
+/// Reads everything [`GpuInfo`] holds for one ordinal.
 ///
 /// # Errors
 /// [`Error::CudaUnavailable`] without a usable driver, [`Error::InvalidArgument`] for an ordinal
 /// that does not exist, [`Error::Cuda`] when a query fails.
-pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
+pub fn device_info(ordinal: i32) -> Result<GpuInfo> {
     use sys::CUdevice_attribute as A;
     let dev = device_handle(ordinal)?;
 
@@ -405,7 +405,7 @@ pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
     check(rc, "cuDeviceTotalMem", || format!("dev={dev}"), no_hint)?;
 
     let get = |a| attribute(dev, a).map(|v| v.unwrap_or(0));
-    Ok(DeviceInfo {
+    Ok(GpuInfo {
         ordinal,
         name,
         pci_bus_id: normalize_pci_bus_id(&bus),
@@ -429,7 +429,7 @@ pub fn device_info(ordinal: i32) -> Result<DeviceInfo> {
 /// # Errors
 /// [`Error::CudaUnavailable`] when libcuda is absent or too old, or `cuInit` fails (for example
 /// `CUDA_ERROR_NO_DEVICE`); [`Error::Cuda`] when a query fails.
-pub fn devices() -> Result<Vec<DeviceInfo>> {
+pub fn devices() -> Result<Vec<GpuInfo>> {
     (0..device_count()?).map(device_info).collect()
 }
 

@@ -3,12 +3,15 @@
 use gdr_sys::cuda as sys;
 
 use super::context::{ContextGuard, PrimaryContext};
+use super::memory::DeviceMemory;
 use super::{check, init, no_hint};
 use crate::error::Result;
 
-/// The kind of memory behind an address.
+/// The kind of memory behind an address, as CUDA classifies it (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE`
+/// and `IS_MANAGED`). Not to be confused with [`crate::mr::MemoryKind`], which says what a
+/// registered region holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum MemoryKind {
+pub enum PointerType {
     /// GPU memory (`cuMemAlloc`, `cuMemAllocAsync`, `cuMemCreate`+map): the only kind GPUDirect
     /// RDMA registers.
     Device,
@@ -22,20 +25,20 @@ pub enum MemoryKind {
     Unknown,
 }
 
-impl MemoryKind {
+impl PointerType {
     /// Short lowercase name, e.g. `device`, `host-pinned`.
     pub fn as_str(self) -> &'static str {
         match self {
-            MemoryKind::Device => "device",
-            MemoryKind::HostPinned => "host-pinned",
-            MemoryKind::Managed => "managed",
-            MemoryKind::PageableHost => "pageable-host",
-            MemoryKind::Unknown => "unknown",
+            PointerType::Device => "device",
+            PointerType::HostPinned => "host-pinned",
+            PointerType::Managed => "managed",
+            PointerType::PageableHost => "pageable-host",
+            PointerType::Unknown => "unknown",
         }
     }
 }
 
-impl std::fmt::Display for MemoryKind {
+impl std::fmt::Display for PointerType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -47,14 +50,15 @@ pub struct PointerInfo {
     /// The address asked about.
     pub address: u64,
     /// Its kind.
-    pub kind: MemoryKind,
+    pub kind: PointerType,
     /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`: the GPU the memory belongs to (for pinned host
     /// memory, the device of the allocating context). `None` for memory CUDA does not know.
     pub ordinal: Option<i32>,
     /// `CU_POINTER_ATTRIBUTE_CONTEXT` as an integer handle; 0 when the allocation has no context
     /// (stream-ordered pool allocations) or CUDA does not know the address.
     pub context: usize,
-    /// Start of the allocation holding the address (`cuMemGetAddressRange`), if CUDA knows it.
+    /// Start of the allocation holding the address (`CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`, or
+    /// `cuMemGetAddressRange`), if CUDA knows it.
     pub allocation_base: Option<u64>,
     /// Length of that allocation in bytes.
     pub allocation_len: Option<u64>,
@@ -66,11 +70,16 @@ pub struct PointerInfo {
 }
 
 impl PointerInfo {
-    /// Bytes from [`address`](Self::address) to the end of its allocation, if known.
+    /// Bytes from [`address`](Self::address) to the end of its allocation; `None` when the
+    /// allocation is not known or its recorded range does not hold the address (including a
+    /// base + length beyond `u64::MAX`).
     pub fn bytes_to_end(&self) -> Option<u64> {
         let base = self.allocation_base?;
-        let len = self.allocation_len?;
-        (base + len).checked_sub(self.address)
+        let end = base.checked_add(self.allocation_len?)?;
+        if self.address < base {
+            return None;
+        }
+        end.checked_sub(self.address)
     }
 
     /// Offset of [`address`](Self::address) inside its allocation, if known.
@@ -96,10 +105,15 @@ impl PointerInfo {
 }
 
 /// Classifies `address` with `cuPointerGetAttributes` (memory type, device ordinal, managed flag,
-/// context) and, for memory CUDA knows, finds its allocation with `cuMemGetAddressRange` under the
-/// memory's own context (so the answer does not depend on which context the caller has current).
+/// context) and, for memory CUDA knows, finds its allocation
+/// (`CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` / `RANGE_SIZE`).
 ///
-/// Any address may be passed: nothing is dereferenced.
+/// Any address may be passed, also one another thread frees meanwhile: the driver only looks the
+/// address up, nothing is dereferenced, and no context handle reported for it is ever made
+/// current (which would be undefined behaviour once the allocation and its context are gone).
+/// Where the driver lacks the range attributes, `cuMemGetAddressRange` runs under the device's
+/// primary context, retained for the call. The answer describes the address at the time of the
+/// call; use it for an allocation you own (e.g. a [`super::DeviceBuffer`]) to rely on it later.
 ///
 /// # Errors
 /// [`crate::Error::CudaUnavailable`] without a driver; [`crate::Error::Cuda`] if the driver
@@ -124,7 +138,8 @@ pub fn classify(address: u64) -> Result<PointerInfo> {
         slots[3].as_mut_ptr().cast(),
     ];
     // SAFETY: initialised driver; `attrs` and `data` have 4 entries each, every data pointer points
-    // to 8 writable bytes, enough for the attribute's type; `address` is not dereferenced.
+    // to 8 writable bytes, enough for the attribute's type; `address` is not dereferenced (the
+    // driver answers with null values for addresses it does not know).
     let rc = unsafe {
         sys::cuPointerGetAttributes(
             attrs.len() as u32,
@@ -147,17 +162,17 @@ pub fn classify(address: u64) -> Result<PointerInfo> {
 
     // CU_MEMORYTYPE_HOST = 1, DEVICE = 2, ARRAY = 3, UNIFIED = 4; 0: CUDA does not know it.
     let kind = if managed {
-        MemoryKind::Managed
+        PointerType::Managed
     } else {
         match memory_type {
-            2 | 3 => MemoryKind::Device,
-            1 => MemoryKind::HostPinned,
-            4 => MemoryKind::Managed,
+            2 | 3 => PointerType::Device,
+            1 => PointerType::HostPinned,
+            4 => PointerType::Managed,
             _ => {
                 if host_mapping_contains(address) {
-                    MemoryKind::PageableHost
+                    PointerType::PageableHost
                 } else {
-                    MemoryKind::Unknown
+                    PointerType::Unknown
                 }
             }
         }
@@ -172,66 +187,88 @@ pub fn classify(address: u64) -> Result<PointerInfo> {
         gpu_direct_rdma_capable: None,
         sync_memops: None,
     };
-    if matches!(kind, MemoryKind::PageableHost | MemoryKind::Unknown) {
+    if matches!(kind, PointerType::PageableHost | PointerType::Unknown) {
         return Ok(info);
     }
     info.ordinal = (ordinal >= 0).then_some(ordinal);
     info.context = context;
 
-    // The range query needs the memory's own context current (CUDA_ERROR_NOT_FOUND or
-    // INVALID_CONTEXT otherwise). A null context means a pool allocation: use the primary one.
-    let primary;
-    let _guard = if context != 0 {
-        // SAFETY: CUDA just reported this as the live allocation's context; the caller's
-        // allocation must outlive this call (it is theirs, we only query it).
-        unsafe { ContextGuard::from_raw(context as sys::CUcontext) }?
-    } else {
-        primary = PrimaryContext::retain(info.ordinal.unwrap_or(0))?;
-        // SAFETY: `primary` is declared before `_guard`, so the guard drops first.
-        unsafe { primary.make_current() }?
-    };
-    let mut base: sys::CUdeviceptr = 0;
-    let mut size: usize = 0;
-    // SAFETY: initialised driver, a context is current, valid out-pointers.
-    let rc = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, address) };
-    if rc == sys::CUresult::CUDA_SUCCESS {
-        info.allocation_base = Some(base);
-        info.allocation_len = Some(size as u64);
-    } else if kind != MemoryKind::HostPinned {
-        // Pinned host memory may legitimately have no device range; device memory must.
-        check(
-            rc,
-            "cuMemGetAddressRange",
-            || format!("dptr={address:#x}, kind={kind}"),
-            no_hint,
-        )?;
+    let start = u64_attribute(P::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, address);
+    let size = u64_attribute(P::CU_POINTER_ATTRIBUTE_RANGE_SIZE, address);
+    match (start, size) {
+        (Some(base), Some(size)) if size > 0 => {
+            info.allocation_base = Some(base);
+            info.allocation_len = Some(size);
+        }
+        _ => {
+            // An older driver without the range attributes: ask cuMemGetAddressRange under a
+            // context we own (the device's primary context, retained here), never under the
+            // reported context, which another thread may destroy meanwhile.
+            let primary = PrimaryContext::retain(info.ordinal.unwrap_or(0))?;
+            // SAFETY: `primary` is declared before `_guard`, so the guard drops first.
+            let _guard = unsafe { primary.make_current() }?;
+            let mut base: sys::CUdeviceptr = 0;
+            let mut size: usize = 0;
+            // SAFETY: initialised driver, a context is current, valid out-pointers; the address
+            // is only looked up.
+            let rc = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, address) };
+            if rc == sys::CUresult::CUDA_SUCCESS {
+                info.allocation_base = Some(base);
+                info.allocation_len = Some(size as u64);
+            } else if kind != PointerType::HostPinned {
+                // Pinned host memory may legitimately have no device range; device memory must.
+                check(
+                    rc,
+                    "cuMemGetAddressRange",
+                    || format!("dptr={address:#x}, kind={kind}"),
+                    no_hint,
+                )?;
+            }
+        }
     }
     info.gpu_direct_rdma_capable =
-        bool_attribute(P::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, address);
-    info.sync_memops = bool_attribute(P::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, address);
+        u64_attribute(P::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, address).map(|v| v != 0);
+    info.sync_memops = u64_attribute(P::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, address).map(|v| v != 0);
     Ok(info)
 }
 
-/// One boolean pointer attribute, `None` if the driver does not report it.
-fn bool_attribute(attr: sys::CUpointer_attribute, address: u64) -> Option<bool> {
+/// One pointer attribute of at most 8 bytes, zero-extended; `None` if the driver does not report
+/// it (older drivers, unknown addresses).
+fn u64_attribute(attr: sys::CUpointer_attribute, address: u64) -> Option<u64> {
     let mut v: u64 = 0;
     // SAFETY: initialised driver (callers ran init()); 8 writable bytes hold the attribute's
-    // unsigned int / bool; the address is not dereferenced. Errors (older drivers) give None.
+    // unsigned int / bool / CUdeviceptr / size_t; the address is only looked up, never
+    // dereferenced.
     let rc = unsafe { sys::cuPointerGetAttribute((&mut v as *mut u64).cast(), attr, address) };
-    (rc == sys::CUresult::CUDA_SUCCESS).then_some(v != 0)
+    (rc == sys::CUresult::CUDA_SUCCESS).then_some(v)
 }
 
-/// Sets `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` on the allocation holding `address`, so synchronous
+/// Sets `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` on the allocation behind `memory`, so synchronous
 /// CUDA memory operations on it (cuMemcpy, cuMemset) complete before returning and do not race
 /// with RDMA into the same memory (the GPUDirect RDMA documentation asks for it). Runs in the
-/// memory's own context.
+/// memory's own context. The borrow keeps the allocation (and so its context) alive for the call.
 ///
 /// # Errors
-/// [`crate::Error::CudaUnavailable`] without a driver; [`crate::Error::InvalidArgument`] when
-/// `address` is not CUDA device or managed memory; [`crate::Error::Cuda`] from the driver.
-pub fn set_sync_memops(address: u64) -> Result<()> {
+/// [`crate::Error::CudaUnavailable`] without a driver; [`crate::Error::InvalidArgument`] when the
+/// memory is not CUDA device or managed memory; [`crate::Error::Cuda`] from the driver.
+pub fn set_sync_memops(memory: &(impl DeviceMemory + ?Sized)) -> Result<()> {
+    // SAFETY: `DeviceMemory` guarantees the allocation stays alive while `memory` is borrowed,
+    // which covers this call.
+    unsafe { set_sync_memops_at(memory.device_ptr()) }
+}
+
+/// [`set_sync_memops`] for an address whose owner is not a [`DeviceMemory`] (another framework's
+/// allocator).
+///
+/// # Safety
+/// The allocation holding `address` must stay allocated until this call returns: its context is
+/// made current, and a destroyed context must not be.
+///
+/// # Errors
+/// As [`set_sync_memops`].
+pub unsafe fn set_sync_memops_at(address: u64) -> Result<()> {
     let info = classify(address)?;
-    if !matches!(info.kind, MemoryKind::Device | MemoryKind::Managed) {
+    if !matches!(info.kind, PointerType::Device | PointerType::Managed) {
         return Err(crate::Error::invalid(
             format!(
                 "SYNC_MEMOPS on {address:#x}: {} memory is not CUDA device memory",
@@ -240,7 +277,7 @@ pub fn set_sync_memops(address: u64) -> Result<()> {
             "pass a pointer from cuMemAlloc",
         ));
     }
-    // SAFETY: classify just found a live allocation at `address`; the caller keeps it alive.
+    // SAFETY: the caller keeps the allocation (and so its context) alive during this call.
     let _ctx = unsafe { info.make_context_current() }?;
     let one: u32 = 1;
     // SAFETY: initialised driver, the memory's context is current, SYNC_MEMOPS takes an unsigned
@@ -285,6 +322,48 @@ pub(crate) fn maps_contain(maps: &str, address: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn info(base: Option<u64>, len: Option<u64>, address: u64) -> PointerInfo {
+        PointerInfo {
+            address,
+            kind: PointerType::Device,
+            ordinal: Some(0),
+            context: 0,
+            allocation_base: base,
+            allocation_len: len,
+            gpu_direct_rdma_capable: None,
+            sync_memops: None,
+        }
+    }
+
+    #[test]
+    fn bytes_to_end_never_overflows() {
+        assert_eq!(
+            info(Some(0x1000), Some(0x100), 0x1010).bytes_to_end(),
+            Some(0xf0)
+        );
+        assert_eq!(
+            info(Some(0x1000), Some(0x100), 0x1100).bytes_to_end(),
+            Some(0)
+        );
+        // The finding: base + len beyond u64::MAX used to overflow.
+        assert_eq!(
+            info(Some(u64::MAX - 10), Some(100), u64::MAX - 5).bytes_to_end(),
+            None
+        );
+        assert_eq!(info(Some(0x1000), Some(0x100), 0x10).bytes_to_end(), None);
+        assert_eq!(info(Some(0x1000), Some(0x100), 0x2000).bytes_to_end(), None);
+        assert_eq!(info(None, Some(0x100), 0x1000).bytes_to_end(), None);
+        assert_eq!(info(Some(0x1000), None, 0x1000).bytes_to_end(), None);
+        assert_eq!(
+            info(Some(0x1000), Some(1), 0x10).offset_in_allocation(),
+            None
+        );
+        assert_eq!(
+            info(Some(0x1000), Some(1), u64::MAX).offset_in_allocation(),
+            Some(u64::MAX - 0x1000)
+        );
+    }
 
     #[test]
     fn maps_parsing_finds_ranges() {

@@ -2,6 +2,10 @@
 //! memlock, unreadable files.
 
 use super::{Finding, Severity};
+use crate::gpu_mr::rules::{
+    self, DmaBufBlocker, DmaBufFacts, GpuDmaBuf, NicDmaBuf, Readiness, SystemFacts,
+    DMA_BUF_MIN_DRIVER_VERSION, DMA_BUF_MIN_KERNEL, OPEN_MODULE_MIN_DRIVER, RDMA_CORE_MIN_DMA_BUF,
+};
 use crate::topology::{CudaDevice, Limit, Snapshot};
 
 /// A GPU as the checks see it.
@@ -12,6 +16,8 @@ pub(crate) struct GpuFacts {
     pub numa: Option<i32>,
     pub cuda: Option<CudaDevice>,
     pub subject: String,
+    /// Whether dma-buf registration can work for this GPU ([`rules::dma_buf_readiness`]).
+    pub dmabuf: Tri,
 }
 
 /// Whether the GPU side can register memory for the NIC.
@@ -27,8 +33,10 @@ pub(crate) enum Tri {
 pub(crate) struct HostFacts {
     pub gpus: Vec<GpuFacts>,
     pub vm: bool,
+    /// The host facts the GPUDirect rules read.
+    pub system: SystemFacts,
+    /// Whether a peer-memory module is loaded ([`SystemFacts::peer_memory`]).
     pub peermem: bool,
-    pub dmabuf: Tri,
     /// IOMMU groups in translated (DMA) mode.
     pub translated_groups: Vec<u32>,
 }
@@ -45,20 +53,8 @@ pub(crate) fn normalize_bdf(s: &str) -> String {
     }
 }
 
-/// `(major, minor)` of a kernel release like `5.15.0-91-generic`.
-pub(crate) fn kernel_version(release: &str) -> Option<(u32, u32)> {
-    let mut it = release.split(|c: char| !c.is_ascii_digit());
-    let major = it.next()?.parse().ok()?;
-    let minor = it.next()?.parse().ok()?;
-    Some((major, minor))
-}
-
-fn cuda_version_text(v: i32) -> String {
-    format!("{}.{}", v / 1000, (v % 1000) / 10)
-}
-
 impl HostFacts {
-    pub fn new(snap: &Snapshot) -> Self {
+    pub(crate) fn new(snap: &Snapshot) -> Self {
         let mut gpus: Vec<GpuFacts> = snap
             .gpus()
             .map(|d| GpuFacts {
@@ -71,6 +67,7 @@ impl HostFacts {
                 numa: d.numa_node.filter(|n| *n >= 0),
                 cuda: None,
                 subject: format!("GPU {}", d.bdf),
+                dmabuf: Tri::Unknown,
             })
             .collect();
         if let Some(cuda) = &snap.cuda {
@@ -90,6 +87,7 @@ impl HostFacts {
                         bdf,
                         name: dev.name.clone(),
                         cuda: Some(dev.clone()),
+                        dmabuf: Tri::Unknown,
                     }),
                 }
             }
@@ -97,13 +95,11 @@ impl HostFacts {
         gpus.sort_by(|a, b| a.bdf.cmp(&b.bdf));
 
         let vm = snap.hypervisor.cpu_flag == Some(true);
-        let peermem = snap.has_module("nvidia_peermem")
-            || snap.has_module("nv_peer_mem")
-            || snap
-                .memory_peers
-                .iter()
-                .any(|p| p.name.starts_with("nv_mem"));
-        let dmabuf = dmabuf_readiness(snap, &gpus).0;
+        let system = SystemFacts::from_snapshot(snap);
+        let peermem = system.peer_memory().present();
+        for g in &mut gpus {
+            g.dmabuf = dmabuf_readiness(snap, &system, &[&*g], None).0;
+        }
         let translated_groups = snap
             .iommu
             .group_types
@@ -114,71 +110,68 @@ impl HostFacts {
         HostFacts {
             gpus,
             vm,
+            system,
             peermem,
-            dmabuf,
             translated_groups,
         }
     }
 }
 
-/// dma-buf readiness: open kernel module, kernel >= 5.12, CUDA >= 11.7, DMA_BUF_SUPPORTED.
-fn dmabuf_readiness(snap: &Snapshot, gpus: &[GpuFacts]) -> (Tri, Vec<String>, Vec<String>) {
+/// dma-buf readiness of `gpus` by [`rules::dma_buf_readiness`] (the rule registration applies):
+/// open kernel module, kernel, CUDA driver, DMA_BUF_SUPPORTED. The NIC side is probed at
+/// registration unless `nic` gives its probe. Returns the answer, the evidence and what is
+/// missing.
+pub(crate) fn dmabuf_readiness(
+    snap: &Snapshot,
+    system: &SystemFacts,
+    gpus: &[&GpuFacts],
+    nic: Option<(&str, NicDmaBuf)>,
+) -> (Tri, Vec<String>, Vec<String>) {
+    let facts = DmaBufFacts {
+        system,
+        driver_version: snap.cuda.as_ref().and_then(|c| c.driver_version),
+        driver_exports_dma_buf: None,
+        gpus: gpus
+            .iter()
+            .map(|g| GpuDmaBuf {
+                ordinal: g.cuda.as_ref().map(|c| c.ordinal),
+                bdf: g.bdf.clone(),
+                dma_buf_supported: g.cuda.as_ref().and_then(|c| c.dma_buf_supported),
+            })
+            .collect(),
+        nic,
+    };
+    let readiness = rules::dma_buf_readiness(&facts);
     let mut evidence = Vec::new();
-    let mut missing = Vec::new();
-    let mut unknown = false;
-    match snap.nvidia.as_ref().and_then(|n| n.is_open_kernel_module()) {
-        Some(true) => evidence.push("NVIDIA open kernel module".to_string()),
-        Some(false) => {
-            evidence.push("NVIDIA proprietary kernel module".to_string());
-            missing.push("the NVIDIA open kernel module (>= 515)".to_string());
-        }
-        None => {
-            evidence.push("NVIDIA kernel module: not found (/proc/driver/nvidia/version)".into());
-            unknown = true;
+    evidence.push(match system.open_kernel_module() {
+        Some(true) => "NVIDIA open kernel module".to_string(),
+        Some(false) => "NVIDIA proprietary kernel module".to_string(),
+        None => "NVIDIA kernel module: not found (/proc/driver/nvidia/version)".to_string(),
+    });
+    if let Some(r) = &system.kernel_release {
+        evidence.push(format!("kernel {r}"));
+    }
+    evidence.push(match facts.driver_version {
+        Some(v) => format!("CUDA driver {}", crate::cuda::version_text(v)),
+        None => match snap.cuda.as_ref().and_then(|c| c.error.as_deref()) {
+            Some(e) => format!("CUDA driver version: unknown ({e})"),
+            None => "CUDA driver version: unknown (not collected)".into(),
+        },
+    });
+    for g in &facts.gpus {
+        if let Some(v) = g.dma_buf_supported {
+            evidence.push(format!("{}: DMA_BUF_SUPPORTED={}", g.bdf, v as i32));
         }
     }
-    match snap.kernel.release.as_deref() {
-        Some(r) => {
-            evidence.push(format!("kernel {r}"));
-            match kernel_version(r) {
-                Some(v) if v >= (5, 12) => {}
-                Some(_) => missing.push("Linux >= 5.12".into()),
-                None => unknown = true,
-            }
-        }
-        None => unknown = true,
-    }
-    match snap.cuda.as_ref().and_then(|c| c.driver_version) {
-        Some(v) => {
-            evidence.push(format!("CUDA driver {}", cuda_version_text(v)));
-            if v < 11070 {
-                missing.push("CUDA driver >= 11.7".into());
-            }
-        }
-        None => {
-            evidence.push(match snap.cuda.as_ref().and_then(|c| c.error.as_deref()) {
-                Some(e) => format!("CUDA driver version: unknown ({e})"),
-                None => "CUDA driver version: unknown (not collected)".into(),
-            });
-            unknown = true;
-        }
-    }
-    for g in gpus {
-        match g.cuda.as_ref().and_then(|c| c.dma_buf_supported) {
-            Some(true) => evidence.push(format!("{}: DMA_BUF_SUPPORTED=1", g.bdf)),
-            Some(false) => {
-                evidence.push(format!("{}: DMA_BUF_SUPPORTED=0", g.bdf));
-                missing.push(format!("DMA_BUF_SUPPORTED on {}", g.bdf));
-            }
-            None => unknown = true,
-        }
-    }
-    let tri = if !missing.is_empty() {
-        Tri::No
-    } else if unknown {
-        Tri::Unknown
-    } else {
-        Tri::Yes
+    let missing = readiness
+        .blockers
+        .iter()
+        .map(DmaBufBlocker::requirement)
+        .collect();
+    let tri = match readiness.state() {
+        Readiness::Ready => Tri::Yes,
+        Readiness::Blocked => Tri::No,
+        Readiness::Unknown => Tri::Unknown,
     };
     (tri, evidence, missing)
 }
@@ -379,7 +372,8 @@ fn iommu(snap: &Snapshot, host: &HostFacts) -> Finding {
 
 fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
     let mut out = Vec::new();
-    let (tri, ev, missing) = dmabuf_readiness(snap, &host.gpus);
+    let all: Vec<&GpuFacts> = host.gpus.iter().collect();
+    let (tri, ev, missing) = dmabuf_readiness(snap, &host.system, &all, None);
     let mut mods: Vec<String> = [
         "nvidia",
         "nvidia_peermem",
@@ -449,7 +443,7 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
             )
             .evidence(mod_ev)
             .evidence(peers_ev)
-            .fix("`modprobe nvidia-peermem` (ships with NVIDIA driver >= 470; make it persistent in /etc/modules-load.d/), or use dma-buf: open kernel module >= 515, Linux >= 5.12, CUDA >= 11.7"),
+            .fix(format!("`modprobe nvidia-peermem` (ships with NVIDIA driver >= 470; make it persistent in /etc/modules-load.d/), or use dma-buf: {}", dma_buf_requirements())),
         );
     }
     let (sev, msg) = match tri {
@@ -479,7 +473,12 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
         f = f.evidence(e);
     }
     if tri == Tri::No {
-        f = f.fix("install the NVIDIA open kernel module (>= 515, e.g. the `-open` driver packages), a kernel >= 5.12 and a CUDA driver >= 11.7; rdma-core >= 34 for ibv_reg_dmabuf_mr");
+        f = f.fix(format!(
+            "install the NVIDIA open kernel module (>= {OPEN_MODULE_MIN_DRIVER}, e.g. the `-open` driver packages), a kernel >= {}.{} and a CUDA driver >= {}; rdma-core >= {RDMA_CORE_MIN_DMA_BUF} for ibv_reg_dmabuf_mr",
+            DMA_BUF_MIN_KERNEL.0,
+            DMA_BUF_MIN_KERNEL.1,
+            crate::cuda::version_text(DMA_BUF_MIN_DRIVER_VERSION)
+        ));
     } else if tri == Tri::Unknown {
         f = f.fix(match &snap.cuda {
             None => "CUDA facts were not collected (a --root read or a capture without them): run `gdr doctor` on the machine itself",
@@ -488,6 +487,16 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
     }
     out.push(f);
     out
+}
+
+/// `open kernel module >= 515, Linux >= 5.12, CUDA >= 11.7`, from the rules' constants.
+fn dma_buf_requirements() -> String {
+    format!(
+        "open kernel module >= {OPEN_MODULE_MIN_DRIVER}, Linux >= {}.{}, CUDA >= {}",
+        DMA_BUF_MIN_KERNEL.0,
+        DMA_BUF_MIN_KERNEL.1,
+        crate::cuda::version_text(DMA_BUF_MIN_DRIVER_VERSION)
+    )
 }
 
 fn cuda_attributes(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
@@ -597,9 +606,9 @@ mod tests {
     fn bdf_and_versions() {
         assert_eq!(normalize_bdf("00000000:00:06.0"), "0000:00:06.0");
         assert_eq!(normalize_bdf("0000:AF:00.0\0"), "0000:af:00.0");
-        assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
-        assert_eq!(kernel_version("6.18.44-fc-v657-gpu"), Some((6, 18)));
-        assert_eq!(cuda_version_text(13000), "13.0");
-        assert_eq!(cuda_version_text(11070), "11.7");
+        assert_eq!(
+            dma_buf_requirements(),
+            "open kernel module >= 515, Linux >= 5.12, CUDA >= 11.7"
+        );
     }
 }

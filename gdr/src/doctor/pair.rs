@@ -1,10 +1,11 @@
 //! Per GPU-NIC pair: PCIe path class and NUMA, ACS on every bridge, link training on every hop,
 //! NCCL_NET_GDR_LEVEL, and the verdict.
 
-use super::host::{GpuFacts, HostFacts, Tri};
+use super::host::{dmabuf_readiness, GpuFacts, HostFacts, Tri};
 use super::nic::NicFacts;
-use super::path::{classify, PathClass, PciPath};
+use super::path::{PathClass, PciPath};
 use super::{Finding, PairReport, Severity, Verdict, VerdictKind};
+use crate::gpu_mr::rules::{self, DmaBufBlocker, NicDmaBuf};
 use crate::topology::pcie::{self, Acs};
 use crate::topology::Snapshot;
 
@@ -20,25 +21,43 @@ pub(crate) fn check(
     let mut slow = Vec::new();
     let mut unverified = Vec::new();
 
-    // GPU-side capability.
-    match gpu.cuda.as_ref().and_then(|c| c.gpudirect_rdma_supported) {
-        Some(false) => blocking.push(format!("CUDA reports no GPUDirect RDMA on {}", gpu.bdf)),
-        Some(true) => {}
-        None => unverified.push("CUDA GPUDirect attributes".to_string()),
+    // GPU-side capability, by the rule registration applies.
+    let gpudirect = gpu.cuda.as_ref().and_then(|c| c.gpudirect_rdma_supported);
+    if rules::gpudirect_blocked(gpudirect).is_some() {
+        blocking.push(format!("CUDA reports no GPUDirect RDMA on {}", gpu.bdf));
+    } else if gpudirect.is_none() {
+        unverified.push("CUDA GPUDirect attributes".to_string());
     }
-    // Registration path.
+    // Registration path: peer memory, else dma-buf for this GPU and, when live collection probed
+    // it, this NIC (gpu_mr::choose_path's order and rules).
+    let nic_probe = snap
+        .rdma
+        .iter()
+        .find(|d| d.name == nic.name)
+        .and_then(|d| d.dma_buf);
     if !host.peermem {
-        match host.dmabuf {
+        match gpu.dmabuf {
             Tri::No => blocking.push("no peer-memory module and dma-buf not possible".into()),
             Tri::Unknown => unverified.push("dma-buf readiness (no peer-memory module)".into()),
             Tri::Yes => {}
         }
     }
+    if let Some(probe) = nic_probe {
+        findings.push(nic_dma_buf_finding(
+            snap,
+            host,
+            gpu,
+            &nic.name,
+            probe,
+            &subject,
+            &mut blocking,
+        ));
+    }
 
     let path = nic
         .bdf
         .as_deref()
-        .and_then(|nb| classify(snap, &gpu.bdf, nb));
+        .and_then(|nb| PciPath::between(snap, &gpu.bdf, nb));
     if let (Some(p), Some(nb)) = (&path, nic.bdf.as_deref()) {
         findings.push(path_finding(
             snap,
@@ -461,4 +480,51 @@ pub(crate) fn mark_best(pairs: &mut [PairReport]) {
             pairs[i].best = true;
         }
     }
+}
+
+/// What the NIC's dma-buf probe means for this pair, by the rule registration applies: a NIC
+/// that cannot import dma-bufs leaves only peer memory.
+fn nic_dma_buf_finding(
+    snap: &Snapshot,
+    host: &HostFacts,
+    gpu: &GpuFacts,
+    nic: &str,
+    probe: NicDmaBuf,
+    subject: &str,
+    blocking: &mut Vec<String>,
+) -> Finding {
+    let evidence = format!("ibv_reg_dmabuf_mr probe (fd -1) on {nic}: {probe:?}");
+    if probe == NicDmaBuf::Supported {
+        return Finding::new(
+            "dmabuf.nic",
+            Severity::Ok,
+            subject,
+            format!("{nic} imports dma-bufs"),
+        )
+        .evidence(evidence);
+    }
+    let blocker = DmaBufBlocker::NicCannotImport {
+        nic: nic.to_string(),
+        probe,
+    };
+    // Everything dma-buf needs on this pair, by the rules (the NIC's blocker is among them).
+    let (_, _, missing) = dmabuf_readiness(snap, &host.system, &[gpu], Some((nic, probe)));
+    let severity = if host.peermem {
+        Severity::Warn
+    } else {
+        if gpu.dmabuf == Tri::Yes {
+            blocking.push(format!(
+                "no peer-memory module and dma-buf not possible: {}",
+                blocker.what()
+            ));
+        }
+        Severity::Fail
+    };
+    Finding::new("dmabuf.nic", severity, subject, blocker.what())
+        .evidence(evidence)
+        .evidence(format!(
+            "dma-buf on this pair needs: {}",
+            missing.join(", ")
+        ))
+        .fix(blocker.hint())
 }

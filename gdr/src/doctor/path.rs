@@ -77,14 +77,30 @@ pub fn chain(path: &str) -> Option<Vec<String>> {
     Some(out)
 }
 
-/// Classify the path between two PCI functions of a snapshot. `None` when either is missing or
-/// its sysfs path has no PCI root complex.
-pub fn classify(snap: &Snapshot, a: &str, b: &str) -> Option<PciPath> {
+impl PciPath {
+    /// Classifies the path between two PCI functions of a snapshot. `None` when either is
+    /// missing, its sysfs path has no PCI root complex or no function below it, or both are the
+    /// same function.
+    pub fn between(snap: &Snapshot, a: &str, b: &str) -> Option<PciPath> {
+        between(snap, a, b)
+    }
+}
+
+fn between(snap: &Snapshot, a: &str, b: &str) -> Option<PciPath> {
     let da = snap.pci_device(a)?;
     let db = snap.pci_device(b)?;
     let ca = chain(&da.path)?;
     let cb = chain(&db.path)?;
+    // Each chain must name a function below its root complex, and the two must differ (a
+    // snapshot is input: a GPU listed at its NIC's address must not index out of bounds).
+    if ca.len() < 2 || cb.len() < 2 || ca == cb {
+        return None;
+    }
     let common = ca.iter().zip(&cb).take_while(|(x, y)| x == y).count();
+    if common >= ca.len() || common >= cb.len() {
+        // One function lies on the other's path (a bridge and a device below it).
+        return None;
+    }
     let up: Vec<String> = ca[common.max(1)..ca.len() - 1]
         .iter()
         .rev()
@@ -167,15 +183,17 @@ mod tests {
             ("0000:81:00.0", "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0", 1),
             ("0000:82:00.0", "/sys/devices/pci0000:00/0000:00:05.0/0000:82:00.0", 1),
         ]);
-        let p = classify(&s, "0000:03:00.0", "0000:04:00.0").unwrap();
+        let p = PciPath::between(&s, "0000:03:00.0", "0000:04:00.0").unwrap();
         assert_eq!(p.class, PathClass::Pix);
         assert_eq!(p.common_ancestor.as_deref(), Some("0000:01:00.0"));
         assert_eq!(p.bridges, ["0000:02:00.0", "0000:01:00.0", "0000:02:01.0"]);
         assert_eq!(
-            classify(&s, "0000:03:00.0", "0000:07:00.0").unwrap().class,
+            PciPath::between(&s, "0000:03:00.0", "0000:07:00.0")
+                .unwrap()
+                .class,
             PathClass::Pxb
         );
-        let p = classify(&s, "0000:03:00.0", "0000:41:00.0").unwrap();
+        let p = PciPath::between(&s, "0000:03:00.0", "0000:41:00.0").unwrap();
         assert_eq!(p.class, PathClass::Phb);
         assert_eq!(
             p.bridges,
@@ -187,15 +205,39 @@ mod tests {
             ]
         );
         assert_eq!(
-            classify(&s, "0000:03:00.0", "0000:81:00.0").unwrap().class,
+            PciPath::between(&s, "0000:03:00.0", "0000:81:00.0")
+                .unwrap()
+                .class,
             PathClass::Sys
         );
         // Same root complex but the platform puts them on different NUMA nodes.
         assert_eq!(
-            classify(&s, "0000:03:00.0", "0000:82:00.0").unwrap().class,
+            PciPath::between(&s, "0000:03:00.0", "0000:82:00.0")
+                .unwrap()
+                .class,
             PathClass::Sys
         );
-        assert!(classify(&s, "0000:03:00.0", "0000:99:00.0").is_none());
+        assert!(PciPath::between(&s, "0000:03:00.0", "0000:99:00.0").is_none());
+    }
+
+    #[test]
+    fn hostile_snapshot_paths_give_no_path_instead_of_a_panic() {
+        let s = snap(&[
+            ("0000:03:00.0", "/sys/devices/pci0000:00", 0),
+            (
+                "0000:04:00.0",
+                "/sys/devices/pci0000:00/0000:00:01.0/0000:04:00.0",
+                0,
+            ),
+            ("0000:00:01.0", "/sys/devices/pci0000:00/0000:00:01.0", 0),
+        ]);
+        // A function without a PCI component below its root complex.
+        assert!(PciPath::between(&s, "0000:03:00.0", "0000:04:00.0").is_none());
+        assert!(PciPath::between(&s, "0000:04:00.0", "0000:03:00.0").is_none());
+        // The same function on both ends, and a bridge above the other end.
+        assert!(PciPath::between(&s, "0000:04:00.0", "0000:04:00.0").is_none());
+        assert!(PciPath::between(&s, "0000:00:01.0", "0000:04:00.0").is_none());
+        assert!(PciPath::between(&s, "0000:04:00.0", "0000:00:01.0").is_none());
     }
 
     #[test]

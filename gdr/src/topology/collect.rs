@@ -16,6 +16,9 @@ pub struct CollectOptions {
     pub env: BTreeMap<String, String>,
     /// CUDA facts to record; `None` leaves [`Snapshot::cuda`] unknown.
     pub cuda: Option<CudaInfo>,
+    /// Open each RDMA device and probe whether it imports dma-bufs
+    /// ([`RdmaDevice::dma_buf`]); only meaningful for this machine (root `/`).
+    pub probe_nics: bool,
 }
 
 impl CollectOptions {
@@ -25,14 +28,20 @@ impl CollectOptions {
             .iter()
             .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
             .collect();
-        CollectOptions { env, cuda: None }
+        CollectOptions {
+            env,
+            cuda: None,
+            probe_nics: false,
+        }
     }
 
-    /// For this machine: the process's NCCL variables and the CUDA driver's facts
-    /// ([`super::query_cuda`]; its `error` says why when libcuda is absent).
+    /// For this machine: the process's NCCL variables, the CUDA driver's facts
+    /// ([`super::query_cuda`]; its `error` says why when libcuda is absent) and each RDMA
+    /// device's dma-buf probe.
     pub fn live() -> Self {
         CollectOptions {
             cuda: Some(super::query_cuda()),
+            probe_nics: true,
             ..CollectOptions::from_process_env()
         }
     }
@@ -45,6 +54,22 @@ impl CollectOptions {
 /// `None` in the snapshot, anything unreadable is listed in [`Snapshot::read_errors`].
 pub fn collect(root: &Path) -> crate::Result<Snapshot> {
     collect_with(root, CollectOptions::from_process_env())
+}
+
+/// The host facts the GPUDirect rules need ([`crate::gpu_mr::rules::SystemFacts`]), read below
+/// `root` by the same code that fills a [`Snapshot`] (modules, memory peers, NVIDIA module,
+/// kernel release), so registration and the doctor see the same machine.
+pub(crate) fn system_facts(root: &Path) -> crate::gpu_mr::rules::SystemFacts {
+    let mut c = Collector {
+        root: root.to_path_buf(),
+        errors: Vec::new(),
+    };
+    crate::gpu_mr::rules::SystemFacts {
+        modules: c.modules(),
+        memory_peers: c.list_dir("/sys/kernel/mm/memory_peers"),
+        nvidia_version: c.nvidia().and_then(|n| n.version),
+        kernel_release: c.read_str("/proc/sys/kernel/osrelease"),
+    }
 }
 
 /// [`collect`] with explicit environment and CUDA facts.
@@ -79,6 +104,11 @@ pub fn collect_with(root: &Path, opts: CollectOptions) -> crate::Result<Snapshot
         .collect();
     snap.nvidia = c.nvidia();
     snap.rdma = c.rdma_devices();
+    if opts.probe_nics {
+        for dev in &mut snap.rdma {
+            dev.dma_buf = crate::gpu_mr::probe_nic_dma_buf_by_name(&dev.name);
+        }
+    }
     snap.memlock = c.memlock();
     snap.hypervisor = Hypervisor {
         cpu_flag: c.read_str("/proc/cpuinfo").map(|text| {
@@ -374,6 +404,7 @@ impl Collector {
                 hca_type: self.read_str(&format!("{dir}/hca_type")),
                 board_id: self.read_str(&format!("{dir}/board_id")),
                 ports: Vec::new(),
+                dma_buf: None,
             };
             let mut ports: Vec<u32> = self
                 .list_dir(&format!("{dir}/ports"))

@@ -13,6 +13,7 @@ mod collect;
 mod cuda;
 pub mod pcie;
 
+pub(crate) use collect::system_facts;
 pub use collect::{collect, collect_with, CollectOptions};
 pub use cuda::query_cuda;
 
@@ -163,10 +164,14 @@ impl PciDevice {
             )
     }
 
-    /// The configuration-space bytes (zero-padded to the length read), if any were read and
-    /// the hex is well formed.
+    /// The configuration-space bytes (zero-padded to the length read), if any were read, the
+    /// hex is well formed and the length is at most [`pcie::CONFIG_SPACE_MAX`] (a snapshot is
+    /// input: a forged length must not make the doctor allocate without bound).
     pub fn config_bytes(&self) -> Option<Vec<u8>> {
         let c = self.config.as_ref()?;
+        if c.len > pcie::CONFIG_SPACE_MAX {
+            return None;
+        }
         let mut bytes = pcie::hex_to_bytes(&c.hex)?;
         if bytes.len() > c.len {
             return None;
@@ -210,7 +215,7 @@ impl NvidiaDriver {
     pub fn is_open_kernel_module(&self) -> Option<bool> {
         self.version
             .as_deref()
-            .map(|v| v.contains("Open Kernel Module"))
+            .map(crate::gpu_mr::rules::is_open_kernel_module)
     }
 
     /// The driver version number, e.g. `580.159.04`.
@@ -246,6 +251,11 @@ pub struct RdmaDevice {
     pub board_id: Option<String>,
     /// Ports, sorted by number.
     pub ports: Vec<RdmaPort>,
+    /// Whether the device imports dma-bufs, by the probe registration runs
+    /// ([`crate::gpu_mr::probe_nic_dma_buf`]); recorded by live collection only
+    /// ([`CollectOptions::probe_nics`]), `None`: not probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dma_buf: Option<crate::gpu_mr::rules::NicDmaBuf>,
 }
 
 /// One port of an RDMA device.

@@ -11,6 +11,8 @@ pub const EXT_CAP_ID_ACS: u16 = 0x000d;
 pub const CAP_ID_PCIE: u8 = 0x10;
 /// Bytes of the standard configuration header plus capabilities; extended capabilities start here.
 pub const EXT_CONFIG_START: usize = 0x100;
+/// Size of a PCI Express function's whole configuration space.
+pub const CONFIG_SPACE_MAX: usize = 4096;
 
 /// Lowercase hex of bytes.
 pub fn bytes_to_hex(bytes: &[u8]) -> String {
