@@ -125,7 +125,7 @@ impl AtomicBytes {
     /// The whole aligned word at offset `at`.
     fn word(&self, at: usize) -> &AtomicU64 {
         debug_assert!(
-            at >= self.head && at + WORD <= self.body_end && (at - self.head) % WORD == 0
+            at >= self.head && at + WORD <= self.body_end && (at - self.head).is_multiple_of(WORD)
         );
         // SAFETY: `[at, at + 8)` is a whole word inside the span (`head + 8k`, before
         // `body_end`), so it is 8-aligned and valid for reads and writes while `self` lives
@@ -290,28 +290,31 @@ mod tests {
         let step = if cfg!(miri) { 3 } else { 1 };
         for shift in 0..WORD {
             let mut store = Store::new();
-            let v = store.view(shift, N);
-            let mut model = vec![0u8; N];
-            let mut seed = 1u8;
-            for offset in (0..=N).step_by(step) {
-                for len in (0..=N - offset).step_by(step) {
-                    seed = seed.wrapping_add(1);
-                    let data = pattern(len, seed);
-                    v.write("t", offset, &data).unwrap();
-                    model[offset..offset + len].copy_from_slice(&data);
-                    let mut got = vec![0xAA; len];
-                    v.read("t", offset, &mut got).unwrap();
-                    assert_eq!(got, data, "shift={shift} offset={offset} len={len}");
-                    if len % 3 == 0 {
-                        v.fill("t", offset, len, seed).unwrap();
-                        model[offset..offset + len].fill(seed);
+            // The view lives in this block only: the store is read directly after it.
+            let model = {
+                let v = store.view(shift, N);
+                let mut model = vec![0u8; N];
+                let mut seed = 1u8;
+                for offset in (0..=N).step_by(step) {
+                    for len in (0..=N - offset).step_by(step) {
+                        seed = seed.wrapping_add(1);
+                        let data = pattern(len, seed);
+                        v.write("t", offset, &data).unwrap();
+                        model[offset..offset + len].copy_from_slice(&data);
+                        let mut got = vec![0xAA; len];
+                        v.read("t", offset, &mut got).unwrap();
+                        assert_eq!(got, data, "shift={shift} offset={offset} len={len}");
+                        if len % 3 == 0 {
+                            v.fill("t", offset, len, seed).unwrap();
+                            model[offset..offset + len].fill(seed);
+                        }
+                        let mut all = vec![0; N];
+                        v.read("t", 0, &mut all).unwrap();
+                        assert_eq!(all, model, "shift={shift} offset={offset} len={len}");
                     }
-                    let mut all = vec![0; N];
-                    v.read("t", 0, &mut all).unwrap();
-                    assert_eq!(all, model, "shift={shift} offset={offset} len={len}");
                 }
-            }
-            drop(v);
+                model
+            };
             // Nothing outside the span was touched.
             let raw: Vec<u8> = store.mem.iter().flat_map(|w| w.to_ne_bytes()).collect();
             assert!(raw[..shift].iter().all(|&b| b == 0), "shift={shift}");
