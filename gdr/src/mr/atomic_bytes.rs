@@ -79,6 +79,11 @@ impl AtomicBytes {
         self.len
     }
 
+    /// Splits `[offset, end)` (with `offset <= end <= len`) into accesses. Guarantees, relied on
+    /// by the `unsafe` blocks of the copies: the pieces cover the range exactly once, in order;
+    /// every offset in `pre` and `post` is a lone byte (`< head` or in `body_end..len`); every
+    /// word offset in `first`, `last` and `words.step_by(8)` is a whole word (`head + 8k`, with
+    /// `+ 8 <= body_end`); `offset <= words.start <= words.end <= end`.
     fn split(&self, offset: usize, end: usize) -> Split {
         let (head, body_end) = (self.head, self.body_end);
         let pre = offset.min(head)..end.min(head);
@@ -113,29 +118,42 @@ impl AtomicBytes {
         }
     }
 
-    /// The lone byte at `at` (outside the whole words).
-    fn byte(&self, at: usize) -> &AtomicU8 {
+    /// The lone byte at `at`.
+    ///
+    /// # Safety
+    ///
+    /// `at` must be a lone-byte offset: `at < head`, or `body_end <= at < len`.
+    unsafe fn byte(&self, at: usize) -> &AtomicU8 {
         debug_assert!(at < self.head || (at >= self.body_end && at < self.len));
-        // SAFETY: `at < len`, so the byte is valid for reads and writes while `self` lives
-        // (contract of `new`); it lies outside every whole word, so it is only ever accessed as
-        // an `AtomicU8`, and `AtomicU8` has alignment 1.
+        // SAFETY: `at < len` (caller), so the byte is valid for reads and writes while `self`
+        // lives (contract of `new`); it lies outside every whole word, so it is only ever
+        // accessed as an `AtomicU8`, and `AtomicU8` has alignment 1.
         unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(at)) }
     }
 
     /// The whole aligned word at offset `at`.
-    fn word(&self, at: usize) -> &AtomicU64 {
+    ///
+    /// # Safety
+    ///
+    /// `at` must be a whole-word offset: `head + 8k` with `at + 8 <= body_end`.
+    unsafe fn word(&self, at: usize) -> &AtomicU64 {
         debug_assert!(
             at >= self.head && at + WORD <= self.body_end && (at - self.head).is_multiple_of(WORD)
         );
-        // SAFETY: `[at, at + 8)` is a whole word inside the span (`head + 8k`, before
+        // SAFETY: `[at, at + 8)` is a whole word inside the span (caller: `head + 8k`, before
         // `body_end`), so it is 8-aligned and valid for reads and writes while `self` lives
         // (contract of `new`), and these bytes are only ever accessed as this `AtomicU64`.
         unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(at).cast::<u64>()) }
     }
 
     /// Replaces the bytes `r` (offsets inside the word at `w`) with `src`, keeping the others.
-    fn merge(&self, w: usize, r: Range<usize>, src: impl Fn(&mut [u8])) {
-        let word = self.word(w);
+    ///
+    /// # Safety
+    ///
+    /// As [`word`](Self::word): `w` must be a whole-word offset.
+    unsafe fn merge(&self, w: usize, r: Range<usize>, src: impl Fn(&mut [u8])) {
+        // SAFETY: `w` is a whole-word offset (caller).
+        let word = unsafe { self.word(w) };
         let mut cur = word.load(Ordering::Relaxed);
         loop {
             let mut b = cur.to_ne_bytes();
@@ -157,25 +175,31 @@ impl AtomicBytes {
         check_span(what, offset, out.len(), self.len)?;
         let s = self.split(offset, offset + out.len());
         let at = |r: &Range<usize>| r.start - offset..r.end - offset;
-        for i in s.pre.clone() {
-            out[i - offset] = self.byte(i).load(Ordering::Relaxed);
-        }
-        if let Some((w, r)) = &s.first {
-            let b = self.word(*w).load(Ordering::Relaxed).to_ne_bytes();
-            out[at(r)].copy_from_slice(&b[r.start - w..r.end - w]);
-        }
-        for (chunk, w) in out[at(&s.words)]
-            .chunks_exact_mut(WORD)
-            .zip(s.words.clone().step_by(WORD))
-        {
-            chunk.copy_from_slice(&self.word(w).load(Ordering::Relaxed).to_ne_bytes());
-        }
-        if let Some((w, r)) = &s.last {
-            let b = self.word(*w).load(Ordering::Relaxed).to_ne_bytes();
-            out[at(r)].copy_from_slice(&b[r.start - w..r.end - w]);
-        }
-        for i in s.post.clone() {
-            out[i - offset] = self.byte(i).load(Ordering::Relaxed);
+        // SAFETY: every offset given to `byte`, `word` and `merge` below comes from `split`,
+        // whose `pre`/`post` are lone-byte offsets and whose `first`/`last`/`words` are
+        // whole-word offsets (its documented guarantee, checked exhaustively by the
+        // `splits_cover_the_range_exactly_once` test).
+        unsafe {
+            for i in s.pre.clone() {
+                out[i - offset] = self.byte(i).load(Ordering::Relaxed);
+            }
+            if let Some((w, r)) = &s.first {
+                let b = self.word(*w).load(Ordering::Relaxed).to_ne_bytes();
+                out[at(r)].copy_from_slice(&b[r.start - w..r.end - w]);
+            }
+            for (chunk, w) in out[at(&s.words)]
+                .chunks_exact_mut(WORD)
+                .zip(s.words.clone().step_by(WORD))
+            {
+                chunk.copy_from_slice(&self.word(w).load(Ordering::Relaxed).to_ne_bytes());
+            }
+            if let Some((w, r)) = &s.last {
+                let b = self.word(*w).load(Ordering::Relaxed).to_ne_bytes();
+                out[at(r)].copy_from_slice(&b[r.start - w..r.end - w]);
+            }
+            for i in s.post.clone() {
+                out[i - offset] = self.byte(i).load(Ordering::Relaxed);
+            }
         }
         Ok(())
     }
@@ -185,24 +209,31 @@ impl AtomicBytes {
         check_span(what, offset, data.len(), self.len)?;
         let s = self.split(offset, offset + data.len());
         let at = |r: &Range<usize>| r.start - offset..r.end - offset;
-        for i in s.pre.clone() {
-            self.byte(i).store(data[i - offset], Ordering::Relaxed);
-        }
-        if let Some((w, r)) = &s.first {
-            self.merge(*w, r.clone(), |b| b.copy_from_slice(&data[at(r)]));
-        }
-        for (chunk, w) in data[at(&s.words)]
-            .chunks_exact(WORD)
-            .zip(s.words.clone().step_by(WORD))
-        {
-            let v = u64::from_ne_bytes(chunk.try_into().expect("chunks_exact(8) yields 8 bytes"));
-            self.word(w).store(v, Ordering::Relaxed);
-        }
-        if let Some((w, r)) = &s.last {
-            self.merge(*w, r.clone(), |b| b.copy_from_slice(&data[at(r)]));
-        }
-        for i in s.post.clone() {
-            self.byte(i).store(data[i - offset], Ordering::Relaxed);
+        // SAFETY: every offset given to `byte`, `word` and `merge` below comes from `split`,
+        // whose `pre`/`post` are lone-byte offsets and whose `first`/`last`/`words` are
+        // whole-word offsets (its documented guarantee, checked exhaustively by the
+        // `splits_cover_the_range_exactly_once` test).
+        unsafe {
+            for i in s.pre.clone() {
+                self.byte(i).store(data[i - offset], Ordering::Relaxed);
+            }
+            if let Some((w, r)) = &s.first {
+                self.merge(*w, r.clone(), |b| b.copy_from_slice(&data[at(r)]));
+            }
+            for (chunk, w) in data[at(&s.words)]
+                .chunks_exact(WORD)
+                .zip(s.words.clone().step_by(WORD))
+            {
+                let v =
+                    u64::from_ne_bytes(chunk.try_into().expect("chunks_exact(8) yields 8 bytes"));
+                self.word(w).store(v, Ordering::Relaxed);
+            }
+            if let Some((w, r)) = &s.last {
+                self.merge(*w, r.clone(), |b| b.copy_from_slice(&data[at(r)]));
+            }
+            for i in s.post.clone() {
+                self.byte(i).store(data[i - offset], Ordering::Relaxed);
+            }
         }
         Ok(())
     }
@@ -217,15 +248,21 @@ impl AtomicBytes {
     ) -> Result<()> {
         check_span(what, offset, len, self.len)?;
         let s = self.split(offset, offset + len);
-        for i in s.pre.clone().chain(s.post.clone()) {
-            self.byte(i).store(byte, Ordering::Relaxed);
-        }
-        for (w, r) in s.first.iter().chain(s.last.iter()) {
-            self.merge(*w, r.clone(), |b| b.fill(byte));
-        }
-        let v = u64::from_ne_bytes([byte; WORD]);
-        for w in s.words.step_by(WORD) {
-            self.word(w).store(v, Ordering::Relaxed);
+        // SAFETY: every offset given to `byte`, `word` and `merge` below comes from `split`,
+        // whose `pre`/`post` are lone-byte offsets and whose `first`/`last`/`words` are
+        // whole-word offsets (its documented guarantee, checked exhaustively by the
+        // `splits_cover_the_range_exactly_once` test).
+        unsafe {
+            for i in s.pre.clone().chain(s.post.clone()) {
+                self.byte(i).store(byte, Ordering::Relaxed);
+            }
+            for (w, r) in s.first.iter().chain(s.last.iter()) {
+                self.merge(*w, r.clone(), |b| b.fill(byte));
+            }
+            let v = u64::from_ne_bytes([byte; WORD]);
+            for w in s.words.step_by(WORD) {
+                self.word(w).store(v, Ordering::Relaxed);
+            }
         }
         Ok(())
     }
@@ -245,7 +282,9 @@ impl AtomicBytes {
                 Hint::new("poll an aligned word: the peer writes it whole, so it is never torn"),
             ));
         }
-        Ok(self.word(offset))
+        // SAFETY: `offset` is `head + 8k` (checked above) and `offset + 8 <= len`, hence
+        // `offset + 8 <= body_end`: a whole word.
+        Ok(unsafe { self.word(offset) })
     }
 }
 
