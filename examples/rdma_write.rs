@@ -26,7 +26,7 @@ use gdr::cq::{CompletionQueue, WcOpcode};
 use gdr::cuda::DeviceBuffer;
 use gdr::device::{Context, Selection};
 use gdr::gpu_mr::{GpuMemoryRegion, RegistrationPath};
-use gdr::mr::{AccessFlags, LocalSlice, MemoryRegion, RegionExt, RemoteRegion};
+use gdr::mr::{AccessFlags, LocalSlice, MemoryRegion, RemoteRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::wr::{RecvRequest, SendRequest};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gdr::connect::{self, TcpLink};
 use gdr::cq::{CompletionQueue, WcStatus};
 use gdr::device::Context;
-use gdr::mr::{AccessFlags, MemoryRegion, RegionExt};
+use gdr::mr::{AccessFlags, MemoryRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::wr::SendRequest;

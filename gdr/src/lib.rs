@@ -23,7 +23,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use gdr::{connect, cq::CompletionQueue, device::Context, pd::ProtectionDomain, qp::QueuePair};
-//! use gdr::mr::{AccessFlags, MemoryRegion, RegionExt};
+//! use gdr::mr::{AccessFlags, MemoryRegion};
 //! use gdr::wr::SendRequest;
 //!
 //! let ctx = Context::open("mlx5_0:1")?;                 // or an NCCL-style list, see device::Selection

@@ -16,7 +16,7 @@ use gdr::cq::{CompletionQueue, WcOpcode};
 use gdr::cuda::DeviceBuffer;
 use gdr::device::Context;
 use gdr::gpu_mr::{GpuMemoryRegion, RegistrationPath};
-use gdr::mr::{AccessFlags, MemoryRegion, RegionExt};
+use gdr::mr::{AccessFlags, MemoryRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::wr::{RecvRequest, SendRequest};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use gdr::connect::{self, cm, PeerInfo, TcpLink};
 use gdr::cq::{CompletionQueue, WcOpcode, WcStatus};
 use gdr::device::Context;
-use gdr::mr::{AccessFlags, MemoryRegion, RegionExt};
+use gdr::mr::{AccessFlags, MemoryRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::{QpState, QueuePair};
 use gdr::wr::{RecvRequest, SendRequest};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use gdr::cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
 use gdr::device::{Context, DeviceList, GidType, PortState};
-use gdr::mr::{AccessFlags, MemoryRegion, RegionExt, RemoteRegion};
+use gdr::mr::{AccessFlags, MemoryRegion, RemoteRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::{QpState, QueuePair, WorkQueue};
 use gdr::wr::{Operation, RecvRequest, SendRequest};

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use gdr::cq::{Completion, CompletionQueue, WcStatus};
 use gdr::device::Context;
-use gdr::mr::{AccessFlags, MemoryRegion, RegionExt};
+use gdr::mr::{AccessFlags, MemoryRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::{QpState, QueuePair, QueuePairBuilder, WorkQueue};
 use gdr::wr::{RecvRequest, SendRequest};

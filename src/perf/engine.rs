@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gdr::cq::{Completion, CompletionQueue};
 use gdr::cuda::DeviceBuffer;
 use gdr::gpu_mr::{GpuMemoryRegion, RegistrationPath};
-use gdr::mr::{AccessFlags, LocalSlice, MemoryRegion, RegionExt, RemoteRegion, RemoteSlice};
+use gdr::mr::{AccessFlags, LocalSlice, MemoryRegion, RemoteRegion, RemoteSlice};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::{PreparedSend, QueuePair};
 use gdr::wr::{RecvRequest, SendRequest};

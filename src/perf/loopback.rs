@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use gdr::cq::CompletionQueue;
 use gdr::device::Context;
-use gdr::mr::{AccessFlags, MemoryRegion, RegionExt};
+use gdr::mr::{AccessFlags, MemoryRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 

@@ -4,7 +4,7 @@
 //! Polling a completion is what releases the regions its work request kept alive (soundness
 //! rule 1): a queue pair registers its in-flight table with its completion queues, and
 //! [`CompletionQueue::poll`] hands each reaped completion back to it. A completion is attributed
-//! beyond doubt (QP number, incarnation tag and sequence number, see [`crate::inflight`]); one that
+//! beyond doubt (QP number, incarnation tag and sequence number, see `inflight.rs`); one that
 //! cannot be attributed releases nothing. Polling holds the queue's lock from `ibv_poll_cq` until
 //! every reaped completion has retired its request, so threads polling one queue concurrently
 //! neither lose nor reorder completions.

@@ -61,6 +61,8 @@ impl fmt::Debug for GpuMemoryRegion {
     }
 }
 
+crate::mr::inherent_region_methods!(GpuMemoryRegion);
+
 impl GpuMemoryRegion {
     /// Registers `range` of `buffer` (`..` for all of it). The region keeps the buffer alive.
     ///

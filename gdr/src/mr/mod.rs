@@ -43,5 +43,6 @@ pub use access::{AccessFlags, MemoryKind};
 pub use host::{page_size, AlignedBuffer, HostMemory};
 pub(crate) use range::resolve_range;
 pub use region::{memlock_limit_text, MemoryRegion, WatchedWord};
+pub(crate) use registered::inherent_region_methods;
 pub use registered::{LocalSlice, RegionExt, Registered};
 pub use remote::{RemoteRegion, RemoteSlice};

@@ -80,6 +80,8 @@ impl fmt::Debug for MemoryRegion {
     }
 }
 
+crate::mr::inherent_region_methods!(MemoryRegion);
+
 impl MemoryRegion {
     /// Allocates `len` zeroed, page-aligned bytes and registers them.
     ///

@@ -68,6 +68,48 @@ impl<R: Registered> RegionExt for Arc<R> {
     }
 }
 
+/// Gives a region type the everyday methods of [`Registered`] and [`RegionExt`] as inherent
+/// methods, so `mr.slice(..)`, `mr.remote()`, `mr.lkey()` and `mr.rkey()` work without importing
+/// a trait. Used for gdr's own region types.
+macro_rules! inherent_region_methods {
+    ($region:ty) => {
+        impl $region {
+            /// A bounds-checked local slice, for scatter/gather lists (as [`RegionExt::slice`]).
+            ///
+            /// # Errors
+            /// [`Error::OutOfBounds`](crate::Error::OutOfBounds) for a range outside the region.
+            ///
+            /// [`RegionExt::slice`]: crate::mr::RegionExt::slice
+            pub fn slice(
+                self: &std::sync::Arc<Self>,
+                range: impl std::ops::RangeBounds<usize>,
+            ) -> crate::Result<crate::mr::LocalSlice> {
+                crate::mr::RegionExt::slice(self, range)
+            }
+
+            /// The descriptor a peer needs to access this region remotely (as
+            /// [`RegionExt::remote`](crate::mr::RegionExt::remote)).
+            #[must_use]
+            pub fn remote(self: &std::sync::Arc<Self>) -> crate::mr::RemoteRegion {
+                crate::mr::RegionExt::remote(self)
+            }
+
+            /// The local key, for scatter/gather entries.
+            #[must_use]
+            pub fn lkey(&self) -> u32 {
+                crate::mr::Registered::lkey(self)
+            }
+
+            /// The remote key a peer needs.
+            #[must_use]
+            pub fn rkey(&self) -> u32 {
+                crate::mr::Registered::rkey(self)
+            }
+        }
+    };
+}
+pub(crate) use inherent_region_methods;
+
 /// A bounds-checked piece of a local registered region. Holds the region alive.
 ///
 /// What posting needs from the region (address, lkey, access, protection domain) is read once

@@ -17,9 +17,9 @@ pub struct QpConfig {
     pub max_send_wr: u32,
     /// Receive queue depth (default 128).
     pub max_recv_wr: u32,
-    /// Scatter/gather entries per send request (default 4, at most [`MAX_SGE`]).
+    /// Scatter/gather entries per send request (default 4, at most [`MAX_SGE`](super::MAX_SGE)).
     pub max_send_sge: u32,
-    /// Scatter/gather entries per receive request (default 4, at most [`MAX_SGE`]).
+    /// Scatter/gather entries per receive request (default 4, at most [`MAX_SGE`](super::MAX_SGE)).
     pub max_recv_sge: u32,
     /// Inline data bytes (default 64).
     pub max_inline_data: u32,
