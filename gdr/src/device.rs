@@ -15,40 +15,8 @@
 //! One concept per file: `list.rs` (the host's devices), `context.rs` (an open device and its
 //! attributes), `port.rs` (port attributes, state, link layer, MTU), `gid.rs` (GID types and the
 //! GID table), `selection.rs` (the `NCCL_IB_HCA` syntax). Every enum made from a raw C value is
-//! tied to its `gdr_sys::ibv` constant in exactly one place (the `constants!` lists below each
-//! enum), and a host test checks that every constant round-trips.
-
-/// Ties an enum to the C constants its variants stand for, in one list: generates
-/// `from_constant` (raw value to variant, `None` for values the list lacks), `constant` (variant
-/// to raw value, `None` for variants outside the list, such as `Unknown(v)`) and, for tests,
-/// `CONSTANTS` (every pair).
-macro_rules! constants {
-    ($ty:ident : $raw:ty { $($variant:ident = $konst:path),+ $(,)? }) => {
-        impl $ty {
-            /// Every (C constant, variant) pair, for the round-trip tests.
-            #[cfg(test)]
-            pub(crate) const CONSTANTS: &'static [($raw, $ty)] = &[$(($konst, $ty::$variant)),+];
-
-            /// The variant a C constant stands for.
-            #[allow(unreachable_patterns)]
-            fn from_constant(v: $raw) -> Option<$ty> {
-                match v {
-                    $($konst => Some($ty::$variant),)+
-                    _ => None,
-                }
-            }
-
-            /// The C constant a variant stands for.
-            #[allow(dead_code, unreachable_patterns)]
-            fn constant(self) -> Option<$raw> {
-                match self {
-                    $($ty::$variant => Some($konst),)+
-                    _ => None,
-                }
-            }
-        }
-    };
-}
+//! tied to its `gdr_sys::ibv` constant in exactly one place (the `constants!` lists, see
+//! `raw_enum.rs`, below each enum), and a host test checks that every constant round-trips.
 
 mod context;
 mod gid;

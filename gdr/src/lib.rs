@@ -85,6 +85,7 @@ mod inflight;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+mod raw_enum;
 mod return_code;
 pub mod topology;
 pub mod wr;

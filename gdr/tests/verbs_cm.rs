@@ -15,15 +15,10 @@ use gdr::qp::{QpState, QueuePair};
 use gdr::wr::{RecvRequest, SendRequest};
 use gdr::Error;
 
+mod common;
+use common::{addr, device};
+
 const T: Duration = Duration::from_secs(10);
-
-fn addr() -> String {
-    std::env::var("GDR_TEST_ADDR").expect("GDR_TEST_ADDR is not set: this test needs the IP address of an RDMA device (cargo xtask test sets it in the VM)")
-}
-
-fn device() -> String {
-    std::env::var("GDR_TEST_DEVICE").expect("GDR_TEST_DEVICE is not set: this test needs an RDMA device (cargo xtask test runs it in the Soft-RoCE VM)")
-}
 
 #[test]
 #[ignore = "needs an RDMA device and its IP in GDR_TEST_ADDR (run in the VM: cargo xtask test)"]

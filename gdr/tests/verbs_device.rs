@@ -8,9 +8,8 @@
 use gdr::device::{Context, DeviceList, Selection};
 use gdr::Error;
 
-fn device() -> String {
-    std::env::var("GDR_TEST_DEVICE").expect("GDR_TEST_DEVICE is not set: this test needs an RDMA device (cargo xtask test runs it in the Soft-RoCE VM)")
-}
+mod common;
+use common::device;
 
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]

@@ -15,36 +15,13 @@ use gdr::qp::{QpState, QueuePair, WorkQueue};
 use gdr::wr::{Operation, RecvRequest, SendRequest};
 use gdr::Error;
 
+mod common;
+use common::{device, pair_of, Pair};
+
 const T: Duration = Duration::from_secs(10);
 
-fn device() -> String {
-    std::env::var("GDR_TEST_DEVICE").expect("GDR_TEST_DEVICE is not set: this test needs an RDMA device (cargo xtask test runs it in the Soft-RoCE VM)")
-}
-
-struct Pair {
-    pd: Arc<ProtectionDomain>,
-    a: QueuePair,
-    b: QueuePair,
-    cq_a: Arc<CompletionQueue>,
-    cq_b: Arc<CompletionQueue>,
-}
-
 fn pair_with(f: impl Fn(gdr::qp::QueuePairBuilder) -> gdr::qp::QueuePairBuilder) -> Pair {
-    let ctx = Context::open(&device()).expect("open the test device");
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq_a = CompletionQueue::new(&ctx, 512).unwrap();
-    let cq_b = CompletionQueue::with_channel(&ctx, 512).unwrap();
-    let a = f(QueuePair::builder(&pd, &cq_a, &cq_a)).build().unwrap();
-    let b = f(QueuePair::builder(&pd, &cq_b, &cq_b)).build().unwrap();
-    a.connect(&b.endpoint()).unwrap();
-    b.connect(&a.endpoint()).unwrap();
-    Pair {
-        pd,
-        a,
-        b,
-        cq_a,
-        cq_b,
-    }
+    pair_of(true, f)
 }
 
 fn pair() -> Pair {

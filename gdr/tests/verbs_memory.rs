@@ -17,20 +17,11 @@ use gdr::qp::QueuePair;
 use gdr::wr::SendRequest;
 use gdr::Error;
 
+mod common;
+use common::{device, pd};
+
 const T: Duration = Duration::from_secs(10);
 
-fn device() -> String {
-    std::env::var("GDR_TEST_DEVICE").expect("GDR_TEST_DEVICE is not set: this test needs an RDMA device (cargo xtask test runs it in the Soft-RoCE VM)")
-}
-
-fn pd() -> Arc<ProtectionDomain> {
-    let ctx = Context::open(&device()).expect("open the test device");
-    ProtectionDomain::new(&ctx).unwrap()
-}
-
-/// Finding 4: threads writing and reading one registered region through `&MemoryRegion` raced
-/// with non-atomic copies (a data race in safe code; torn reads seen). Now every aligned word is
-/// one atomic unit: a reader sees each word whole, from one write.
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn memory_concurrent_cpu_words_are_never_torn() {

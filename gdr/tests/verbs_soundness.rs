@@ -13,59 +13,14 @@ use gdr::cq::{Completion, CompletionQueue, WcStatus};
 use gdr::device::Context;
 use gdr::mr::{AccessFlags, MemoryRegion};
 use gdr::pd::ProtectionDomain;
-use gdr::qp::{QpState, QueuePair, QueuePairBuilder, WorkQueue};
+use gdr::qp::{QpState, QueuePair, WorkQueue};
 use gdr::wr::{RecvRequest, SendRequest};
 use gdr::Error;
 
+mod common;
+use common::{device, drain_for, pair_of as pair};
+
 const T: Duration = Duration::from_secs(20);
-
-fn device() -> String {
-    std::env::var("GDR_TEST_DEVICE").expect("GDR_TEST_DEVICE is not set: this test needs an RDMA device (cargo xtask test runs it in the Soft-RoCE VM)")
-}
-
-struct Pair {
-    pd: Arc<ProtectionDomain>,
-    a: QueuePair,
-    b: QueuePair,
-    cq_a: Arc<CompletionQueue>,
-    cq_b: Arc<CompletionQueue>,
-}
-
-/// Two queue pairs of one process, each with its own completion queue; connected when `connect`.
-fn pair(connect: bool, f: impl Fn(QueuePairBuilder) -> QueuePairBuilder) -> Pair {
-    let ctx = Context::open(&device()).expect("open the test device");
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq_a = CompletionQueue::new(&ctx, 1024).unwrap();
-    let cq_b = CompletionQueue::new(&ctx, 1024).unwrap();
-    let a = f(QueuePair::builder(&pd, &cq_a, &cq_a)).build().unwrap();
-    let b = f(QueuePair::builder(&pd, &cq_b, &cq_b)).build().unwrap();
-    if connect {
-        a.connect(&b.endpoint()).unwrap();
-        b.connect(&a.endpoint()).unwrap();
-    }
-    Pair {
-        pd,
-        a,
-        b,
-        cq_a,
-        cq_b,
-    }
-}
-
-/// Everything `cq` reports within `d`.
-fn drain_for(cq: &CompletionQueue, d: Duration) -> Vec<Completion> {
-    let mut got = Vec::new();
-    let mut buf = [Completion::default(); 16];
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        let n = cq.poll(&mut buf).unwrap();
-        got.extend_from_slice(&buf[..n]);
-        if n == 0 {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-    got
-}
 
 fn not_ready(r: gdr::Result<()>, state: QpState) {
     match r {

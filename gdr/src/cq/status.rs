@@ -7,6 +7,8 @@ use gdr_sys::ibv;
 use gdr_sys::ibv::ibv_wc_opcode as O;
 use gdr_sys::ibv::ibv_wc_status as S;
 
+use crate::raw_enum::constants;
+
 /// Status of a work completion (`ibv_wc_status`), every value mapped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum WcStatus {
@@ -63,54 +65,44 @@ pub enum WcStatus {
     Unknown(u32),
 }
 
-/// Every known status and its `ibv_wc_status` constant.
-const STATUSES: [(S::Type, WcStatus); 24] = {
-    use WcStatus::*;
-    [
-        (S::IBV_WC_SUCCESS, Success),
-        (S::IBV_WC_LOC_LEN_ERR, LocalLength),
-        (S::IBV_WC_LOC_QP_OP_ERR, LocalQpOperation),
-        (S::IBV_WC_LOC_EEC_OP_ERR, LocalEecOperation),
-        (S::IBV_WC_LOC_PROT_ERR, LocalProtection),
-        (S::IBV_WC_WR_FLUSH_ERR, WrFlush),
-        (S::IBV_WC_MW_BIND_ERR, MwBind),
-        (S::IBV_WC_BAD_RESP_ERR, BadResponse),
-        (S::IBV_WC_LOC_ACCESS_ERR, LocalAccess),
-        (S::IBV_WC_REM_INV_REQ_ERR, RemoteInvalidRequest),
-        (S::IBV_WC_REM_ACCESS_ERR, RemoteAccess),
-        (S::IBV_WC_REM_OP_ERR, RemoteOperation),
-        (S::IBV_WC_RETRY_EXC_ERR, RetryExceeded),
-        (S::IBV_WC_RNR_RETRY_EXC_ERR, RnrRetryExceeded),
-        (S::IBV_WC_LOC_RDD_VIOL_ERR, LocalRddViolation),
-        (S::IBV_WC_REM_INV_RD_REQ_ERR, RemoteInvalidRdRequest),
-        (S::IBV_WC_REM_ABORT_ERR, RemoteAbort),
-        (S::IBV_WC_INV_EECN_ERR, InvalidEecn),
-        (S::IBV_WC_INV_EEC_STATE_ERR, InvalidEecState),
-        (S::IBV_WC_FATAL_ERR, Fatal),
-        (S::IBV_WC_RESP_TIMEOUT_ERR, ResponseTimeout),
-        (S::IBV_WC_GENERAL_ERR, General),
-        (S::IBV_WC_TM_ERR, TagMatching),
-        (S::IBV_WC_TM_RNDV_INCOMPLETE, TagMatchingRndvIncomplete),
-    ]
-};
+constants!(WcStatus: u32 {
+    Success = S::IBV_WC_SUCCESS,
+    LocalLength = S::IBV_WC_LOC_LEN_ERR,
+    LocalQpOperation = S::IBV_WC_LOC_QP_OP_ERR,
+    LocalEecOperation = S::IBV_WC_LOC_EEC_OP_ERR,
+    LocalProtection = S::IBV_WC_LOC_PROT_ERR,
+    WrFlush = S::IBV_WC_WR_FLUSH_ERR,
+    MwBind = S::IBV_WC_MW_BIND_ERR,
+    BadResponse = S::IBV_WC_BAD_RESP_ERR,
+    LocalAccess = S::IBV_WC_LOC_ACCESS_ERR,
+    RemoteInvalidRequest = S::IBV_WC_REM_INV_REQ_ERR,
+    RemoteAccess = S::IBV_WC_REM_ACCESS_ERR,
+    RemoteOperation = S::IBV_WC_REM_OP_ERR,
+    RetryExceeded = S::IBV_WC_RETRY_EXC_ERR,
+    RnrRetryExceeded = S::IBV_WC_RNR_RETRY_EXC_ERR,
+    LocalRddViolation = S::IBV_WC_LOC_RDD_VIOL_ERR,
+    RemoteInvalidRdRequest = S::IBV_WC_REM_INV_RD_REQ_ERR,
+    RemoteAbort = S::IBV_WC_REM_ABORT_ERR,
+    InvalidEecn = S::IBV_WC_INV_EECN_ERR,
+    InvalidEecState = S::IBV_WC_INV_EEC_STATE_ERR,
+    Fatal = S::IBV_WC_FATAL_ERR,
+    ResponseTimeout = S::IBV_WC_RESP_TIMEOUT_ERR,
+    General = S::IBV_WC_GENERAL_ERR,
+    TagMatching = S::IBV_WC_TM_ERR,
+    TagMatchingRndvIncomplete = S::IBV_WC_TM_RNDV_INCOMPLETE,
+});
 
 impl WcStatus {
     /// From `ibv_wc_status`.
     pub fn from_raw(v: u32) -> Self {
-        STATUSES
-            .iter()
-            .find(|(raw, _)| *raw == v)
-            .map_or(WcStatus::Unknown(v), |(_, s)| *s)
+        Self::from_constant(v).unwrap_or(WcStatus::Unknown(v))
     }
 
     /// The `ibv_wc_status` value.
     pub fn raw(self) -> u32 {
         match self {
             WcStatus::Unknown(v) => v,
-            s => STATUSES
-                .iter()
-                .find(|(_, x)| *x == s)
-                .map_or(u32::MAX, |(raw, _)| *raw),
+            s => s.constant().unwrap_or(u32::MAX),
         }
     }
 
@@ -174,36 +166,29 @@ pub enum WcOpcode {
     Other(u32),
 }
 
-/// Every known opcode and its `ibv_wc_opcode` constant.
-const OPCODES: [(O::Type, WcOpcode); 9] = [
-    (O::IBV_WC_SEND, WcOpcode::Send),
-    (O::IBV_WC_RDMA_WRITE, WcOpcode::RdmaWrite),
-    (O::IBV_WC_RDMA_READ, WcOpcode::RdmaRead),
-    (O::IBV_WC_COMP_SWAP, WcOpcode::CompareSwap),
-    (O::IBV_WC_FETCH_ADD, WcOpcode::FetchAdd),
-    (O::IBV_WC_BIND_MW, WcOpcode::BindMw),
-    (O::IBV_WC_LOCAL_INV, WcOpcode::LocalInvalidate),
-    (O::IBV_WC_RECV, WcOpcode::Recv),
-    (O::IBV_WC_RECV_RDMA_WITH_IMM, WcOpcode::RecvRdmaWithImm),
-];
+constants!(WcOpcode: u32 {
+    Send = O::IBV_WC_SEND,
+    RdmaWrite = O::IBV_WC_RDMA_WRITE,
+    RdmaRead = O::IBV_WC_RDMA_READ,
+    CompareSwap = O::IBV_WC_COMP_SWAP,
+    FetchAdd = O::IBV_WC_FETCH_ADD,
+    BindMw = O::IBV_WC_BIND_MW,
+    LocalInvalidate = O::IBV_WC_LOCAL_INV,
+    Recv = O::IBV_WC_RECV,
+    RecvRdmaWithImm = O::IBV_WC_RECV_RDMA_WITH_IMM,
+});
 
 impl WcOpcode {
     /// From `ibv_wc_opcode`.
     pub fn from_raw(v: u32) -> Self {
-        OPCODES
-            .iter()
-            .find(|(raw, _)| *raw == v)
-            .map_or(WcOpcode::Other(v), |(_, o)| *o)
+        Self::from_constant(v).unwrap_or(WcOpcode::Other(v))
     }
 
     /// The `ibv_wc_opcode` value.
     pub fn raw(self) -> u32 {
         match self {
             WcOpcode::Other(v) => v,
-            o => OPCODES
-                .iter()
-                .find(|(_, x)| *x == o)
-                .map_or(u32::MAX, |(raw, _)| *raw),
+            o => o.constant().unwrap_or(u32::MAX),
         }
     }
 }
@@ -214,7 +199,7 @@ mod tests {
 
     #[test]
     fn every_status_round_trips_and_failures_have_hints() {
-        for (raw, s) in STATUSES {
+        for &(raw, s) in WcStatus::CONSTANTS {
             assert_eq!(WcStatus::from_raw(raw), s);
             assert_eq!(s.raw(), raw);
             assert_eq!(s.hint().is_none(), s == WcStatus::Success);
@@ -233,7 +218,7 @@ mod tests {
 
     #[test]
     fn every_opcode_round_trips() {
-        for (raw, o) in OPCODES {
+        for &(raw, o) in WcOpcode::CONSTANTS {
             assert_eq!(WcOpcode::from_raw(raw), o);
             assert_eq!(o.raw(), raw);
         }

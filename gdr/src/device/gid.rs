@@ -8,6 +8,7 @@ use gdr_sys::ibv;
 use super::context::Context;
 use super::port::LinkLayer;
 use crate::error::{Error, Hint, Result};
+use crate::raw_enum::constants;
 use crate::return_code::{check, no_hint};
 
 /// Most GID entries read in one table query: real tables hold at most a few hundred per port;

@@ -6,6 +6,7 @@ use gdr_sys::ibv;
 
 use super::context::Context;
 use crate::error::{Hint, Result};
+use crate::raw_enum::constants;
 use crate::return_code::check;
 
 /// The `IBV_LINK_LAYER_*` values of `verbs.h`: an anonymous enum that rdma-sys does not bind.

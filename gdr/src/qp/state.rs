@@ -20,6 +20,7 @@ use crate::device::LinkLayer;
 use crate::error::{Error, Hint, Result};
 use crate::inflight::{lock, Ring};
 use crate::mr::AccessFlags;
+use crate::raw_enum::constants;
 use crate::return_code;
 
 /// One of a queue pair's two work queues.
@@ -61,33 +62,26 @@ pub enum QpState {
     Unknown,
 }
 
-/// Every state and its `ibv_qp_state` constant.
-const STATES: [(S::Type, QpState); 8] = [
-    (S::IBV_QPS_RESET, QpState::Reset),
-    (S::IBV_QPS_INIT, QpState::Init),
-    (S::IBV_QPS_RTR, QpState::Rtr),
-    (S::IBV_QPS_RTS, QpState::Rts),
-    (S::IBV_QPS_SQD, QpState::Sqd),
-    (S::IBV_QPS_SQE, QpState::Sqe),
-    (S::IBV_QPS_ERR, QpState::Error),
-    (S::IBV_QPS_UNKNOWN, QpState::Unknown),
-];
+constants!(QpState: u32 {
+    Reset = S::IBV_QPS_RESET,
+    Init = S::IBV_QPS_INIT,
+    Rtr = S::IBV_QPS_RTR,
+    Rts = S::IBV_QPS_RTS,
+    Sqd = S::IBV_QPS_SQD,
+    Sqe = S::IBV_QPS_SQE,
+    Error = S::IBV_QPS_ERR,
+    Unknown = S::IBV_QPS_UNKNOWN,
+});
 
 impl QpState {
     /// From `ibv_qp_state`; values this version does not know are [`QpState::Unknown`].
     pub fn from_raw(v: u32) -> Self {
-        STATES
-            .iter()
-            .find(|(raw, _)| *raw == v)
-            .map_or(QpState::Unknown, |(_, s)| *s)
+        Self::from_constant(v).unwrap_or(QpState::Unknown)
     }
 
     /// The `ibv_qp_state` value.
     pub fn raw(self) -> u32 {
-        STATES
-            .iter()
-            .find(|(_, s)| *s == self)
-            .map_or(S::IBV_QPS_UNKNOWN, |(raw, _)| *raw)
+        self.constant().unwrap_or(S::IBV_QPS_UNKNOWN)
     }
 
     /// Whether send-queue requests may be posted (RTS).
@@ -409,7 +403,7 @@ mod tests {
 
     #[test]
     fn every_state_round_trips() {
-        for (raw, s) in STATES {
+        for &(raw, s) in QpState::CONSTANTS {
             assert_eq!(QpState::from_raw(raw), s);
             assert_eq!(s.raw(), raw);
         }

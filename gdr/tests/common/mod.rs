@@ -1,0 +1,75 @@
+//! What the device tests share: the device under test, and two connected queue pairs.
+//!
+//! Each test binary uses a part of this module (`mod common;`), so the parts another binary
+//! needs are dead code in it.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gdr::cq::{Completion, CompletionQueue};
+use gdr::device::Context;
+use gdr::pd::ProtectionDomain;
+use gdr::qp::{QueuePair, QueuePairBuilder};
+
+/// The RDMA device the tests run on (`GDR_TEST_DEVICE`); a missing device is a failure.
+pub fn device() -> String {
+    std::env::var("GDR_TEST_DEVICE").expect("GDR_TEST_DEVICE is not set: this test needs an RDMA device (cargo xtask test runs it in the Soft-RoCE VM)")
+}
+
+/// The IP address of the device under test (`GDR_TEST_ADDR`).
+pub fn addr() -> String {
+    std::env::var("GDR_TEST_ADDR").expect("GDR_TEST_ADDR is not set: this test needs the IP address of an RDMA device (cargo xtask test sets it in the VM)")
+}
+
+/// A protection domain on the device under test.
+pub fn pd() -> Arc<ProtectionDomain> {
+    let ctx = Context::open(&device()).expect("open the test device");
+    ProtectionDomain::new(&ctx).unwrap()
+}
+
+/// Two queue pairs of one process with a completion queue each (`cq_b` has a completion
+/// channel).
+pub struct Pair {
+    pub pd: Arc<ProtectionDomain>,
+    pub a: QueuePair,
+    pub b: QueuePair,
+    pub cq_a: Arc<CompletionQueue>,
+    pub cq_b: Arc<CompletionQueue>,
+}
+
+/// Two queue pairs built with `f`, connected to each other when `connect`.
+pub fn pair_of(connect: bool, f: impl Fn(QueuePairBuilder) -> QueuePairBuilder) -> Pair {
+    let ctx = Context::open(&device()).expect("open the test device");
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq_a = CompletionQueue::new(&ctx, 1024).unwrap();
+    let cq_b = CompletionQueue::with_channel(&ctx, 1024).unwrap();
+    let a = f(QueuePair::builder(&pd, &cq_a, &cq_a)).build().unwrap();
+    let b = f(QueuePair::builder(&pd, &cq_b, &cq_b)).build().unwrap();
+    if connect {
+        a.connect(&b.endpoint()).unwrap();
+        b.connect(&a.endpoint()).unwrap();
+    }
+    Pair {
+        pd,
+        a,
+        b,
+        cq_a,
+        cq_b,
+    }
+}
+
+/// Everything `cq` reports within `d`.
+pub fn drain_for(cq: &CompletionQueue, d: Duration) -> Vec<Completion> {
+    let mut got = Vec::new();
+    let mut buf = [Completion::default(); 16];
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        let n = cq.poll(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..n]);
+        if n == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    got
+}
