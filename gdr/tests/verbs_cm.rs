@@ -31,12 +31,7 @@ fn connect_accept_write_and_send() {
         let client_region = req.remote_region().expect("the client advertised a region");
         assert_eq!(client_region.len, 4096);
         let ctx = req.context().clone();
-        let pd = ProtectionDomain::new(&ctx).unwrap();
-        let cq = CompletionQueue::new(&ctx, 64).unwrap();
-        let qp = QueuePair::builder(&pd, &cq, &cq)
-            .port(req.port())
-            .build()
-            .unwrap();
+        let (pd, cq, qp) = qp_on(&ctx, req.port(), 64);
         let mr = MemoryRegion::new(
             &pd,
             8192,
@@ -71,12 +66,7 @@ fn connect_accept_write_and_send() {
         pending.port(),
         "the context remembers rdma_cm's port"
     );
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 64).unwrap();
-    let qp = QueuePair::builder(&pd, &cq, &cq)
-        .port(pending.port())
-        .build()
-        .unwrap();
+    let (pd, cq, qp) = qp_on(&ctx, pending.port(), 64);
     let data: Vec<u8> = (0..4096).map(|i| (i % 251) as u8).collect();
     let mr = MemoryRegion::with_data(
         &pd,
@@ -108,12 +98,7 @@ fn connecting_to_a_port_nobody_listens_on_is_rejected_with_a_hint() {
     let dst: SocketAddr = format!("{}:1", addr()).parse().unwrap();
     let pending = cm::Connector::resolve(dst, T).unwrap();
     let ctx = pending.context().clone();
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 8).unwrap();
-    let qp = QueuePair::builder(&pd, &cq, &cq)
-        .port(pending.port())
-        .build()
-        .unwrap();
+    let (_pd, _cq, qp) = qp_on(&ctx, pending.port(), 8);
     let e = match pending.connect(qp, None) {
         Ok(_) => panic!("connected to a port nobody listens on"),
         Err(e) => e.to_string(),
@@ -150,12 +135,7 @@ fn duration_max_timeouts_resolve_connect_and_accept() {
         let req = listener.next_request(Duration::MAX).unwrap();
         assert_eq!(req.context().port(), req.port());
         let ctx = req.context().clone();
-        let pd = ProtectionDomain::new(&ctx).unwrap();
-        let cq = CompletionQueue::new(&ctx, 8).unwrap();
-        let qp = QueuePair::builder(&pd, &cq, &cq)
-            .port(req.port())
-            .build()
-            .unwrap();
+        let (_pd, _cq, qp) = qp_on(&ctx, req.port(), 8);
         let conn = req.accept(qp, None).unwrap();
         assert_eq!(conn.qp().state().unwrap(), QpState::Rts);
         conn
@@ -163,12 +143,7 @@ fn duration_max_timeouts_resolve_connect_and_accept() {
     let dst: SocketAddr = format!("{}:{port}", addr()).parse().unwrap();
     let pending = cm::Connector::resolve(dst, Duration::MAX).unwrap();
     let ctx = pending.context().clone();
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 8).unwrap();
-    let qp = QueuePair::builder(&pd, &cq, &cq)
-        .port(pending.port())
-        .build()
-        .unwrap();
+    let (_pd, _cq, qp) = qp_on(&ctx, pending.port(), 8);
     let conn = pending.connect(qp, None).unwrap();
     assert_eq!(conn.qp().state().unwrap(), QpState::Rts);
     let server_conn = server.join().unwrap();
@@ -245,26 +220,39 @@ fn handshake_whose_peer_closes_before_the_hello_leaves_the_qp_untouched() {
     assert_eq!(me.qp.state().unwrap(), QpState::Init);
 }
 
+/// A protection domain, a completion queue of `depth` and a queue pair on `ctx`, the context
+/// rdma_cm opened for a connection: the queue pair takes the context's port, which must be the one
+/// rdma_cm resolved (`port`).
+fn qp_on(
+    ctx: &std::sync::Arc<gdr::device::Context>,
+    port: u8,
+    depth: u32,
+) -> (
+    std::sync::Arc<ProtectionDomain>,
+    std::sync::Arc<CompletionQueue>,
+    QueuePair,
+) {
+    let pd = ProtectionDomain::new(ctx).unwrap();
+    let cq = CompletionQueue::new(ctx, depth).unwrap();
+    let qp = QueuePair::builder(&pd, &cq, &cq).build().unwrap();
+    assert_eq!(
+        qp.port(),
+        port,
+        "the queue pair takes the port rdma_cm resolved"
+    );
+    (pd, cq, qp)
+}
+
 fn cm_client(dst: SocketAddr) -> cm::CmConnection {
     let pending = cm::Connector::resolve(dst, T).unwrap();
     let ctx = pending.context().clone();
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 8).unwrap();
-    let qp = QueuePair::builder(&pd, &cq, &cq)
-        .port(pending.port())
-        .build()
-        .unwrap();
+    let (_pd, _cq, qp) = qp_on(&ctx, pending.port(), 8);
     pending.connect(qp, None).unwrap()
 }
 
 fn cm_accept(req: cm::ConnectRequest) -> cm::CmConnection {
     let ctx = req.context().clone();
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 8).unwrap();
-    let qp = QueuePair::builder(&pd, &cq, &cq)
-        .port(req.port())
-        .build()
-        .unwrap();
+    let (_pd, _cq, qp) = qp_on(&ctx, req.port(), 8);
     req.accept(qp, None).unwrap()
 }
 
