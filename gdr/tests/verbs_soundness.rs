@@ -430,3 +430,49 @@ fn resets_racing_posts_and_polls_never_misattribute() {
         seen.len()
     );
 }
+
+/// Two threads sleeping on one completion channel for one completion: one gets it, the other
+/// times out at its deadline (it used to sleep in `ibv_get_cq_event` until some later event).
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn two_waiters_on_one_channel_both_return() {
+    let p = Arc::new(pair(true, |b| b));
+    let rx = MemoryRegion::new(&p.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    p.b.post_recv(&RecvRequest::new(&[rx.slice(..).unwrap()]).id(7))
+        .unwrap();
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                let r = p.cq_b.wait_for(1, Duration::from_secs(3));
+                (
+                    r.map(|v| v.iter().map(|c| c.wr_id).collect::<Vec<_>>()),
+                    start.elapsed(),
+                )
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    p.a.post_send(&SendRequest::send_inline(b"one").id(1))
+        .unwrap();
+    let results: Vec<_> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
+    let got: Vec<_> = results
+        .iter()
+        .filter_map(|(r, _)| r.as_ref().ok())
+        .collect();
+    assert_eq!(
+        got,
+        [&vec![7u64]],
+        "exactly one waiter gets the completion: {results:?}"
+    );
+    for (r, took) in &results {
+        if let Err(e) = r {
+            assert!(matches!(e, Error::Timeout { .. }), "{e}");
+            assert!(
+                *took < Duration::from_secs(10),
+                "the other waiter returned at its deadline"
+            );
+        }
+    }
+}

@@ -86,14 +86,36 @@ impl CompletionQueue {
         let channel = if with_channel {
             // SAFETY: valid context.
             let ch = unsafe { ibv::ibv_create_comp_channel(ctx.as_raw()) };
-            let ch = NonNull::new(ch).ok_or_else(|| {
-                Error::verbs_errno(
-                    "ibv_create_comp_channel",
-                    format!("device={}", ctx.name()),
-                    Hint::NONE,
-                )
-            })?;
-            Some(Channel(ch))
+            let ch = return_code::non_null(
+                "ibv_create_comp_channel",
+                ch,
+                || format!("device={}", ctx.name()),
+                return_code::no_hint,
+            )?;
+            let channel = Channel(ch);
+            // Non-blocking, so a waiter whose event another waiter took sees EAGAIN instead of
+            // sleeping in ibv_get_cq_event until the next event.
+            // SAFETY: the channel is valid; fcntl on its own descriptor.
+            let fd = unsafe { (*ch.as_ptr()).fd };
+            // SAFETY: as above.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+            let rc = if flags < 0 {
+                -1
+            } else {
+                // SAFETY: as above.
+                unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }
+            };
+            if let Err(e) = return_code::check(
+                "fcntl",
+                rc,
+                || format!("completion channel fd {fd}, F_SETFL O_NONBLOCK"),
+                return_code::no_hint,
+            ) {
+                // SAFETY: created above, not used by any CQ.
+                unsafe { ibv::ibv_destroy_comp_channel(ch.as_ptr()) };
+                return Err(e);
+            }
+            Some(channel)
         } else {
             None
         };
@@ -104,14 +126,14 @@ impl CompletionQueue {
         let cq = unsafe {
             ibv::ibv_create_cq(ctx.as_raw(), depth as i32, std::ptr::null_mut(), ch_ptr, 0)
         };
-        let cq = match NonNull::new(cq) {
-            Some(cq) => cq,
-            None => {
-                let e = Error::verbs_errno(
-                    "ibv_create_cq",
-                    format!("device={}, cqe={depth}", ctx.name()),
-                    "the depth may exceed the device's max_cqe (`ibv_devinfo -v`)",
-                );
+        let cq = match return_code::non_null(
+            "ibv_create_cq",
+            cq,
+            || format!("device={}, cqe={depth}", ctx.name()),
+            |_| Hint::new("the depth may exceed the device's max_cqe (`ibv_devinfo -v`)"),
+        ) {
+            Ok(cq) => cq,
+            Err(e) => {
                 if let Some(ch) = channel {
                     // SAFETY: created above, not used by any CQ.
                     unsafe { ibv::ibv_destroy_comp_channel(ch.0.as_ptr()) };
@@ -278,19 +300,17 @@ impl CompletionQueue {
         }
         // SAFETY: valid CQ.
         let rc = unsafe { ibv::ibv_req_notify_cq(self.cq.as_ptr(), 0) };
-        if rc != 0 {
-            return Err(Error::verbs(
-                "ibv_req_notify_cq",
-                format!("device={}", self.ctx.name()),
-                rc,
-                Hint::NONE,
-            ));
-        }
-        Ok(())
+        return_code::check(
+            "ibv_req_notify_cq",
+            rc,
+            || format!("device={}", self.ctx.name()),
+            return_code::no_hint,
+        )
     }
 
     /// Sleeps until the armed completion queue has an event or `timeout` passes. Returns whether
-    /// an event arrived. Call [`CompletionQueue::arm`] first and poll afterwards.
+    /// an event arrived (`false` also when another thread waiting on the same queue took it).
+    /// Call [`CompletionQueue::arm`] first and poll afterwards.
     pub fn wait(&self, timeout: Duration) -> Result<bool> {
         let ch = self.channel.as_ref().ok_or_else(|| {
             Error::invalid(
@@ -307,13 +327,15 @@ impl CompletionQueue {
         let mut ctx: *mut libc::c_void = std::ptr::null_mut();
         // SAFETY: the fd is readable, so ibv_get_cq_event does not block; out-pointers are valid.
         let rc = unsafe { ibv::ibv_get_cq_event(ch.0.as_ptr(), &mut cq, &mut ctx) };
-        if rc != 0 {
-            return Err(Error::verbs_errno(
-                "ibv_get_cq_event",
-                format!("device={}", self.ctx.name()),
-                Hint::NONE,
-            ));
+        if rc != 0 && return_code::errno_of(rc) == libc::EAGAIN {
+            return Ok(false);
         }
+        return_code::check(
+            "ibv_get_cq_event",
+            rc,
+            || format!("device={}", self.ctx.name()),
+            return_code::no_hint,
+        )?;
         // SAFETY: acknowledges the one event we just took from this CQ.
         unsafe { ibv::ibv_ack_cq_events(cq, 1) };
         Ok(true)
@@ -415,7 +437,8 @@ pub(crate) fn lock_both<'a>(a: &'a CompletionQueue, b: &'a CompletionQueue) -> C
     }
 }
 
-/// Waits until `fd` is readable or `timeout` passes; returns whether it became readable.
+/// Waits until `fd` is readable or `timeout` passes; returns whether it became readable. A wait
+/// a signal interrupts (EINTR) returns `false` early: callers loop until their own deadline.
 pub(crate) fn wait_readable(fd: libc::c_int, timeout: Duration, what: &str) -> Result<bool> {
     let mut pfd = libc::pollfd {
         fd,
@@ -426,10 +449,11 @@ pub(crate) fn wait_readable(fd: libc::c_int, timeout: Duration, what: &str) -> R
     // SAFETY: one valid pollfd.
     let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
     if rc < 0 {
-        return Err(Error::io(
-            format!("poll on the {what}"),
-            std::io::Error::last_os_error(),
-        ));
+        let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(Error::io(format!("poll on the {what}"), e));
     }
     Ok(rc > 0)
 }
