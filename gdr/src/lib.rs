@@ -74,6 +74,8 @@
 #![warn(unreachable_pub)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "tokio")]
+pub mod aio;
 pub mod connect;
 pub mod cq;
 pub mod cuda;

@@ -791,3 +791,31 @@ fn prepared_requests_post_many_times_and_keep_their_regions_alive() {
         "{e}"
     );
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn waiting_for_one_particular_completion_keeps_the_others_in_order() {
+    let p = pair();
+    let dst = MemoryRegion::new(&p.pd, 64, AccessFlags::REMOTE_WRITE).unwrap();
+    for id in 1..=3 {
+        p.a.post_send(&SendRequest::write_inline(b"x", dst.remote().slice(0..1).unwrap()).id(id))
+            .unwrap();
+    }
+    let c = p.cq_a.wait_for_id(3, T).unwrap();
+    assert_eq!((c.wr_id, c.status), (3, WcStatus::Success));
+    let rest: Vec<u64> = p
+        .cq_a
+        .wait_for(2, T)
+        .unwrap()
+        .iter()
+        .map(|c| c.wr_id)
+        .collect();
+    assert_eq!(rest, [1, 2], "the completions before it are kept, in order");
+    p.a.post_send(&SendRequest::write_inline(b"y", dst.remote().slice(0..1).unwrap()).id(4))
+        .unwrap();
+    match p.cq_a.wait_for_id(99, Duration::from_millis(300)) {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("1 others arrived"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(one(&p.cq_a).wr_id, 4, "kept through the timeout");
+}

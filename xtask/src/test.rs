@@ -95,12 +95,12 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
     Ok(if ok { 0 } else { 1 })
 }
 
-/// `cargo test --workspace --no-fail-fast`, output streamed and its results counted.
+/// `cargo test --workspace --all-features --no-fail-fast`, output streamed and its results counted.
 fn host_tests(test_args: &[String]) -> Result<(bool, Counts)> {
     crate::setup::ensure_packages()?;
-    say!("host tests: cargo test --workspace");
+    say!("host tests: cargo test --workspace --all-features");
     let mut cmd = cargo::cargo();
-    cmd.args(["test", "--workspace", "--no-fail-fast"]);
+    cmd.args(["test", "--workspace", "--all-features", "--no-fail-fast"]);
     if !test_args.is_empty() {
         cmd.arg("--").args(test_args);
     }
@@ -127,7 +127,7 @@ fn host_tests(test_args: &[String]) -> Result<(bool, Counts)> {
 fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
     crate::setup::ensure_packages()?;
     say!("device tests: building the test binaries");
-    let artifacts = cargo::build(&["test", "--workspace", "--no-run"])?;
+    let artifacts = cargo::build(&["test", "--workspace", "--all-features", "--no-run"])?;
     let tests: Vec<_> = artifacts
         .iter()
         // gpu_*: the GPU machine's tier; hw_*: needs a GPU and an RDMA NIC in one host (users run it).

@@ -278,6 +278,61 @@ impl CompletionQueue {
         Ok(got)
     }
 
+    /// Polls until the completion of the request with id `wr_id` arrives, or `timeout` passes;
+    /// returns it (a failed one too: check [`Completion::result`]). Completions of other requests
+    /// that arrive meanwhile are kept, in order, for the next poll. Only signalled requests (and
+    /// failed unsignalled ones) are ever reported.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] (every completion that arrived is kept), or a polling error.
+    pub fn wait_for_id(&self, wr_id: u64, timeout: Duration) -> Result<Completion> {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut others = Vec::new();
+        let mut buf = [Completion::default(); 16];
+        loop {
+            let k = match self.poll(&mut buf) {
+                Ok(k) => k,
+                Err(e) => {
+                    self.put_back(others);
+                    return Err(e);
+                }
+            };
+            for (i, c) in buf[..k].iter().enumerate() {
+                if c.wr_id == wr_id {
+                    // What came after it in this batch goes back behind the others.
+                    others.extend_from_slice(&buf[i + 1..k]);
+                    let found = *c;
+                    self.put_back(others);
+                    return Ok(found);
+                }
+                others.push(*c);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                let arrived = others.len();
+                self.put_back(others);
+                return Err(Error::Timeout {
+                    what: format!(
+                        "waiting for the completion of wr_id {wr_id} on {} ({arrived} others arrived, kept for the next poll)",
+                        self.ctx.name()
+                    ),
+                    millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                    hint: Hint::new("was the request posted signalled, on a queue pair reporting to this queue?"),
+                });
+            }
+            if k == 0 {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// The completion channel's file descriptor (non-blocking), when there is a channel.
+    pub(crate) fn channel_fd(&self) -> Option<libc::c_int> {
+        // SAFETY: the channel is valid while self lives.
+        self.channel
+            .as_ref()
+            .map(|ch| unsafe { (*ch.0.as_ptr()).fd })
+    }
+
     /// Returns reaped completions to the front of the queue, for the next poll.
     fn put_back(&self, done: Vec<Completion>) {
         let mut d = self.lock_dispatch();

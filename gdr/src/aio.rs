@@ -1,0 +1,521 @@
+//! Async completions on tokio (feature `tokio`): post a request, await its own completion.
+//!
+//! An [`AsyncCompletionQueue`] takes a completion queue made with a completion channel and runs a
+//! small driver task on the current tokio runtime: it arms the queue, polls it, hands each
+//! completion to the future waiting for it, and sleeps on the channel's file descriptor (through
+//! tokio's `AsyncFd`) until the next event. Posting stays synchronous and checked as always;
+//! [`AsyncCompletionQueue::post_send`] and [`AsyncCompletionQueue::post_recv`] return a
+//! [`Completed`] future that resolves with that request's completion.
+//!
+//! Cancel safety: dropping a [`Completed`] at any point is harmless. The queue pair keeps the
+//! request's regions alive until its completion is reaped (gdr's rule for every post, blocking or
+//! not), the driver reaps it whenever it arrives, and the abandoned completion is absorbed without
+//! reaching any other future.
+//!
+//! ```no_run
+//! # async fn demo() -> gdr::Result<()> {
+//! use gdr::aio::AsyncCompletionQueue;
+//! use gdr::{AccessFlags, DeviceContext, SendRequest};
+//!
+//! let ctx = DeviceContext::open("rxe0")?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq_with_channel(1024)?;
+//! let qp = pd.queue_pair(&cq, &cq).build()?;
+//! # let peer = qp.endpoint();
+//! qp.connect(&peer)?;                            // endpoints exchanged as usual (gdr::connect)
+//! let acq = AsyncCompletionQueue::new(&cq)?;     // inside a tokio runtime
+//! let mr = pd.register_copy(b"hello", AccessFlags::LOCAL_WRITE)?;
+//! # let remote = mr.remote();
+//! let done = acq.post_send(&qp, &SendRequest::write(&[mr.slice(..)?], remote.slice(0..5)?))?;
+//! let c = done.await?;                           // this write's completion, or its error
+//! # let _ = c;
+//! # Ok(()) }
+//! ```
+//!
+//! Many requests may be outstanding on one queue pair and one completion queue at once, from any
+//! number of tasks: each future resolves with its own completion. Requests posted to the queue
+//! through the blocking API (their `wr_id` must have the top bit clear) can be awaited with
+//! [`AsyncCompletionQueue::completion`]; completions nobody claims are returned by
+//! [`AsyncCompletionQueue::next_unclaimed`].
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+use crate::cq::{Completion, CompletionQueue};
+use crate::error::{Error, Hint, Result};
+use crate::qp::QueuePair;
+use crate::wr::{RecvRequest, SendRequest};
+
+/// `wr_id`s the async layer assigns have this bit set; requests posted by hand must leave it
+/// clear.
+const OWN_ID: u64 = 1 << 63;
+
+/// A completion queue whose completions are delivered to futures. Cheap to clone (all clones
+/// share one driver task); the driver stops when the last clone and the last [`Completed`] are
+/// dropped.
+#[derive(Clone)]
+pub struct AsyncCompletionQueue {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for AsyncCompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncCompletionQueue")
+            .field("cq", &self.inner.cq)
+            .finish()
+    }
+}
+
+struct Inner {
+    cq: Arc<CompletionQueue>,
+    routes: Mutex<Routes>,
+    next_id: AtomicU64,
+    driver: tokio::task::AbortHandle,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// Where each completion goes.
+#[derive(Default)]
+struct Routes {
+    /// Futures waiting for a `wr_id`, and completions that arrived for them.
+    by_id: HashMap<u64, Route>,
+    /// Completions no future asked for (yet).
+    unclaimed: VecDeque<Completion>,
+    unclaimed_waker: Option<Waker>,
+    /// Set when the driver stopped on an error: every waiter gets it.
+    failed: Option<String>,
+}
+
+enum Route {
+    /// A future waits (with the waker of its last poll).
+    Waiting(Option<Waker>),
+    /// The completion arrived; the future has not been polled since.
+    Arrived(Completion),
+    /// The future was dropped: absorb the completion when it comes.
+    Abandoned,
+}
+
+/// The completion channel's descriptor, for `AsyncFd`. It holds the completion queue, which owns
+/// the channel, so the descriptor stays open as long as the `AsyncFd` (it never closes it).
+struct ChannelFd {
+    fd: RawFd,
+    _cq: Arc<CompletionQueue>,
+}
+
+impl AsRawFd for ChannelFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
+    }
+}
+
+impl AsyncCompletionQueue {
+    /// Starts delivering `cq`'s completions to futures. `cq` must have a completion channel
+    /// ([`CompletionQueue::with_channel`]); call this inside a tokio runtime (the driver task is
+    /// spawned on it). From now on, poll `cq` only through this value: a blocking poll elsewhere
+    /// would take completions the futures are waiting for.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a queue without a channel or outside a runtime;
+    /// [`Error::Io`] when tokio cannot watch the channel.
+    pub fn new(cq: &Arc<CompletionQueue>) -> Result<AsyncCompletionQueue> {
+        let fd = cq.channel_fd().ok_or_else(|| {
+            Error::invalid(
+                "AsyncCompletionQueue::new on a completion queue without a completion channel",
+                "create it with CompletionQueue::with_channel (ctx.create_cq_with_channel)",
+            )
+        })?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+            Error::invalid(
+                format!("AsyncCompletionQueue::new outside a tokio runtime: {e}"),
+                "create it from inside the runtime (an async fn, or Runtime::enter)",
+            )
+        })?;
+        let _entered = runtime.enter();
+        let owner = ChannelFd {
+            fd,
+            _cq: cq.clone(),
+        };
+        // SAFETY: `fd` is the channel's open descriptor; `owner` keeps the completion queue (and
+        // so the channel) alive, and returns the same descriptor, for the AsyncFd's whole life.
+        let afd =
+            unsafe { AsyncFd::register_with_interest(owner, Interest::READABLE) }.map_err(|e| {
+                Error::io(
+                    format!("registering completion channel fd {fd} with tokio"),
+                    e.into(),
+                )
+            })?;
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
+            let task = runtime.spawn(drive(weak.clone(), cq.clone(), afd));
+            Inner {
+                cq: cq.clone(),
+                routes: Mutex::new(Routes::default()),
+                next_id: AtomicU64::new(0),
+                driver: task.abort_handle(),
+            }
+        });
+        Ok(AsyncCompletionQueue { inner })
+    }
+
+    /// The completion queue.
+    pub fn cq(&self) -> &Arc<CompletionQueue> {
+        &self.inner.cq
+    }
+
+    /// Posts `req` on `qp` (checked exactly as [`QueuePair::post_send`]; the request is signalled
+    /// and gets an id of gdr's choosing) and returns the future of its completion.
+    ///
+    /// # Errors
+    /// Every error of [`QueuePair::post_send`], and [`Error::InvalidArgument`] when `qp` does not
+    /// report its send completions to this queue. Nothing is posted then.
+    pub fn post_send(&self, qp: &QueuePair, req: &SendRequest<'_>) -> Result<Completed> {
+        self.check_queue(qp.send_cq(), "send")?;
+        let id = self.inner.own_id();
+        let mut req = req.clone().id(id);
+        req.signaled = true;
+        self.posted(id, qp.post_send(&req))
+    }
+
+    /// Posts the receive `req` on `qp` (checked as [`QueuePair::post_recv`]) and returns the
+    /// future of its completion (the message that lands in it).
+    ///
+    /// # Errors
+    /// As [`AsyncCompletionQueue::post_send`], for the receive queue.
+    pub fn post_recv(&self, qp: &QueuePair, req: &RecvRequest<'_>) -> Result<Completed> {
+        self.check_queue(qp.recv_cq(), "receive")?;
+        let id = self.inner.own_id();
+        let req = req.clone().id(id);
+        self.posted(id, qp.post_recv(&req))
+    }
+
+    /// The future of the completion of a request posted by hand with `wr_id` (top bit clear;
+    /// signalled, or it may never be reported). If that completion already arrived unclaimed, the
+    /// future is ready at once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a `wr_id` with the top bit set (those are gdr's own) or one
+    /// another future already waits for.
+    pub fn completion(&self, wr_id: u64) -> Result<Completed> {
+        if wr_id & OWN_ID != 0 {
+            return Err(Error::invalid(
+                format!("wr_id {wr_id:#x} has the top bit set, which the async layer reserves"),
+                "post requests you await by hand with ids below 2^63",
+            ));
+        }
+        let mut routes = self.inner.lock();
+        if routes.by_id.contains_key(&wr_id) {
+            return Err(Error::invalid(
+                format!("another future already waits for wr_id {wr_id}"),
+                Hint::NONE,
+            ));
+        }
+        let route = match routes.unclaimed.iter().position(|c| c.wr_id == wr_id) {
+            Some(i) => Route::Arrived(routes.unclaimed.remove(i).expect("index found above")),
+            None => Route::Waiting(None),
+        };
+        routes.by_id.insert(wr_id, route);
+        drop(routes);
+        Ok(Completed {
+            inner: self.inner.clone(),
+            id: wr_id,
+            done: false,
+        })
+    }
+
+    /// The next completion no future claims (requests posted by hand and not awaited), in
+    /// arrival order.
+    ///
+    /// # Errors
+    /// [`Error::Io`]-style failures of the driver (a CQ overrun, the channel failing).
+    pub async fn next_unclaimed(&self) -> Result<Completion> {
+        std::future::poll_fn(|cx| {
+            let mut routes = self.inner.lock();
+            if let Some(c) = routes.unclaimed.pop_front() {
+                return Poll::Ready(Ok(c));
+            }
+            if let Some(e) = &routes.failed {
+                return Poll::Ready(Err(driver_failed(e)));
+            }
+            routes.unclaimed_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    fn check_queue(&self, cq: &Arc<CompletionQueue>, which: &str) -> Result<()> {
+        if Arc::ptr_eq(cq, &self.inner.cq) {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                format!("the queue pair reports its {which} completions to another completion queue"),
+                "build the queue pair with this completion queue (or await through the AsyncCompletionQueue of its own)",
+            ))
+        }
+    }
+
+    /// Registers the route of `id` before the post's outcome is known (a completion may arrive
+    /// before `post` returns), and removes it again when nothing was posted.
+    fn posted(&self, id: u64, outcome: Result<()>) -> Result<Completed> {
+        match outcome {
+            Ok(()) => Ok(Completed {
+                inner: self.inner.clone(),
+                id,
+                done: false,
+            }),
+            Err(e) => {
+                let mut routes = self.inner.lock();
+                // A refused post never completes; one the provider may have queued (an error
+                // from the doorbell) still may: absorb its completion.
+                if matches!(e, Error::Verbs { .. }) {
+                    if let Some(r) = routes.by_id.get_mut(&id) {
+                        if matches!(r, Route::Waiting(_)) {
+                            *r = Route::Abandoned;
+                        }
+                    }
+                } else {
+                    routes.by_id.remove(&id);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Routes> {
+        self.routes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new id of our own, its route registered.
+    fn own_id(&self) -> u64 {
+        let id = OWN_ID | (self.next_id.fetch_add(1, Ordering::Relaxed) & !OWN_ID);
+        self.lock().by_id.insert(id, Route::Waiting(None));
+        id
+    }
+
+    /// Hands out every completion the queue holds now.
+    fn deliver(&self) -> Result<()> {
+        let mut buf = [Completion::default(); 32];
+        loop {
+            let n = self.cq.poll(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            let mut routes = self.lock();
+            for c in &buf[..n] {
+                route(&mut routes, *c);
+            }
+            drop(routes);
+            if n < buf.len() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Gives one completion to whoever waits for it.
+fn route(routes: &mut Routes, c: Completion) {
+    match routes.by_id.get_mut(&c.wr_id) {
+        Some(Route::Waiting(w)) => {
+            let w = w.take();
+            routes.by_id.insert(c.wr_id, Route::Arrived(c));
+            if let Some(w) = w {
+                w.wake();
+            }
+        }
+        Some(Route::Abandoned) => {
+            routes.by_id.remove(&c.wr_id);
+        }
+        // A second completion for one id (a request posted twice by hand with the same id):
+        // the first stays with its future, this one is unclaimed.
+        Some(Route::Arrived(_)) | None => {
+            routes.unclaimed.push_back(c);
+            if let Some(w) = routes.unclaimed_waker.take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// The driver: arm, deliver, sleep on the channel; until the queue is no longer wanted.
+async fn drive(weak: Weak<Inner>, cq: Arc<CompletionQueue>, afd: AsyncFd<ChannelFd>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        // Arm first, then deliver: a completion that lands after the arm raises an event, one
+        // that landed before is delivered now, so none is missed.
+        if let Err(e) = cq.arm().and_then(|()| inner.deliver()) {
+            fail(&inner, e);
+            return;
+        }
+        drop(inner);
+        let mut ready = match afd.readable().await {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(inner) = weak.upgrade() {
+                    fail(&inner, Error::io("waiting on the completion channel", e));
+                }
+                return;
+            }
+        };
+        // Take and acknowledge every pending event (the descriptor is non-blocking).
+        loop {
+            match cq.wait(Duration::ZERO) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(e) => {
+                    if let Some(inner) = weak.upgrade() {
+                        fail(&inner, e);
+                    }
+                    return;
+                }
+            }
+        }
+        ready.clear_ready();
+    }
+}
+
+/// Stops every waiter with the driver's error.
+fn fail(inner: &Inner, e: Error) {
+    log::error!("async completion queue stopped: {e}");
+    let mut routes = inner.lock();
+    routes.failed = Some(e.to_string());
+    for r in routes.by_id.values_mut() {
+        if let Route::Waiting(w) = r {
+            if let Some(w) = w.take() {
+                w.wake();
+            }
+        }
+    }
+    if let Some(w) = routes.unclaimed_waker.take() {
+        w.wake();
+    }
+}
+
+fn driver_failed(e: &str) -> Error {
+    Error::invalid(
+        format!("the async completion queue's driver stopped: {e}"),
+        "the completion queue overran or its channel failed; recreate the queue pairs and queues",
+    )
+}
+
+/// The completion of one posted request. Resolves to the completion on success and to
+/// [`Error::Completion`] (with its typed status) when the request failed. Dropping it is always
+/// safe: the request's memory stays registered until the completion is reaped, and the
+/// completion is then absorbed.
+#[must_use = "a completion future does nothing unless awaited (dropping it is safe)"]
+pub struct Completed {
+    inner: Arc<Inner>,
+    id: u64,
+    done: bool,
+}
+
+impl std::fmt::Debug for Completed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completed")
+            .field("wr_id", &self.id)
+            .finish()
+    }
+}
+
+impl Completed {
+    /// The `wr_id` the request was posted with.
+    pub fn wr_id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Future for Completed {
+    type Output = Result<Completion>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let id = self.id;
+        let mut routes = self.inner.lock();
+        let failed = routes.failed.clone();
+        let outcome = match routes.by_id.get_mut(&id) {
+            Some(Route::Arrived(_)) => match routes.by_id.remove(&id) {
+                Some(Route::Arrived(c)) => Poll::Ready(c.result().copied()),
+                _ => unreachable!("matched Arrived above"),
+            },
+            Some(Route::Waiting(_)) if failed.is_some() => {
+                routes.by_id.insert(id, Route::Abandoned);
+                Poll::Ready(Err(driver_failed(failed.as_deref().unwrap_or_default())))
+            }
+            Some(Route::Waiting(w)) => {
+                *w = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            // Polled again after it resolved.
+            Some(Route::Abandoned) | None => Poll::Ready(Err(Error::invalid(
+                format!("the completion of wr_id {id} was already returned"),
+                "await a Completed once",
+            ))),
+        };
+        drop(routes);
+        self.done = true;
+        outcome
+    }
+}
+
+impl Drop for Completed {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut routes = self.inner.lock();
+        match routes.by_id.get(&self.id) {
+            // Arrived but never looked at: nothing more will come for it.
+            Some(Route::Arrived(_)) => {
+                routes.by_id.remove(&self.id);
+            }
+            // Still in flight: absorb the completion when it comes.
+            Some(Route::Waiting(_)) => {
+                routes.by_id.insert(self.id, Route::Abandoned);
+            }
+            Some(Route::Abandoned) | None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(wr_id: u64) -> Completion {
+        Completion {
+            wr_id,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn completions_go_to_their_own_waiter_and_abandoned_ones_are_absorbed() {
+        let mut r = Routes::default();
+        r.by_id.insert(1, Route::Waiting(None));
+        r.by_id.insert(2, Route::Abandoned);
+        route(&mut r, c(2));
+        assert!(!r.by_id.contains_key(&2), "absorbed");
+        route(&mut r, c(1));
+        assert!(matches!(r.by_id.get(&1), Some(Route::Arrived(x)) if x.wr_id == 1));
+        route(&mut r, c(1));
+        route(&mut r, c(9));
+        let ids: Vec<u64> = r.unclaimed.iter().map(|c| c.wr_id).collect();
+        assert_eq!(
+            ids,
+            [1, 9],
+            "duplicates and unknown ids are unclaimed, not misdelivered"
+        );
+    }
+}
