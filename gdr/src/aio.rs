@@ -51,6 +51,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 use crate::cq::{Completion, CompletionQueue};
+use crate::device::{AsyncEvent, DeviceEvents};
 use crate::error::{Error, Hint, Result};
 use crate::qp::QueuePair;
 use crate::wr::{RecvRequest, SendRequest};
@@ -409,6 +410,98 @@ fn driver_failed(e: &str) -> Error {
         format!("the async completion queue's driver stopped: {e}"),
         "the completion queue overran or its channel failed; recreate the queue pairs and queues",
     )
+}
+
+/// A device context's asynchronous events, awaited: port up/down, queue pair and completion
+/// queue errors, device failure (see [`crate::device::DeviceEvents`] for the blocking reader).
+///
+/// ```no_run
+/// # async fn demo() -> gdr::Result<()> {
+/// let ctx = gdr::DeviceContext::open("rxe0")?;
+/// let events = gdr::aio::AsyncDeviceEvents::new(ctx.events()?)?;
+/// loop {
+///     let e = events.next().await?;
+///     if e.kind.is_error() {
+///         eprintln!("{e}");
+///     }
+/// }
+/// # }
+/// ```
+pub struct AsyncDeviceEvents {
+    events: DeviceEvents,
+    afd: AsyncFd<EventFd>,
+}
+
+impl std::fmt::Debug for AsyncDeviceEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncDeviceEvents")
+            .field("events", &self.events)
+            .finish()
+    }
+}
+
+/// The context's event descriptor, for `AsyncFd`; it holds the context (which owns the
+/// descriptor) so the descriptor stays open as long as the `AsyncFd`.
+struct EventFd {
+    fd: RawFd,
+    _ctx: Arc<crate::device::Context>,
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
+    }
+}
+
+impl AsyncDeviceEvents {
+    /// Awaits the events `events` reads. Call inside a tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when tokio cannot watch the descriptor (outside a runtime, for one).
+    pub fn new(events: DeviceEvents) -> Result<AsyncDeviceEvents> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::invalid(
+                "AsyncDeviceEvents::new outside a tokio runtime",
+                "create it from inside the runtime (an async fn, or Runtime::enter)",
+            ));
+        }
+        let fd = events.fd();
+        let owner = EventFd {
+            fd,
+            _ctx: events.context().clone(),
+        };
+        // SAFETY: `fd` is the context's open, non-blocking event descriptor; `owner` keeps the
+        // context alive, and returns the same descriptor, for the AsyncFd's whole life.
+        let afd =
+            unsafe { AsyncFd::register_with_interest(owner, Interest::READABLE) }.map_err(|e| {
+                Error::io(
+                    format!("registering async event fd {fd} with tokio"),
+                    e.into(),
+                )
+            })?;
+        Ok(AsyncDeviceEvents { events, afd })
+    }
+
+    /// The next event.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when waiting fails, [`Error::Verbs`] when reading the event does.
+    pub async fn next(&self) -> Result<AsyncEvent> {
+        loop {
+            if let Some(e) = self.events.try_next()? {
+                return Ok(e);
+            }
+            let mut ready = self
+                .afd
+                .readable()
+                .await
+                .map_err(|e| Error::io("waiting on the async event descriptor", e))?;
+            match self.events.try_next()? {
+                Some(e) => return Ok(e),
+                None => ready.clear_ready(),
+            }
+        }
+    }
 }
 
 /// The completion of one posted request. Resolves to the completion on success and to

@@ -19,12 +19,14 @@
 //! `raw_enum.rs`, below each enum), and a host test checks that every constant round-trips.
 
 mod context;
+mod events;
 mod gid;
 mod list;
 mod port;
 mod selection;
 
 pub use context::{Context, DeviceAttributes};
+pub use events::{AsyncEvent, AsyncEventKind, DeviceEvents, EventSubject};
 pub use gid::{pick_roce_gid, Gid, GidEntry, GidType};
 pub use list::{DeviceInfo, DeviceList};
 pub use port::{link_rate_gbps, LinkLayer, Mtu, PortAttributes, PortState};

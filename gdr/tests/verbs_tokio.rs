@@ -303,3 +303,75 @@ fn awaiting_a_receive_and_a_request_posted_by_hand() {
         Err(Error::InvalidArgument { .. })
     ));
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE whose netdev it may take down (run in the VM: cargo xtask test)"]
+fn a_port_taken_down_fails_pending_futures_and_is_an_awaited_event() {
+    use gdr::aio::AsyncDeviceEvents;
+    use gdr::device::{AsyncEventKind, EventSubject};
+
+    let ctx = Context::open(&device()).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq_a = ctx.create_cq_with_channel(64).unwrap();
+    let cq_b = ctx.create_cq_with_channel(64).unwrap();
+    let a = pd
+        .queue_pair(&cq_a, &cq_a)
+        .retry_count(2)
+        .timeout(10)
+        .build()
+        .unwrap();
+    let b = pd.queue_pair(&cq_b, &cq_b).build().unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let netdev = common::netdev_of(&device(), ctx.port());
+    let rt = runtime();
+    let outcome = rt.block_on(async {
+        let events = AsyncDeviceEvents::new(ctx.events().unwrap()).unwrap();
+        let acq = AsyncCompletionQueue::new(&cq_a).unwrap();
+        // Pending: the peer has no receive posted, so the send waits (RNR) when the link goes.
+        let msg = pd
+            .register_copy(b"stuck", AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        let send = acq
+            .post_send(&a, &SendRequest::send(&[msg.slice(..).unwrap()]))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let down = Instant::now();
+        common::set_link(&netdev, false);
+        let ev = tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                let e = events.next().await.unwrap();
+                if e.kind == AsyncEventKind::PortError {
+                    return e;
+                }
+            }
+        })
+        .await;
+        let failed = tokio::time::timeout(Duration::from_secs(30), send).await;
+        let failed_after = down.elapsed();
+        // Another awaited request after the link went down fails too, promptly.
+        let late = acq.post_send(&a, &SendRequest::send_inline(b"late"));
+        let late = match late {
+            Ok(f) => tokio::time::timeout(Duration::from_secs(30), f)
+                .await
+                .map(|r| r.is_err()),
+            Err(_) => Ok(true),
+        };
+        (ev, failed, failed_after, late, events)
+    });
+    common::set_link(&netdev, true);
+    common::wait_port_restored(&ctx, ctx.port());
+    let (ev, failed, failed_after, late, _events) = outcome;
+    let ev = ev.expect("a port error event within 15 s");
+    assert_eq!(ev.subject, EventSubject::Port(ctx.port()));
+    match failed {
+        Ok(Err(e)) => println!("{ev}; the pending send failed after {failed_after:?}: {e}"),
+        Ok(Ok(c)) => panic!("the pending send succeeded on a downed link: {c:?}"),
+        Err(_) => panic!("the pending send hung past 30 s"),
+    }
+    assert_eq!(
+        late,
+        Ok(true),
+        "a request after the link went down fails, not hangs"
+    );
+}

@@ -326,6 +326,7 @@ impl CompletionQueue {
     }
 
     /// The completion channel's file descriptor (non-blocking), when there is a channel.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn channel_fd(&self) -> Option<libc::c_int> {
         // SAFETY: the channel is valid while self lives.
         self.channel

@@ -112,6 +112,7 @@ impl WcStatus {
         Some(match self {
             Success => return None,
             LocalLength => "the receive buffer is smaller than the message, or the message exceeds the port's max_msg_sz",
+            LocalQpOperation => "the local queue pair could not process the request: its port's link may be down (Soft-RoCE: the netdev), or the request exceeds the QP's limits (inline size, SGEs)",
             LocalProtection => "an SGE's address/length is outside its region or the region belongs to another protection domain",
             LocalAccess => "the local region lacks LOCAL_WRITE (needed for receives, reads and atomics)",
             WrFlush => "the queue pair entered the error state earlier; look at the first failed completion, then reset() and reconnect",

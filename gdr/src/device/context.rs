@@ -22,6 +22,8 @@ pub struct Context {
     /// For contexts librdmacm opened: what keeps them open (the `rdma_cm_id`). `None` means we
     /// opened the context and close it in Drop.
     borrowed_from: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// Whether the asynchronous event reader was handed out ([`Context::events`]).
+    pub(super) events_taken: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: libibverbs contexts are thread-safe: verbs on one context may be called from any thread.
@@ -46,6 +48,7 @@ impl Context {
             name,
             port,
             borrowed_from: None,
+            events_taken: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -109,6 +112,7 @@ impl Context {
             name,
             port,
             borrowed_from: Some(owner),
+            events_taken: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -73,3 +73,48 @@ pub fn drain_for(cq: &CompletionQueue, d: Duration) -> Vec<Completion> {
     }
     got
 }
+
+/// The network device under RDMA port `port` of `device` (Soft-RoCE's netdev), from sysfs.
+pub fn netdev_of(device: &str, port: u8) -> String {
+    let path = format!("/sys/class/infiniband/{device}/ports/{port}/gid_attrs/ndevs/0");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{path}: {e} (a RoCE port names its netdev there)"))
+        .trim()
+        .to_string()
+}
+
+/// Takes `netdev` down or up (`ip link set`; needs root, as in the VM).
+pub fn set_link(netdev: &str, up: bool) {
+    let state = if up { "up" } else { "down" };
+    let ok = std::process::Command::new("ip")
+        .args(["link", "set", netdev, state])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "ip link set {netdev} {state} failed");
+}
+
+/// Waits until port `port` of `ctx` is ACTIVE again and its RoCE v2 GID is back at the index the
+/// harness announced (`GDR_TEST_GID_INDEX`), so the tests after this one find the device as it was.
+pub fn wait_port_restored(ctx: &Context, port: u8) {
+    let want: Option<u32> = std::env::var("GDR_TEST_GID_INDEX")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let active = ctx
+            .query_port(port)
+            .map(|p| p.state == gdr::device::PortState::Active);
+        let gid = ctx.default_gid(port).map(|g| g.index);
+        if *active.as_ref().unwrap_or(&false)
+            && (want.is_none() || gid.as_ref().ok() == want.as_ref())
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "port {port} not restored: active {active:?}, GID index {gid:?}, want {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
