@@ -40,10 +40,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Duration;
 
@@ -76,16 +76,38 @@ impl std::fmt::Debug for AsyncCompletionQueue {
     }
 }
 
-struct Inner {
+/// What the driver and the handles share.
+struct Shared {
     cq: Arc<CompletionQueue>,
     routes: Mutex<Routes>,
     next_id: AtomicU64,
-    driver: tokio::task::AbortHandle,
+    /// Whether the driver may still touch the completion queue. The driver holds this lock for
+    /// each step that does (arm, deliver, take events), and the last handle clears it under the
+    /// lock: after that the driver never touches the queue again, so a new async queue may take
+    /// it over at once.
+    active: Mutex<bool>,
+}
+
+/// The handle every clone and every [`Completed`] holds; the last one stops the driver.
+struct Inner {
+    shared: Arc<Shared>,
+    driver: OnceLock<tokio::task::AbortHandle>,
+}
+
+impl std::ops::Deref for Inner {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.driver.abort();
+        *self.shared.active.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        if let Some(d) = self.driver.get() {
+            d.abort();
+        }
+        self.shared.cq.async_attached.store(false, Ordering::Release);
     }
 }
 
@@ -110,16 +132,17 @@ enum Route {
     Abandoned,
 }
 
-/// The completion channel's descriptor, for `AsyncFd`. It holds the completion queue, which owns
-/// the channel, so the descriptor stays open as long as the `AsyncFd` (it never closes it).
+/// A duplicate of the completion channel's descriptor, for `AsyncFd`: each async queue registers
+/// its own descriptor with tokio, so a new one can start while the driver of a dropped one is
+/// still being torn down. It also holds the completion queue, which owns the channel.
 struct ChannelFd {
-    fd: RawFd,
+    fd: OwnedFd,
     _cq: Arc<CompletionQueue>,
 }
 
 impl AsRawFd for ChannelFd {
     fn as_raw_fd(&self) -> RawFd {
-        self.fd
+        self.fd.as_raw_fd()
     }
 }
 
@@ -127,10 +150,12 @@ impl AsyncCompletionQueue {
     /// Starts delivering `cq`'s completions to futures. `cq` must have a completion channel
     /// ([`CompletionQueue::with_channel`]); call this inside a tokio runtime (the driver task is
     /// spawned on it). From now on, poll `cq` only through this value: a blocking poll elsewhere
-    /// would take completions the futures are waiting for.
+    /// would take completions the futures are waiting for. One async queue per completion queue
+    /// at a time (clone it to share); once every clone and future is dropped, another may start.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a queue without a channel or outside a runtime;
+    /// [`Error::InvalidArgument`] for a queue without a channel, one another async queue already
+    /// delivers, or outside a runtime;
     /// [`Error::Io`] when tokio cannot watch the channel.
     pub fn new(cq: &Arc<CompletionQueue>) -> Result<AsyncCompletionQueue> {
         let fd = cq.channel_fd().ok_or_else(|| {
@@ -146,12 +171,29 @@ impl AsyncCompletionQueue {
             )
         })?;
         let _entered = runtime.enter();
+        if cq.async_attached.swap(true, Ordering::AcqRel) {
+            return Err(Error::invalid(
+                "another AsyncCompletionQueue already delivers this completion queue's completions",
+                "share one AsyncCompletionQueue (it is cheap to clone)",
+            ));
+        }
+        let detach = || cq.async_attached.store(false, Ordering::Release);
+        // SAFETY: `fd` is the channel's open descriptor; dup has no memory-safety precondition.
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            detach();
+            return Err(Error::io(
+                format!("duplicating completion channel fd {fd}"),
+                std::io::Error::last_os_error(),
+            ));
+        }
         let owner = ChannelFd {
-            fd,
+            // SAFETY: `dup` is a new descriptor this value now owns (and closes).
+            fd: unsafe { OwnedFd::from_raw_fd(dup) },
             _cq: cq.clone(),
         };
-        // SAFETY: `fd` is the channel's open descriptor; `owner` keeps the completion queue (and
-        // so the channel) alive, and returns the same descriptor, for the AsyncFd's whole life.
+        // SAFETY: the descriptor is owned by `owner` and open until it drops, which happens only
+        // after the AsyncFd drops; `as_raw_fd` always returns it.
         let afd =
             unsafe { AsyncFd::register_with_interest(owner, Interest::READABLE) }.map_err(|e| {
                 Error::io(
@@ -159,15 +201,18 @@ impl AsyncCompletionQueue {
                     e.into(),
                 )
             })?;
-        let inner = Arc::new_cyclic(|weak: &Weak<Inner>| {
-            let task = runtime.spawn(drive(weak.clone(), cq.clone(), afd));
-            Inner {
-                cq: cq.clone(),
-                routes: Mutex::new(Routes::default()),
-                next_id: AtomicU64::new(0),
-                driver: task.abort_handle(),
-            }
+        let shared = Arc::new(Shared {
+            cq: cq.clone(),
+            routes: Mutex::new(Routes::default()),
+            next_id: AtomicU64::new(0),
+            active: Mutex::new(true),
         });
+        let inner = Arc::new(Inner {
+            shared: shared.clone(),
+            driver: OnceLock::new(),
+        });
+        let task = runtime.spawn(drive(shared, afd));
+        let _ = inner.driver.set(task.abort_handle());
         Ok(AsyncCompletionQueue { inner })
     }
 
@@ -295,7 +340,7 @@ impl AsyncCompletionQueue {
     }
 }
 
-impl Inner {
+impl Shared {
     fn lock(&self) -> MutexGuard<'_, Routes> {
         self.routes.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -351,36 +396,47 @@ fn route(routes: &mut Routes, c: Completion) {
     }
 }
 
-/// The driver: arm, deliver, sleep on the channel; until the queue is no longer wanted.
-async fn drive(weak: Weak<Inner>, cq: Arc<CompletionQueue>, afd: AsyncFd<ChannelFd>) {
+/// The driver: arm, deliver, sleep on the channel; until the last handle is dropped. It touches
+/// the completion queue only while `active` is set, under its lock.
+async fn drive(shared: Arc<Shared>, afd: AsyncFd<ChannelFd>) {
+    let cq = shared.cq.clone();
     loop {
-        let Some(inner) = weak.upgrade() else { return };
-        // Arm first, then deliver: a completion that lands after the arm raises an event, one
-        // that landed before is delivered now, so none is missed.
-        if let Err(e) = cq.arm().and_then(|()| inner.deliver()) {
-            fail(&inner, e);
-            return;
+        {
+            let active = shared.active.lock().unwrap_or_else(|p| p.into_inner());
+            if !*active {
+                return;
+            }
+            // Arm first, then deliver: a completion that lands after the arm raises an event,
+            // one that landed before is delivered now, so none is missed.
+            if let Err(e) = cq.arm().and_then(|()| shared.deliver()) {
+                drop(active);
+                fail(&shared, e);
+                return;
+            }
         }
-        drop(inner);
-        let mut ready = match afd.readable().await {
+        let waited = afd.readable().await;
+        let mut ready = match waited {
             Ok(r) => r,
             Err(e) => {
-                if let Some(inner) = weak.upgrade() {
-                    fail(&inner, Error::io("waiting on the completion channel", e));
-                }
+                fail(&shared, Error::io("waiting on the completion channel", e));
                 return;
             }
         };
-        // Take and acknowledge every pending event (the descriptor is non-blocking).
-        loop {
-            match cq.wait(Duration::ZERO) {
-                Ok(true) => continue,
-                Ok(false) => break,
-                Err(e) => {
-                    if let Some(inner) = weak.upgrade() {
-                        fail(&inner, e);
+        {
+            let active = shared.active.lock().unwrap_or_else(|p| p.into_inner());
+            if !*active {
+                return;
+            }
+            // Take and acknowledge every pending event (the descriptor is non-blocking).
+            loop {
+                match cq.wait(Duration::ZERO) {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) => {
+                        drop(active);
+                        fail(&shared, e);
+                        return;
                     }
-                    return;
                 }
             }
         }
@@ -389,7 +445,7 @@ async fn drive(weak: Weak<Inner>, cq: Arc<CompletionQueue>, afd: AsyncFd<Channel
 }
 
 /// Stops every waiter with the driver's error.
-fn fail(inner: &Inner, e: Error) {
+fn fail(inner: &Shared, e: Error) {
     log::error!("async completion queue stopped: {e}");
     let mut routes = inner.lock();
     routes.failed = Some(e.to_string());

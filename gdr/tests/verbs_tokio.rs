@@ -358,3 +358,39 @@ fn a_port_taken_down_fails_pending_futures_and_is_an_awaited_event() {
         "a request after the link went down fails, not hangs"
     );
 }
+
+/// The driver task of a new queue started before the queue was fully built and stopped at once
+/// (seen as a hang under load); every new queue must deliver.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn every_new_async_queue_delivers() {
+    let p = pair(16);
+    let dst = MemoryRegion::new(&p.pd, 8, AccessFlags::remote_rw()).unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        for i in 0..200u64 {
+            let acq = AsyncCompletionQueue::new(&p.cq_a).unwrap();
+            if i == 0 {
+                assert!(
+                    matches!(
+                        AsyncCompletionQueue::new(&p.cq_a),
+                        Err(Error::InvalidArgument { .. })
+                    ),
+                    "one async queue per completion queue at a time"
+                );
+            }
+            let bytes = i.to_le_bytes();
+            let done = acq
+                .post_send(
+                    &p.a,
+                    &SendRequest::write_inline(&bytes, dst.remote().slice(..).unwrap()),
+                )
+                .unwrap();
+            match tokio::time::timeout(Duration::from_secs(10), done).await {
+                Ok(Ok(_)) => {}
+                other => panic!("queue {i}: {other:?}"),
+            }
+        }
+    });
+    assert_eq!(u64::from_le_bytes(dst.to_vec().try_into().unwrap()), 199);
+}

@@ -40,6 +40,9 @@ pub struct CompletionQueue {
     depth: u32,
     dispatch: Mutex<Dispatch>,
     ctx: Arc<Context>,
+    /// Whether an async completion queue (`gdr::aio`) delivers this queue's completions.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) async_attached: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: ibv_cq may be polled and armed from any thread (providers lock internally); our own
@@ -149,6 +152,7 @@ impl CompletionQueue {
             depth: real,
             dispatch: Mutex::new(Dispatch::default()),
             ctx: ctx.clone(),
+            async_attached: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
