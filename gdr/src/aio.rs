@@ -107,7 +107,10 @@ impl Drop for Inner {
         if let Some(d) = self.driver.get() {
             d.abort();
         }
-        self.shared.cq.async_attached.store(false, Ordering::Release);
+        self.shared
+            .cq
+            .async_attached
+            .store(false, Ordering::Release);
     }
 }
 

@@ -50,6 +50,11 @@
 //! forwarding fixed blocks): [`qp::QueuePair::prepare`] checks and translates it once, and each
 //! [`qp::PreparedSend::post`] only takes a send-queue slot and rings the doorbell.
 //!
+//! On tokio (feature `tokio`), `gdr::aio` delivers completions to futures: post a request, await its
+//! own completion, drop the future at any point without harm. The device's asynchronous events
+//! (port down, a queue pair's fatal error, ...) are read with [`device::DeviceEvents`] (or
+//! awaited with `aio::AsyncDeviceEvents`).
+//!
 //! GPU memory works the same way: allocate a [`cuda::DeviceBuffer`], register it with
 //! [`gpu_mr::GpuMemoryRegion::register`] (the pointer is checked with `cuPointerGetAttributes`,
 //! then registered through dma-buf or peer memory, whichever the host supports) and slice it like
