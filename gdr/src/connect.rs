@@ -56,6 +56,8 @@ pub(crate) fn millis(d: Duration) -> u64 {
 pub struct TcpLink {
     stream: TcpStream,
     peer: SocketAddr,
+    /// The read/write timeout in force, for error messages.
+    timeout: std::sync::Mutex<Option<Duration>>,
 }
 
 impl TcpLink {
@@ -115,7 +117,11 @@ impl TcpLink {
         stream
             .set_nodelay(true)
             .map_err(|e| Error::io("TCP_NODELAY", e))?;
-        let link = TcpLink { stream, peer };
+        let link = TcpLink {
+            stream,
+            peer,
+            timeout: std::sync::Mutex::new(None),
+        };
         link.set_timeout(Some(DEFAULT_LINK_TIMEOUT))?;
         Ok(link)
     }
@@ -129,7 +135,36 @@ impl TcpLink {
             .map_err(|e| Error::io("setting the TCP read timeout", e))?;
         self.stream
             .set_write_timeout(t)
-            .map_err(|e| Error::io("setting the TCP write timeout", e))
+            .map_err(|e| Error::io("setting the TCP write timeout", e))?;
+        *self.timeout.lock().unwrap_or_else(|p| p.into_inner()) = t;
+        Ok(())
+    }
+
+    /// The error of a failed exchange step `what`: a timeout is [`Error::Timeout`], a peer that
+    /// closed the connection is an [`Error::Protocol`] that says so (mid-frame: a truncated
+    /// frame), anything else an [`Error::Io`].
+    fn link_error(&self, what: String, mid_frame: bool, e: std::io::Error) -> Error {
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            WouldBlock | TimedOut => Error::Timeout {
+                what: format!("{what} ({})", self.peer),
+                millis: self
+                    .timeout
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .map_or(u64::MAX, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+                hint: Hint::new("is the peer alive and at the same step? raise the link timeout with set_timeout"),
+            },
+            UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted => Error::Protocol {
+                what: if mid_frame {
+                    format!("{what}: truncated frame, {} closed the connection in the middle of a message", self.peer)
+                } else {
+                    format!("{what}: {} closed the connection", self.peer)
+                },
+                hint: Hint::new("the peer process exited or gave up (look at its output); reconnect"),
+            },
+            _ => Error::io(format!("{what} ({})", self.peer), e),
+        }
     }
 
     /// The peer's address.
@@ -141,14 +176,14 @@ impl TcpLink {
         let msg = wire::frame(kind, body)?;
         self.stream
             .write_all(&msg)
-            .map_err(|e| Error::io(format!("sending to {}", self.peer), e))
+            .map_err(|e| self.link_error(format!("sending a {}-byte message", msg.len()), false, e))
     }
 
     fn recv_message(&mut self, want: u16) -> Result<Vec<u8>> {
         let mut header = [0u8; wire::HEADER_LEN];
         self.stream
             .read_exact(&mut header)
-            .map_err(|e| Error::io(format!("receiving a header from {}", self.peer), e))?;
+            .map_err(|e| self.link_error("receiving a message header".into(), false, e))?;
         let (kind, len) = wire::parse_header(&header)?;
         if kind != want {
             return Err(Error::protocol(format!(
@@ -157,9 +192,9 @@ impl TcpLink {
         }
         // `len` is at most wire::MAX_BODY (parse_header checked it): a bounded allocation.
         let mut body = vec![0u8; len];
-        self.stream
-            .read_exact(&mut body)
-            .map_err(|e| Error::io(format!("receiving {len} bytes from {}", self.peer), e))?;
+        self.stream.read_exact(&mut body).map_err(|e| {
+            self.link_error(format!("receiving a {len}-byte message body"), true, e)
+        })?;
         Ok(body)
     }
 
@@ -318,6 +353,28 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     }
 
+    #[test]
+    fn a_silent_peer_is_a_timeout_not_an_io_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            std::thread::sleep(Duration::from_millis(800));
+            drop(s);
+        });
+        let mut link = TcpLink::connect(addr, Duration::from_secs(5)).unwrap();
+        link.set_timeout(Some(Duration::from_millis(200))).unwrap();
+        match link.recv_bytes() {
+            Err(Error::Timeout {
+                millis: 200, what, ..
+            }) => {
+                assert!(what.contains("message header"), "{what}")
+            }
+            other => panic!("{other:?}"),
+        }
+        peer.join().unwrap();
+    }
+
     /// A link whose peer is a thread that writes `bytes` raw and then closes.
     fn hostile_peer(bytes: Vec<u8>) -> TcpLink {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -349,15 +406,21 @@ mod tests {
                 .unwrap_err();
             assert!(matches!(e, Error::Protocol { .. }), "{len}: {e}");
         }
-        // A body length at the limit with the body missing: an I/O error after EOF.
+        // A body length at the limit with the body missing: a truncated frame, named as such.
         let e = hostile_peer(header(wire::KIND_APP, wire::MAX_BODY as u32))
             .recv_bytes()
             .unwrap_err();
-        assert!(matches!(e, Error::Io { .. }), "{e}");
-        // A truncated header, and nothing at all.
+        assert!(
+            matches!(&e, Error::Protocol { what, .. } if what.contains("truncated frame")),
+            "{e}"
+        );
+        // A truncated header, and nothing at all: the peer closed the connection.
         for bytes in [header(wire::KIND_APP, 0)[..7].to_vec(), Vec::new()] {
             let e = hostile_peer(bytes).recv_bytes().unwrap_err();
-            assert!(matches!(e, Error::Io { .. }), "{e}");
+            assert!(
+                matches!(&e, Error::Protocol { what, .. } if what.contains("closed the connection")),
+                "{e}"
+            );
         }
         // The wrong kind, a barrier with a body, a hello that does not decode.
         let e = hostile_peer(wire::frame(wire::KIND_BARRIER, &[]).unwrap())
