@@ -297,7 +297,9 @@ fn run(
                 run_str.replace(',', ",,")
             ))
             .arg("-monitor")
-            .arg(format!("unix:{run_str}/mon.host{h}.sock,server=on,wait=off"));
+            .arg(format!(
+                "unix:{run_str}/mon.host{h}.sock,server=on,wait=off"
+            ));
         for &(a, b, r, port) in &links {
             let mode = if a == h {
                 "listen"
@@ -353,15 +355,13 @@ fn run(
         consoles.push(console);
         guests.0.push(Some(child));
         // The listening side's sockets must exist before a peer connects.
-        let ports: Vec<u16> = links
-            .iter()
-            .filter(|l| l.0 == h)
-            .map(|l| l.3)
-            .collect();
+        let ports: Vec<u16> = links.iter().filter(|l| l.0 == h).map(|l| l.3).collect();
         let t = Instant::now();
         while !ports.iter().all(|&p| listening(p)) {
             if t.elapsed() > Duration::from_secs(20) {
-                return Err(format!("host{h}'s QEMU does not listen on its rail ports after 20 s"));
+                return Err(format!(
+                    "host{h}'s QEMU does not listen on its rail ports after 20 s"
+                ));
             }
             if let Some(Some(c)) = guests.0.last_mut() {
                 if let Ok(Some(st)) = c.try_wait() {
@@ -496,7 +496,11 @@ fn run(
                 eprint!("{}", c.boot_log);
             }
             if !stderrs[i].trim().is_empty() {
-                eprintln!("xtask: host{}'s QEMU said:\n{}", i + 1, stderrs[i].trim_end());
+                eprintln!(
+                    "xtask: host{}'s QEMU said:\n{}",
+                    i + 1,
+                    stderrs[i].trim_end()
+                );
             }
         }
         outputs.push(c.output);
