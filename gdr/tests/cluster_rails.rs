@@ -451,10 +451,10 @@ fn t3_rail_down_during_writes_errors_on_both_sides_then_reset_and_reconnect() {
     });
     let after = st.first_error_after.expect("an error completion");
     eprintln!(
-        "host{h} rail {rail}: {} writes ok, then {:?} {} after the {}; {} error completions",
+        "host{h} rail {rail}: {} writes ok, then {:?} {:.0} ms after the {}; {} error completions",
         st.ok,
         st.first_error.unwrap(),
-        format!("{:.0} ms", after.as_secs_f64() * 1000.0),
+        after.as_secs_f64() * 1000.0,
         if h == 2 { "cut" } else { "last success" },
         st.errors
     );

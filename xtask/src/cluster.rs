@@ -383,10 +383,10 @@ fn run(
             if ends[i].is_some() {
                 continue;
             }
-            let exited = match guests.0[i].as_mut().map(|c| c.try_wait()) {
-                Some(Ok(Some(_))) | Some(Err(_)) => true,
-                _ => false,
-            };
+            let exited = matches!(
+                guests.0[i].as_mut().map(|c| c.try_wait()),
+                Some(Ok(Some(_)) | Err(_))
+            );
             // A reported exit code counts as soon as it is there (the guest still powers off).
             let code = fs::read_to_string(run_dir.join(format!("exit.host{}", i + 1)))
                 .ok()
@@ -462,14 +462,12 @@ fn run(
     }
     // Hosts that reported a code may still be powering off: give them a moment, then kill.
     let t = Instant::now();
-    for c in guests.0.iter_mut() {
-        if let Some(child) = c {
-            while t.elapsed() < Duration::from_secs(10) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                thread::sleep(Duration::from_millis(50));
+    for child in guests.0.iter_mut().flatten() {
+        while t.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
             }
+            thread::sleep(Duration::from_millis(50));
         }
     }
     drop(guests);
@@ -680,4 +678,25 @@ fn monitor(sock: &Path, cmd: &str) -> Result<String> {
         let _ = writeln!(out, "{l}");
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rail_macs_encode_rail_and_host() {
+        // cluster.sh finds each rail's NIC by this MAC.
+        assert_eq!(mac(1, 2), "52:54:00:78:01:02");
+        assert_eq!(mac(0, 1), "52:54:00:78:00:01");
+    }
+
+    #[test]
+    fn a_host_powered_off_by_a_fault_is_not_a_failure() {
+        assert!(HostEnd::Exited(0).ok());
+        assert!(HostEnd::KilledByFault.ok());
+        assert!(!HostEnd::Exited(3).ok());
+        assert!(!HostEnd::Killed("timeout").ok());
+        assert!(!HostEnd::Lost.ok());
+    }
 }
