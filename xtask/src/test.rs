@@ -1,5 +1,6 @@
 //! `cargo xtask test`: all host tests and the README's downstream crate (`cargo xtask
-//! downstream`, counted as one test), then every device test inside one VM boot.
+//! downstream`, counted as one test), then every device test inside one VM boot, then the
+//! cluster tier (`cluster_*` test targets) on a 2-host x 2-rail cluster (cluster.rs).
 //!
 //! Device tests are `#[ignore]`d on the host and run in the VM with `--ignored --test-threads=1`.
 //! Test targets named `gpu_*` are the GPU tier: they run on the GPU machine (`cargo xtask
@@ -22,11 +23,12 @@ pub struct TestOpts {
     /// Only the host tests (no VM).
     #[arg(long)]
     host_only: bool,
-    /// Also run the cluster tier (`cluster_*` test targets on a 2-host x 2-rail cluster).
+    /// Skip the cluster tier (`cluster_*` test targets on a 2-host x 2-rail cluster), which runs
+    /// after the VM tier by default.
     #[arg(long)]
-    cluster: bool,
+    no_cluster: bool,
     /// Only the cluster tier.
-    #[arg(long, conflicts_with_all = ["host_only", "vm_only"])]
+    #[arg(long, conflicts_with_all = ["host_only", "vm_only", "no_cluster"])]
     cluster_only: bool,
     /// Arguments for every test binary, e.g. a test name filter.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -92,7 +94,7 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
         ok &= vm_ok;
         total.add(counts);
     }
-    if opts.cluster || opts.cluster_only {
+    if opts.cluster_only || !(opts.no_cluster || opts.host_only || opts.vm_only) {
         let (cluster_ok, counts) = cluster_tests(opts)?;
         say!("cluster: {counts}");
         ok &= cluster_ok;
