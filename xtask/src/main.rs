@@ -2,6 +2,7 @@
 //!
 //! * `setup`: install the system packages the workspace and the VM need (apt, idempotent).
 //! * `vm -- <command...>`: boot the Soft-RoCE VM, run the command inside as root with `rxe0` up.
+//! * `cluster -- <command...>`: several Soft-RoCE hosts x rails, the command on each, faults.
 //! * `test`: host tests, then the device tests inside one VM boot.
 //! * `demo`: the README's main job, run inside the VM.
 //! * `gpu-bundle`: collect the `gpu_*` test binaries for the GPU machine.
@@ -12,6 +13,7 @@
 mod bench;
 mod bundle;
 mod cargo;
+mod cluster;
 mod demo;
 mod downstream;
 mod perftest;
@@ -42,6 +44,14 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         command: Vec<String>,
     },
+    /// Boot several Soft-RoCE hosts with several rails each and run a command on every host.
+    Cluster {
+        #[command(flatten)]
+        opts: cluster::ClusterOpts,
+        /// The command and its arguments (after `--`), run on every host.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<String>,
+    },
     /// Run all tests: host tests, then the device tests inside one VM boot.
     Test(test::TestOpts),
     /// Run the main job (currently: query rxe0 through gdr-sys) inside the VM.
@@ -64,6 +74,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Setup => setup::setup().map(|()| 0),
         Command::Vm { opts, command } => vm::run_command(&opts, &command),
+        Command::Cluster { opts, command } => cluster::run_command(&opts, &command),
         Command::Test(opts) => test::test(&opts),
         Command::Demo { opts } => demo::demo(&opts),
         Command::GpuBundle => bundle::gpu_bundle().map(|()| 0),

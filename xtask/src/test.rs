@@ -1,5 +1,6 @@
 //! `cargo xtask test`: all host tests and the README's downstream crate (`cargo xtask
-//! downstream`, counted as one test), then every device test inside one VM boot.
+//! downstream`, counted as one test), then every device test inside one VM boot, then the
+//! cluster tier (`cluster_*` test targets) on a 2-host x 2-rail cluster (cluster.rs).
 //!
 //! Device tests are `#[ignore]`d on the host and run in the VM with `--ignored --test-threads=1`.
 //! Test targets named `gpu_*` are the GPU tier: they run on the GPU machine (`cargo xtask
@@ -22,6 +23,13 @@ pub struct TestOpts {
     /// Only the host tests (no VM).
     #[arg(long)]
     host_only: bool,
+    /// Skip the cluster tier (`cluster_*` test targets on a 2-host x 2-rail cluster), which runs
+    /// after the VM tier by default.
+    #[arg(long)]
+    no_cluster: bool,
+    /// Only the cluster tier.
+    #[arg(long, conflicts_with_all = ["host_only", "vm_only", "no_cluster"])]
+    cluster_only: bool,
     /// Arguments for every test binary, e.g. a test name filter.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     test_args: Vec<String>,
@@ -68,7 +76,7 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
     let start = Instant::now();
     let mut ok = true;
     let mut total = Counts::default();
-    if !opts.vm_only {
+    if !opts.vm_only && !opts.cluster_only {
         let (host_ok, counts) = host_tests(&opts.test_args)?;
         say!("host: {counts}");
         ok &= host_ok;
@@ -80,10 +88,16 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
             failed: u64::from(!built),
         });
     }
-    if !opts.host_only {
+    if !opts.host_only && !opts.cluster_only {
         let (vm_ok, counts) = vm_tests(opts)?;
         say!("VM: {counts}");
         ok &= vm_ok;
+        total.add(counts);
+    }
+    if opts.cluster_only || !(opts.no_cluster || opts.host_only || opts.vm_only) {
+        let (cluster_ok, counts) = cluster_tests(opts)?;
+        say!("cluster: {counts}");
+        ok &= cluster_ok;
         total.add(counts);
     }
     say!(
@@ -130,13 +144,81 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
     let artifacts = cargo::build(&["test", "--workspace", "--all-features", "--no-run"])?;
     let tests: Vec<_> = artifacts
         .iter()
-        // gpu_*: the GPU machine's tier; hw_*: needs a GPU and an RDMA NIC in one host (users run it).
-        .filter(|a| a.test && !a.name.starts_with("gpu_") && !a.name.starts_with("hw_"))
+        // gpu_*: the GPU machine's tier; hw_*: needs a GPU and an RDMA NIC in one host (users run
+        // it); cluster_*: the cluster tier (cluster_tests).
+        .filter(|a| {
+            a.test
+                && !a.name.starts_with("gpu_")
+                && !a.name.starts_with("hw_")
+                && !a.name.starts_with("cluster_")
+        })
         .collect();
     if tests.is_empty() {
         say!("no test binaries");
         return Ok((true, Counts::default()));
     }
+    let script = tier_script(&tests, &shell_words(&opts.test_args), "");
+    say!(
+        "device tests: {} test binaries in one VM boot (--ignored --test-threads=1)",
+        tests.len()
+    );
+    let outcome = vm::boot(&opts.vm, &script)?;
+    let (counts, failed_bins) = summarize(&outcome.output);
+    for b in &failed_bins {
+        say!("FAILED in the VM: {b}");
+    }
+    let ok = outcome.code == 0 && counts.failed == 0 && failed_bins.is_empty();
+    Ok((ok, counts))
+}
+
+/// The cluster tier: every `cluster_*` test binary on each host of a 2-host x 2-rail cluster
+/// (`cargo xtask cluster`), in one boot, with `--ignored --test-threads=1 --nocapture`. The tests
+/// pair up across hosts by running in the same order on both.
+fn cluster_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
+    crate::setup::ensure_packages()?;
+    say!("cluster tests: building the test binaries");
+    let artifacts = cargo::build(&["test", "--workspace", "--no-run"])?;
+    let tests: Vec<_> = artifacts
+        .iter()
+        .filter(|a| a.test && a.name.starts_with("cluster_"))
+        .collect();
+    if tests.is_empty() {
+        say!("no cluster_* test binaries");
+        return Ok((true, Counts::default()));
+    }
+    let script = tier_script(&tests, &shell_words(&opts.test_args), "--nocapture");
+    let copts = crate::cluster::ClusterOpts {
+        hosts: 2,
+        rails: 2,
+        timeout: opts.vm.timeout,
+        grace: 60,
+        mem: 1024,
+        memlock: opts.vm.memlock.clone(),
+    };
+    say!(
+        "cluster tests: {} test binaries on {} hosts x {} rails",
+        tests.len(),
+        copts.hosts,
+        copts.rails
+    );
+    let outcome = crate::cluster::boot(&copts, &script)?;
+    let mut total = Counts::default();
+    let mut ok = outcome.code == 0;
+    for (i, out) in outcome.outputs.iter().enumerate() {
+        let (counts, failed_bins) = summarize(out);
+        say!("cluster host{}: {counts} ({:?})", i + 1, outcome.ends[i]);
+        for b in &failed_bins {
+            say!("FAILED on cluster host{}: {b}", i + 1);
+        }
+        ok &= counts.failed == 0 && failed_bins.is_empty();
+        total.add(counts);
+    }
+    Ok((ok, total))
+}
+
+/// A script that runs each test binary with `--ignored --test-threads=1 <more> <extra>` in its
+/// package directory, between `==== label ====` / `==== exit N: label ====` lines (`summarize`).
+fn tier_script(tests: &[&cargo::Artifact], extra: &str, more: &str) -> String {
     let root = cargo::workspace_root();
     let mut script = String::from(
         "# Generated by cargo xtask test: each test binary with --ignored, in its package directory.\n\
@@ -153,28 +235,17 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
          \x20   [ \"$rc\" -eq 0 ] || failed=$((failed + 1))\n\
          }\n",
     );
-    let extra = shell_words(&opts.test_args);
-    for t in &tests {
+    for t in tests {
         let exe = t.executable.strip_prefix(&root).unwrap_or(&t.executable);
         script.push_str(&format!(
-            "run_one {} {} {} --ignored --test-threads=1 {extra}\n",
+            "run_one {} {} {} --ignored --test-threads=1 {more} {extra}\n",
             shell_quote(&format!("{} ({})", t.label(), exe.display())),
             shell_quote(&t.package_dir.to_string_lossy()),
             shell_quote(&t.executable.to_string_lossy()),
         ));
     }
     script.push_str("[ \"$failed\" -eq 0 ]\n");
-    say!(
-        "device tests: {} test binaries in one VM boot (--ignored --test-threads=1)",
-        tests.len()
-    );
-    let outcome = vm::boot(&opts.vm, &script)?;
-    let (counts, failed_bins) = summarize(&outcome.output);
-    for b in &failed_bins {
-        say!("FAILED in the VM: {b}");
-    }
-    let ok = outcome.code == 0 && counts.failed == 0 && failed_bins.is_empty();
-    Ok((ok, counts))
+    script
 }
 
 /// Sums the `test result:` lines of the VM's output; a binary that exits non-zero without a

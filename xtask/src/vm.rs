@@ -26,6 +26,8 @@ use crate::{cargo, say, Result};
 const INIT_SH: &str = include_str!("guest/init.sh");
 /// Stage 2: runs chrooted in the host root; brings up rxe0 and runs the command.
 const STAGE2_SH: &str = include_str!("guest/stage2.sh");
+/// Stage 2 of a cluster host (`gdr.stage2=cluster` on the kernel command line; see cluster.rs).
+const CLUSTER_SH: &str = include_str!("guest/cluster.sh");
 
 /// Kernel modules in load order (insmod, no modprobe). crc32_generic first: without it
 /// `rdma link add` fails with "rdma_rxe: failed to add". The last five give rdma_cm.
@@ -36,6 +38,10 @@ const MODULES: &[&str] = &[
     "virtio_pci_legacy_dev",
     "virtio_pci_modern_dev",
     "virtio_pci",
+    // The cluster's NICs (virtio-net-pci); harmless in the single VM, which has none.
+    "failover",
+    "net_failover",
+    "virtio_net",
     "netfs",
     "fscache",
     "9pnet",
@@ -52,6 +58,8 @@ const MODULES: &[&str] = &[
     "iw_cm",
     "rdma_cm",
     "rdma_ucm",
+    // netem: loss/delay/reordering on a cluster rail (`gdr-fault netem`).
+    "sch_netem",
 ];
 
 /// The address of veth0 (and so of rxe0's RoCE v2 GID) inside the VM. It exists only there.
@@ -318,19 +326,27 @@ fn boot_in(
 
 /// Splits the serial console into boot noise (kept for diagnostics), the command's output
 /// (streamed), and the end marker with the exit code.
-struct Console {
+pub(crate) struct Console {
     start_marker: String,
     end_prefix: String,
-    started: bool,
-    ended: bool,
-    end_code: Option<i32>,
-    boot_log: String,
-    output: String,
+    /// Put before every streamed line (`[host1] ` in a cluster, empty for the VM).
+    prefix: String,
+    pub(crate) started: bool,
+    pub(crate) ended: bool,
+    pub(crate) end_code: Option<i32>,
+    pub(crate) boot_log: String,
+    pub(crate) output: String,
 }
 
 impl Console {
     fn new(nonce: &str) -> Self {
+        Self::with_prefix(nonce, "")
+    }
+
+    /// A console whose streamed lines start with `prefix`.
+    pub(crate) fn with_prefix(nonce: &str, prefix: &str) -> Self {
         Console {
+            prefix: prefix.to_string(),
             start_marker: format!("@@gdr-vm:{nonce}:start@@"),
             end_prefix: format!("@@gdr-vm:{nonce}:end:"),
             started: false,
@@ -341,7 +357,7 @@ impl Console {
         }
     }
 
-    fn line(&mut self, raw: &[u8]) {
+    pub(crate) fn line(&mut self, raw: &[u8]) {
         let text = String::from_utf8_lossy(raw);
         let text = text.trim_end_matches(['\n', '\r']);
         if self.ended {
@@ -352,7 +368,7 @@ impl Console {
                 self.started = true;
             } else {
                 if let Some(pos) = text.find("gdr-vm: ") {
-                    eprintln!("xtask: guest: {}", &text[pos + 8..]);
+                    eprintln!("xtask: {}guest: {}", self.prefix, &text[pos + 8..]);
                 }
                 self.boot_log.push_str(text);
                 self.boot_log.push('\n');
@@ -375,19 +391,19 @@ impl Console {
 
     fn emit(&mut self, text: &str) {
         let mut out = io::stdout().lock();
-        let _ = writeln!(out, "{text}");
+        let _ = writeln!(out, "{}{text}", self.prefix);
         let _ = out.flush();
         self.output.push_str(text);
         self.output.push('\n');
     }
 }
 
-fn write(path: &Path, data: &[u8]) -> Result<()> {
+pub(crate) fn write(path: &Path, data: &[u8]) -> Result<()> {
     fs::write(path, data).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// Removes `runs/<pid>` directories whose process is gone.
-fn remove_stale_runs(runs: &Path) {
+pub(crate) fn remove_stale_runs(runs: &Path) {
     let Ok(entries) = fs::read_dir(runs) else {
         return;
     };
@@ -446,7 +462,7 @@ fn kernel_package() -> Result<String> {
     })
 }
 
-fn ensure_kernel(cache: &Path) -> Result<Kernel> {
+pub(crate) fn ensure_kernel(cache: &Path) -> Result<Kernel> {
     let package = kernel_package()?;
     let version = package
         .strip_prefix("linux-image-")
@@ -568,7 +584,7 @@ fn collect_modules(
 
 /// The initramfs: `/init`, `/stage2.sh`, `/bin/busybox`, `/modules/*.ko`, `/modules.list`, and a
 /// `/dev/console` node (so PID 1 starts with a console), written as a newc cpio archive.
-fn ensure_initramfs(cache: &Path, kernel: &Kernel) -> Result<PathBuf> {
+pub(crate) fn ensure_initramfs(cache: &Path, kernel: &Kernel) -> Result<PathBuf> {
     let busybox_path = ["/bin/busybox", "/usr/bin/busybox"]
         .iter()
         .map(Path::new)
@@ -585,6 +601,7 @@ fn ensure_initramfs(cache: &Path, kernel: &Kernel) -> Result<PathBuf> {
     let key = fnv1a(&[
         INIT_SH.as_bytes(),
         STAGE2_SH.as_bytes(),
+        CLUSTER_SH.as_bytes(),
         list.as_bytes(),
         &busybox.len().to_le_bytes(),
     ]);
@@ -603,6 +620,7 @@ fn ensure_initramfs(cache: &Path, kernel: &Kernel) -> Result<PathBuf> {
     cpio.char_dev("dev/console", 5, 1);
     cpio.file("init", 0o755, INIT_SH.as_bytes());
     cpio.file("stage2.sh", 0o644, STAGE2_SH.as_bytes());
+    cpio.file("cluster.sh", 0o644, CLUSTER_SH.as_bytes());
     cpio.file("modules.list", 0o644, list.as_bytes());
     cpio.file("bin/busybox", 0o755, &busybox);
     for m in list.lines() {
@@ -713,7 +731,7 @@ impl Cpio {
 /// allocates a socket buffer per packet, and that memset was ~7.5 % of a 64 KiB write-bandwidth
 /// run (perf in the VM: `rxe_init_packet` -> `__alloc_skb` -> `memset_erms`). The test VM does
 /// not need the hardening; every tool measured in it gains the same.
-fn kernel_cmdline() -> String {
+pub(crate) fn kernel_cmdline() -> String {
     let base = "console=ttyS0 quiet loglevel=0 panic=-1 tsc=reliable init_on_alloc=0";
     match std::env::var("GDR_VM_APPEND") {
         Ok(extra) if !extra.trim().is_empty() => format!("{base} {}", extra.trim()),

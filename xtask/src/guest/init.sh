@@ -38,7 +38,12 @@ mount -t tmpfs -o mode=1777 tmpfs /host/tmp
 mount -t tmpfs -o mode=755 tmpfs /host/run
 mkdir -p /host/run/gdr-vm/results
 mount -t 9p -o "$p9,rw" results /host/run/gdr-vm/results || die "cannot mount the results share"
-cp /stage2.sh /host/run/gdr-vm/stage2.sh
+# gdr.stage2=cluster on the kernel command line: a cluster host (cluster.sh) instead of the VM.
+stage2=stage2.sh
+case " $(cat /proc/cmdline) " in
+*" gdr.stage2=cluster "*) stage2=cluster.sh ;;
+esac
+cp "/$stage2" /host/run/gdr-vm/stage2.sh
 
 chroot /host /bin/sh /run/gdr-vm/stage2.sh
 sync
