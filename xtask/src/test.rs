@@ -177,7 +177,7 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
 fn cluster_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
     crate::setup::ensure_packages()?;
     say!("cluster tests: building the test binaries");
-    let artifacts = cargo::build(&["test", "--workspace", "--no-run"])?;
+    let artifacts = cargo::build(&["test", "--workspace", "--all-features", "--no-run"])?;
     let tests: Vec<_> = artifacts
         .iter()
         .filter(|a| a.test && a.name.starts_with("cluster_"))
