@@ -86,6 +86,10 @@ struct Shared {
     /// lock: after that the driver never touches the queue again, so a new async queue may take
     /// it over at once.
     active: Mutex<bool>,
+    /// Raised by a future that goes to sleep: the driver arms the queue and watches the channel
+    /// only while some future sleeps (a future first reaps the queue itself, so one whose
+    /// completion is already there never involves the driver).
+    wanted: tokio::sync::Notify,
 }
 
 /// The handle every clone and every [`Completed`] holds; the last one stops the driver.
@@ -124,6 +128,19 @@ struct Routes {
     unclaimed_waker: Option<Waker>,
     /// Set when the driver stopped on an error: every waiter gets it.
     failed: Option<String>,
+}
+
+impl Routes {
+    /// Whether the driver must watch the queue: a future sleeps until its completion arrives,
+    /// or a dropped future's request is still in flight (its completion must be reaped so the
+    /// queue pair releases the memory and the slot).
+    fn needs_driver(&self) -> bool {
+        self.unclaimed_waker.is_some()
+            || self
+                .by_id
+                .values()
+                .any(|r| matches!(r, Route::Waiting(Some(_)) | Route::Abandoned))
+    }
 }
 
 enum Route {
@@ -209,6 +226,7 @@ impl AsyncCompletionQueue {
             routes: Mutex::new(Routes::default()),
             next_id: AtomicU64::new(0),
             active: Mutex::new(true),
+            wanted: tokio::sync::Notify::new(),
         });
         let inner = Arc::new(Inner {
             shared: shared.clone(),
@@ -291,6 +309,7 @@ impl AsyncCompletionQueue {
     /// [`Error::Io`]-style failures of the driver (a CQ overrun, the channel failing).
     pub async fn next_unclaimed(&self) -> Result<Completion> {
         std::future::poll_fn(|cx| {
+            self.inner.deliver_now();
             let mut routes = self.inner.lock();
             if let Some(c) = routes.unclaimed.pop_front() {
                 return Poll::Ready(Ok(c));
@@ -299,6 +318,8 @@ impl AsyncCompletionQueue {
                 return Poll::Ready(Err(driver_failed(e)));
             }
             routes.unclaimed_waker = Some(cx.waker().clone());
+            drop(routes);
+            self.inner.wanted.notify_one();
             Poll::Pending
         })
         .await
@@ -332,6 +353,7 @@ impl AsyncCompletionQueue {
                     if let Some(r) = routes.by_id.get_mut(&id) {
                         if matches!(r, Route::Waiting(_)) {
                             *r = Route::Abandoned;
+                            self.inner.wanted.notify_one();
                         }
                     }
                 } else {
@@ -353,6 +375,18 @@ impl Shared {
         let id = OWN_ID | (self.next_id.fetch_add(1, Ordering::Relaxed) & !OWN_ID);
         self.lock().by_id.insert(id, Route::Waiting(None));
         id
+    }
+
+    /// Reaps the queue from a future's poll (while the driver is active); an error stops every
+    /// waiter as a driver failure would.
+    fn deliver_now(&self) {
+        let active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        if *active {
+            if let Err(e) = self.deliver() {
+                drop(active);
+                fail(self, e);
+            }
+        }
     }
 
     /// Hands out every completion the queue holds now.
@@ -404,6 +438,10 @@ fn route(routes: &mut Routes, c: Completion) {
 async fn drive(shared: Arc<Shared>, afd: AsyncFd<ChannelFd>) {
     let cq = shared.cq.clone();
     loop {
+        // Idle until some future sleeps (its notification is kept if it comes first).
+        while !shared.lock().needs_driver() {
+            shared.wanted.notified().await;
+        }
         {
             let active = shared.active.lock().unwrap_or_else(|p| p.into_inner());
             if !*active {
@@ -416,6 +454,11 @@ async fn drive(shared: Arc<Shared>, afd: AsyncFd<ChannelFd>) {
                 fail(&shared, e);
                 return;
             }
+        }
+        if !shared.lock().needs_driver() {
+            // Everyone was served: no need to watch the channel (an event the arm still raises
+            // is taken the next time round).
+            continue;
         }
         let waited = afd.readable().await;
         let mut ready = match waited {
@@ -595,6 +638,13 @@ impl Future for Completed {
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
         let id = self.id;
         let mut routes = self.inner.lock();
+        if matches!(routes.by_id.get(&id), Some(Route::Waiting(_))) && routes.failed.is_none() {
+            // Reap the queue here first: a completion that is already there is handed out
+            // without waking the driver (the cost of a poll, as in the blocking API).
+            drop(routes);
+            self.inner.deliver_now();
+            routes = self.inner.lock();
+        }
         let failed = routes.failed.clone();
         let outcome = match routes.by_id.get_mut(&id) {
             Some(Route::Arrived(_)) => match routes.by_id.remove(&id) {
@@ -607,6 +657,8 @@ impl Future for Completed {
             }
             Some(Route::Waiting(w)) => {
                 *w = Some(cx.waker().clone());
+                drop(routes);
+                self.inner.wanted.notify_one();
                 return Poll::Pending;
             }
             // Polled again after it resolved.
@@ -632,9 +684,11 @@ impl Drop for Completed {
             Some(Route::Arrived(_)) => {
                 routes.by_id.remove(&self.id);
             }
-            // Still in flight: absorb the completion when it comes.
+            // Still in flight: absorb the completion when it comes (the driver reaps it).
             Some(Route::Waiting(_)) => {
                 routes.by_id.insert(self.id, Route::Abandoned);
+                drop(routes);
+                self.inner.wanted.notify_one();
             }
             Some(Route::Abandoned) | None => {}
         }
