@@ -128,18 +128,60 @@ struct Routes {
     unclaimed_waker: Option<Waker>,
     /// Set when the driver stopped on an error: every waiter gets it.
     failed: Option<String>,
+    /// The queue pair each of our own ids was posted on (for failing a queue pair's futures).
+    qp_of: HashMap<u64, u32>,
 }
 
 impl Routes {
+    /// Fails every waiting future of a request on QP `qp_num` with `event`; returns how many.
+    fn fail_qp(&mut self, qp_num: u32, event: AsyncEvent) -> usize {
+        let ids: Vec<u64> = self
+            .qp_of
+            .iter()
+            .filter(|&(_, &q)| q == qp_num)
+            .map(|(&id, _)| id)
+            .collect();
+        let mut failed = 0;
+        for id in ids {
+            if let Some(r) = self.by_id.get_mut(&id) {
+                if let Route::Waiting(w) = r {
+                    let w = w.take();
+                    *r = Route::Failed {
+                        event,
+                        in_flight: true,
+                    };
+                    failed += 1;
+                    if let Some(w) = w {
+                        w.wake();
+                    }
+                }
+            }
+        }
+        failed
+    }
+
+    /// Forgets everything about `id`.
+    fn forget(&mut self, id: u64) -> Option<Route> {
+        self.qp_of.remove(&id);
+        self.by_id.remove(&id)
+    }
+
     /// Whether the driver must watch the queue: a future sleeps until its completion arrives,
     /// or a dropped future's request is still in flight (its completion must be reaped so the
     /// queue pair releases the memory and the slot).
     fn needs_driver(&self) -> bool {
         self.unclaimed_waker.is_some()
-            || self
-                .by_id
-                .values()
-                .any(|r| matches!(r, Route::Waiting(Some(_)) | Route::Abandoned))
+            || self.by_id.values().any(|r| {
+                matches!(
+                    r,
+                    Route::Waiting(Some(_))
+                        | Route::Abandoned
+                        | Route::Failed {
+                            in_flight: true,
+                            ..
+                        }
+                )
+            })
     }
 }
 
@@ -150,6 +192,9 @@ enum Route {
     Arrived(Completion),
     /// The future was dropped: absorb the completion when it comes.
     Abandoned,
+    /// The request's queue pair failed (a fatal asynchronous event): the future gets this error
+    /// at once; `in_flight` while its completion (a flush) is still to be reaped and absorbed.
+    Failed { event: AsyncEvent, in_flight: bool },
 }
 
 /// A duplicate of the completion channel's descriptor, for `AsyncFd`: each async queue registers
@@ -250,7 +295,7 @@ impl AsyncCompletionQueue {
     /// report its send completions to this queue. Nothing is posted then.
     pub fn post_send(&self, qp: &QueuePair, req: &SendRequest<'_>) -> Result<Completed> {
         self.check_queue(qp.send_cq(), "send")?;
-        let id = self.inner.own_id();
+        let id = self.inner.own_id(qp.qp_num());
         let mut req = req.clone().id(id);
         req.signaled = true;
         self.posted(id, qp.post_send(&req))
@@ -263,7 +308,7 @@ impl AsyncCompletionQueue {
     /// As [`AsyncCompletionQueue::post_send`], for the receive queue.
     pub fn post_recv(&self, qp: &QueuePair, req: &RecvRequest<'_>) -> Result<Completed> {
         self.check_queue(qp.recv_cq(), "receive")?;
-        let id = self.inner.own_id();
+        let id = self.inner.own_id(qp.qp_num());
         let req = req.clone().id(id);
         self.posted(id, qp.post_recv(&req))
     }
@@ -325,6 +370,22 @@ impl AsyncCompletionQueue {
         .await
     }
 
+    /// Applies a device event ([`AsyncDeviceEvents::next`]): a queue pair's fatal, request or
+    /// access error fails every future waiting for a request posted through this queue on that
+    /// queue pair at once, with [`Error::DeviceEvent`], instead of leaving them to the flush
+    /// completions (their completions are still reaped, so the memory is released, and
+    /// absorbed). Returns how many futures it failed; other events change nothing.
+    pub fn handle_event(&self, event: &AsyncEvent) -> usize {
+        use crate::device::{AsyncEventKind as K, EventSubject};
+        let qp_num = match (event.kind, event.subject) {
+            (K::QpFatal | K::QpRequestError | K::QpAccessError, EventSubject::Qp { qp_num }) => {
+                qp_num
+            }
+            _ => return 0,
+        };
+        self.inner.lock().fail_qp(qp_num, *event)
+    }
+
     fn check_queue(&self, cq: &Arc<CompletionQueue>, which: &str) -> Result<()> {
         if Arc::ptr_eq(cq, &self.inner.cq) {
             Ok(())
@@ -357,7 +418,7 @@ impl AsyncCompletionQueue {
                         }
                     }
                 } else {
-                    routes.by_id.remove(&id);
+                    routes.forget(id);
                 }
                 Err(e)
             }
@@ -370,10 +431,12 @@ impl Shared {
         self.routes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A new id of our own, its route registered.
-    fn own_id(&self) -> u64 {
+    /// A new id of our own for a request on QP `qp_num`, its route registered.
+    fn own_id(&self, qp_num: u32) -> u64 {
         let id = OWN_ID | (self.next_id.fetch_add(1, Ordering::Relaxed) & !OWN_ID);
-        self.lock().by_id.insert(id, Route::Waiting(None));
+        let mut routes = self.lock();
+        routes.by_id.insert(id, Route::Waiting(None));
+        routes.qp_of.insert(id, qp_num);
         id
     }
 
@@ -420,7 +483,11 @@ fn route(routes: &mut Routes, c: Completion) {
             }
         }
         Some(Route::Abandoned) => {
-            routes.by_id.remove(&c.wr_id);
+            routes.forget(c.wr_id);
+        }
+        Some(Route::Failed { in_flight, .. }) => {
+            // The failed queue pair's flush: absorbed (the future already has its error).
+            *in_flight = false;
         }
         // A second completion for one id (a request posted twice by hand with the same id):
         // the first stays with its future, this one is unclaimed.
@@ -647,7 +714,7 @@ impl Future for Completed {
         }
         let failed = routes.failed.clone();
         let outcome = match routes.by_id.get_mut(&id) {
-            Some(Route::Arrived(_)) => match routes.by_id.remove(&id) {
+            Some(Route::Arrived(_)) => match routes.forget(id) {
                 Some(Route::Arrived(c)) => Poll::Ready(c.result().copied()),
                 _ => unreachable!("matched Arrived above"),
             },
@@ -662,6 +729,18 @@ impl Future for Completed {
                 return Poll::Pending;
             }
             // Polled again after it resolved.
+            Some(Route::Failed { event, in_flight }) => {
+                let (event, in_flight) = (*event, *in_flight);
+                if in_flight {
+                    routes.by_id.insert(id, Route::Abandoned);
+                } else {
+                    routes.forget(id);
+                }
+                Poll::Ready(Err(Error::DeviceEvent {
+                    event,
+                    hint: Hint::new("the request's queue pair failed before its completion: reset() it and connect again"),
+                }))
+            }
             Some(Route::Abandoned) | None => Poll::Ready(Err(Error::invalid(
                 format!("the completion of wr_id {id} was already returned"),
                 "await a Completed once",
@@ -682,13 +761,20 @@ impl Drop for Completed {
         match routes.by_id.get(&self.id) {
             // Arrived but never looked at: nothing more will come for it.
             Some(Route::Arrived(_)) => {
-                routes.by_id.remove(&self.id);
+                routes.forget(self.id);
             }
             // Still in flight: absorb the completion when it comes (the driver reaps it).
             Some(Route::Waiting(_)) => {
                 routes.by_id.insert(self.id, Route::Abandoned);
                 drop(routes);
                 self.inner.wanted.notify_one();
+            }
+            Some(Route::Failed { in_flight, .. }) => {
+                if *in_flight {
+                    routes.by_id.insert(self.id, Route::Abandoned);
+                } else {
+                    routes.forget(self.id);
+                }
             }
             Some(Route::Abandoned) | None => {}
         }
@@ -704,6 +790,41 @@ mod tests {
             wr_id,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_queue_pair_failure_fails_its_waiters_only_and_absorbs_their_flushes() {
+        use crate::device::{AsyncEventKind, EventSubject};
+        let mut r = Routes::default();
+        for (id, qp) in [(1, 7), (2, 7), (3, 8)] {
+            r.by_id.insert(id, Route::Waiting(None));
+            r.qp_of.insert(id, qp);
+        }
+        let event = AsyncEvent {
+            kind: AsyncEventKind::QpFatal,
+            subject: EventSubject::Qp { qp_num: 7 },
+        };
+        assert_eq!(r.fail_qp(7, event), 2);
+        assert!(
+            matches!(r.by_id.get(&3), Some(Route::Waiting(_))),
+            "another QP's future waits on"
+        );
+        assert!(
+            r.needs_driver(),
+            "the failed requests' flushes still have to be reaped"
+        );
+        // The flush of request 1 arrives: absorbed, not unclaimed.
+        route(&mut r, c(1));
+        assert!(r.unclaimed.is_empty());
+        assert!(matches!(
+            r.by_id.get(&1),
+            Some(Route::Failed {
+                in_flight: false,
+                ..
+            })
+        ));
+        route(&mut r, c(3));
+        assert!(matches!(r.by_id.get(&3), Some(Route::Arrived(_))));
     }
 
     #[test]

@@ -176,6 +176,16 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// A device event ended an operation before its completion (a queue pair's fatal error,
+    /// reported by `ibv_get_async_event`).
+    #[error("{} ({:?}) ended the operation before its completion{hint}", .event.kind, .event.subject)]
+    DeviceEvent {
+        /// The event.
+        event: crate::device::AsyncEvent,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// A work request completed with an error status.
     #[error("work request {wr_id} ({queue} queue of QP {qp_num:#x}) completed with {status} ({status:?}, vendor error {vendor_err:#x}){hint}")]
     Completion {
@@ -294,6 +304,7 @@ impl Error {
             | Error::Protocol { hint, .. }
             | Error::QueueFull { hint, .. }
             | Error::QpNotReady { hint, .. }
+            | Error::DeviceEvent { hint, .. }
             | Error::Completion { hint, .. }
             | Error::Timeout { hint, .. } => hint.text(),
             Error::Io { .. } => None,
