@@ -39,10 +39,19 @@ impl Dispatch {
         self.live.push((qpn, inflight));
     }
 
-    /// Removes `qpn` (destroyed) and buries its incarnation `tag`.
-    pub(crate) fn unregister(&mut self, qpn: u32, tag: u32) {
+    /// Removes `qpn` (destroyed); buries its incarnation `tag` when completions of it may still
+    /// be queued (`Some`: requests were in flight).
+    pub(crate) fn unregister(&mut self, qpn: u32, tag: Option<u32>) {
         self.live.retain(|(q, _)| *q != qpn);
-        self.bury(qpn, tag);
+        if let Some(tag) = tag {
+            self.bury(qpn, tag);
+        }
+    }
+
+    /// How many incarnations are buried (for tests).
+    #[cfg(test)]
+    pub(crate) fn buried(&self) -> usize {
+        self.tombstones.len()
     }
 
     /// Remembers that completions of `(qpn, tag)` may still be queued.
@@ -109,7 +118,7 @@ mod tests {
         let a = qp(tag_a);
         d.register(17, a.clone());
         let stale = post(&a, 1);
-        d.unregister(17, tag_a);
+        d.unregister(17, Some(tag_a));
         // The provider reuses number 17. Its new incarnation posts; sequence numbers restart.
         let tag_b = Dispatch::new_tag(&[&d], 17).unwrap();
         assert_ne!(tag_b, tag_a);
@@ -151,6 +160,23 @@ mod tests {
         assert!(d.is_buried(3, t));
         d.drained();
         assert!(!d.is_buried(3, t));
+    }
+
+    #[test]
+    fn only_queue_pairs_with_requests_in_flight_leave_tombstones() {
+        let mut d = Dispatch::default();
+        for qpn in 0..10_000u32 {
+            d.register(qpn, qp(1));
+            d.unregister(qpn, None);
+        }
+        assert_eq!(
+            d.buried(),
+            0,
+            "idle queue pairs destroyed on a never-polled queue"
+        );
+        d.register(1, qp(2));
+        d.unregister(1, Some(2));
+        assert_eq!(d.buried(), 1);
     }
 
     #[test]

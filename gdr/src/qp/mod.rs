@@ -295,12 +295,18 @@ impl Drop for QueuePair {
             return;
         }
         // The number may be reused by the next queue pair: bury this incarnation so completions
-        // still queued for it are dropped, never attributed to the next one.
+        // still queued for it are dropped, never attributed to the next one. Only a queue pair
+        // with requests in flight can have completions queued: once every posted request is
+        // retired, the completion that retired the last one was the last of this incarnation
+        // (RC completes in order), so an idle queue pair leaves no tombstone. Read under the
+        // completion queues' locks, so no poll retires anything meanwhile.
         let tag = self.inflight.tag();
         {
             let mut cqs = lock_both(&self.send_cq, &self.recv_cq);
+            let busy = lock(&self.inflight.send).outstanding() > 0
+                || lock(&self.inflight.recv).outstanding() > 0;
             for d in cqs.iter_mut() {
-                d.unregister(qpn, tag);
+                d.unregister(qpn, busy.then_some(tag));
             }
         }
         // Nothing can touch the requests' memory any more.

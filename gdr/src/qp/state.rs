@@ -379,8 +379,12 @@ impl QueuePair {
         // the old incarnation.
         let qpn = self.qp_num();
         let old = rings.send.tag();
-        for d in cqs.iter_mut() {
-            d.bury(qpn, old);
+        // Completions of the old incarnation can be queued only if requests were in flight (see
+        // QueuePair's Drop); a new tag is taken either way.
+        if rings.send.outstanding() > 0 || rings.recv.outstanding() > 0 {
+            for d in cqs.iter_mut() {
+                d.bury(qpn, old);
+            }
         }
         let tag = Dispatch::new_tag(&cqs.all(), qpn);
         drop(cqs);
