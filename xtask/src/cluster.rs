@@ -3,10 +3,11 @@
 //!
 //! Every host is its own QEMU/TCG guest booted from the same kernel and initramfs as the VM
 //! (vm.rs), with `gdr.stage2=cluster gdr.host=<h>` on its command line so that its init runs
-//! guest/cluster.sh instead of the VM's stage 2. Each rail of each pair of hosts is one
-//! `-netdev socket` link (the lower-numbered host listens on a free 127.0.0.1 port, the other
-//! connects); inside, the NIC of rail `r` is `eth<r>` with `10.78.<r>.<h>/24` and `rxe<r>` on it.
-//! Those addresses exist only inside the guests.
+//! guest/cluster.sh instead of the VM's stage 2. Each rail is one L2 segment shared by all hosts:
+//! this process runs a small learning switch per rail on a free 127.0.0.1 port (hub.rs), and
+//! every host's NIC of that rail joins it with `-netdev socket,connect=127.0.0.1:PORT`. Inside,
+//! the NIC of rail `r` is `eth<r>` with `10.78.<r>.<h>/24` and `rxe<r>` on it. Those addresses
+//! exist only inside the guests.
 //!
 //! All hosts share one writable results directory (`target/softroce/runs/cluster-<pid>/`,
 //! `/run/gdr-vm/results` inside): the scenario, the per-host exit codes, the start barrier and the
@@ -18,7 +19,6 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -35,11 +35,16 @@ const GDR_FAULT_SH: &str = include_str!("guest/gdr-fault.sh");
 /// Exit code when the run is killed by the timeout (as timeout(1)).
 const TIMEOUT_EXIT: i32 = 124;
 
+/// The most hosts: each guest takes `--mem` MiB and a share of the machine's cores.
+const MAX_HOSTS: u32 = 8;
+
+mod hub;
+
 /// Options of `cargo xtask cluster`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ClusterOpts {
     /// Number of hosts (guests).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=2))]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=MAX_HOSTS as i64))]
     pub hosts: u32,
     /// Rails (NICs with an rxe device each) per host.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=8))]
@@ -164,27 +169,6 @@ impl Drop for Guests {
     }
 }
 
-/// A free TCP port on 127.0.0.1 (bound, then released for QEMU to listen on).
-fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
-}
-
-/// Whether something listens on 127.0.0.1:`port` (from /proc/net/tcp, without connecting: a
-/// connection would be taken as the link's peer).
-fn listening(port: u16) -> bool {
-    let want = format!("0100007F:{port:04X}");
-    fs::read_to_string("/proc/net/tcp")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| {
-            let f: Vec<_> = l.split_whitespace().collect();
-            f.len() > 3 && f[1] == want && f[3] == "0A"
-        })
-}
-
 fn mac(rail: u32, host: u32) -> String {
     format!("52:54:00:78:{rail:02x}:{host:02x}")
 }
@@ -249,15 +233,11 @@ fn run(
             .map_err(|e| format!("chmod {}: {e}", fault.display()))?;
     }
 
-    // One port per rail per pair (a, b), a < b: a listens, b connects.
-    let mut links = Vec::new(); // (a, b, rail, port)
-    for a in 1..=n {
-        for b in a + 1..=n {
-            for r in 0..opts.rails {
-                links.push((a, b, r, free_port()?));
-            }
-        }
-    }
+    // One switch per rail; every host's NIC of that rail connects to it. Declared before the
+    // guests so that it outlives them (dropped after them).
+    let hubs = (0..opts.rails)
+        .map(|r| hub::Hub::start().map_err(|e| format!("cannot start rail {r}'s switch: {e}")))
+        .collect::<Result<Vec<_>>>()?;
     say!(
         "booting a cluster of {n} host(s) x {} rail(s) (kernel {}, timeout {} s, {} MiB and 1 vCPU each)",
         opts.rails,
@@ -300,28 +280,14 @@ fn run(
             .arg(format!(
                 "unix:{run_str}/mon.host{h}.sock,server=on,wait=off"
             ));
-        for &(a, b, r, port) in &links {
-            let mode = if a == h {
-                "listen"
-            } else if b == h {
-                "connect"
-            } else {
-                continue;
-            };
+        for (r, hub) in hubs.iter().enumerate() {
             qemu.arg("-netdev")
-                .arg(format!("socket,id=r{r},{mode}=127.0.0.1:{port}"))
+                .arg(format!("socket,id=r{r},connect=127.0.0.1:{}", hub.port()))
                 .arg("-device")
-                .arg(format!("virtio-net-pci,netdev=r{r},mac={}", mac(r, h)));
-        }
-        if n == 1 {
-            // A lone host: each rail's NIC on a link nobody joins (carrier up, no peer).
-            for r in 0..opts.rails {
-                let port = free_port()?;
-                qemu.arg("-netdev")
-                    .arg(format!("socket,id=r{r},listen=127.0.0.1:{port}"))
-                    .arg("-device")
-                    .arg(format!("virtio-net-pci,netdev=r{r},mac={}", mac(r, h)));
-            }
+                .arg(format!(
+                    "virtio-net-pci,netdev=r{r},mac={}",
+                    mac(r as u32, h)
+                ));
         }
         qemu.stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -354,22 +320,6 @@ fn run(
         }));
         consoles.push(console);
         guests.0.push(Some(child));
-        // The listening side's sockets must exist before a peer connects.
-        let ports: Vec<u16> = links.iter().filter(|l| l.0 == h).map(|l| l.3).collect();
-        let t = Instant::now();
-        while !ports.iter().all(|&p| listening(p)) {
-            if t.elapsed() > Duration::from_secs(20) {
-                return Err(format!(
-                    "host{h}'s QEMU does not listen on its rail ports after 20 s"
-                ));
-            }
-            if let Some(Some(c)) = guests.0.last_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    return Err(format!("host{h}'s QEMU exited at once ({st})"));
-                }
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
     }
 
     let fault_log = run_dir.join("faults.log");
@@ -471,6 +421,7 @@ fn run(
         }
     }
     drop(guests);
+    drop(hubs);
     for r in readers {
         let _ = r.join();
     }

@@ -57,10 +57,13 @@ while [ "$r" -lt "$GDR_RAILS" ]; do
     rdma link add "rxe$r" type rxe netdev "eth$r" || fail "rdma link add rxe$r failed"
     export "GDR_RAIL${r}_DEVICE=rxe$r" "GDR_RAIL${r}_NETDEV=eth$r" "GDR_RAIL${r}_ADDR=10.78.$r.$H"
     h=1
+    addrs=
     while [ "$h" -le "$GDR_HOSTS" ]; do
         export "GDR_HOST${h}_RAIL${r}_ADDR=10.78.$r.$h"
+        [ "$h" -eq "$H" ] || addrs="$addrs${addrs:+ }10.78.$r.$h"
         h=$((h + 1))
     done
+    export "GDR_RAIL${r}_PEER_ADDRS=$addrs"
     r=$((r + 1))
 done
 
