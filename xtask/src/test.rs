@@ -1,5 +1,6 @@
 //! `cargo xtask test`: all host tests and the README's downstream crate (`cargo xtask
-//! downstream`, counted as one test), then every device test inside one VM boot.
+//! downstream`, counted as one test), the fuzz smoke run (`crate::fuzz::smoke`, one test per
+//! target, skipped without nightly or cargo-fuzz), then every device test inside one VM boot.
 //!
 //! Device tests are `#[ignore]`d on the host and run in the VM with `--ignored --test-threads=1`.
 //! Test targets named `gpu_*` are the GPU tier: they run on the GPU machine (`cargo xtask
@@ -79,6 +80,12 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
             passed: u64::from(built),
             failed: u64::from(!built),
         });
+        // Each fuzz target's few seconds count as one test; skipped (with the reason printed)
+        // without nightly or cargo-fuzz.
+        if let Some((passed, failed)) = crate::fuzz::smoke()? {
+            ok &= failed == 0;
+            total.add(Counts { passed, failed });
+        }
     }
     if !opts.host_only {
         let (vm_ok, counts) = vm_tests(opts)?;
