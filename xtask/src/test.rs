@@ -160,6 +160,10 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
          \x20   [ \"$rc\" -eq 0 ] || failed=$((failed + 1))\n\
          }\n",
     );
+    // The resource-cycle tests' count (gdr/tests/verbs_cycles.rs): GDR_CYCLES=10000 for the full run.
+    if let Ok(n) = std::env::var("GDR_CYCLES") {
+        script.push_str(&format!("export GDR_CYCLES={}\n", shell_quote(&n)));
+    }
     let extra = shell_words(&opts.test_args);
     for t in &tests {
         let exe = t.executable.strip_prefix(&root).unwrap_or(&t.executable);
