@@ -309,7 +309,7 @@ pub fn fuzz(opts: &FuzzOpts) -> Result<i32> {
             TARGETS.join(", ")
         ));
     }
-    if !(opts.minutes > 0.0) {
+    if !opts.minutes.is_finite() || opts.minutes <= 0.0 {
         return Err(format!("--minutes {} must be positive", opts.minutes));
     }
     build()?;
