@@ -6,7 +6,8 @@
 //! AddressSanitizer, with debug assertions and overflow checks on. Each target's corpus is
 //! `fuzz/corpus/<target>/` (kept between runs, not committed), seeded from `fuzz/seeds/<target>/`
 //! and from the test fixtures (`gdr/tests/fixtures/doctor/`). A crash leaves its input in
-//! `fuzz/artifacts/<target>/`; the libFuzzer log of each run is `fuzz/target/logs/<target>.log`.
+//! `fuzz/artifacts/<target>/`; the libFuzzer log of each run is `fuzz/target/logs/<target>.log`
+//! (`<target>.smoke.log` for the smoke run).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -209,12 +210,13 @@ fn crash_summary(log: &str) -> String {
     format!("{} -> {artifact}", what.trim())
 }
 
-/// Runs `target` with libFuzzer `flags`; the log goes to `fuzz/target/logs/<target>.log`.
-fn run_target(target: &str, flags: &[String]) -> Result<Outcome> {
+/// Runs `target` with libFuzzer `flags`; the log goes to
+/// `fuzz/target/logs/<target><suffix>.log`.
+fn run_target(target: &str, suffix: &str, flags: &[String]) -> Result<Outcome> {
     let dirs = corpus(target)?;
     let logs = fuzz_dir().join("target/logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
-    let log_path = logs.join(format!("{target}.log"));
+    let log_path = logs.join(format!("{target}{suffix}.log"));
     let log =
         std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
     let err = log.try_clone().map_err(|e| e.to_string())?;
@@ -244,15 +246,17 @@ fn run_target(target: &str, flags: &[String]) -> Result<Outcome> {
     })
 }
 
-/// The topology target copies its fixture tree into the temp directory once per process.
+/// The topology target copies its fixture tree into the temp directory once per process
+/// (`gdr-fuzz-topology-<pid>`): removes those whose process has ended.
 fn remove_topology_trees() {
     let tmp = std::env::temp_dir();
     if let Ok(entries) = std::fs::read_dir(&tmp) {
         for e in entries.flatten() {
-            if e.file_name()
-                .to_string_lossy()
-                .starts_with("gdr-fuzz-topology-")
-            {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name.strip_prefix("gdr-fuzz-topology-") else {
+                continue;
+            };
+            if !Path::new("/proc").join(pid).exists() {
                 let _ = std::fs::remove_dir_all(e.path());
             }
         }
@@ -277,7 +281,7 @@ pub fn smoke() -> Result<Option<(u64, u64)>> {
     }
     let (mut passed, mut failed) = (0, 0);
     for t in TARGETS {
-        let o = run_target(t, &[format!("-max_total_time={SMOKE_SECONDS}")])?;
+        let o = run_target(t, ".smoke", &[format!("-max_total_time={SMOKE_SECONDS}")])?;
         say!("fuzz smoke: {}", o.line(t));
         if o.crash.is_some() || o.executions == 0 {
             failed += 1;
@@ -326,7 +330,7 @@ pub fn fuzz(opts: &FuzzOpts) -> Result<i32> {
             opts.runs,
             opts.minutes
         );
-        let o = run_target(t, &flags)?;
+        let o = run_target(t, "", &flags)?;
         let line = o.line(t);
         say!("fuzz: {line}");
         crashed += usize::from(o.crash.is_some());
