@@ -845,6 +845,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn public_private_data_codec_is_the_one_connections_use() {
+        let r = RemoteRegion::new(0x7f00_0000_1000, 1 << 20, 0xabcd);
+        let b = encode_private_data(Some(r));
+        assert_eq!(b, private::encode(Some(r)));
+        assert_eq!(b.len(), PRIVATE_DATA_LEN);
+        assert_eq!(decode_private_data(&b).unwrap(), Some(r));
+        let mut v2 = b;
+        v2[4] = 2;
+        match decode_private_data(&v2) {
+            Err(Error::Protocol { what, .. }) => assert!(what.contains("version 2"), "{what}"),
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+        assert_eq!(decode_private_data(b"short").unwrap(), None);
+    }
+
+    #[test]
     fn private_data_round_trip_and_foreign_peers() {
         let r = RemoteRegion::new(0x1000, 4096, 0xabc);
         let b = private::encode(Some(r));
