@@ -9,6 +9,7 @@
 //! * `compare-perftest`: gdr bw/lat against perftest, medians and ratios.
 //! * `bench`: `cargo bench` (benches/perf.rs) inside the VM.
 //! * `downstream`: build a new crate from README.md's dependency line and example.
+//! * `fuzz [--minutes N] [TARGET...]`: the cargo-fuzz targets in fuzz/, executions and crashes.
 
 mod bench;
 mod bundle;
@@ -16,6 +17,7 @@ mod cargo;
 mod cluster;
 mod demo;
 mod downstream;
+mod fuzz;
 mod perftest;
 mod setup;
 mod test;
@@ -67,6 +69,8 @@ enum Command {
     Bench(bench::BenchOpts),
     /// Build a new crate from README.md alone (its dependency line and example), not run.
     Downstream,
+    /// Fuzz every decoder (fuzz/, cargo-fuzz on nightly), one target after another.
+    Fuzz(fuzz::FuzzOpts),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
         Command::ComparePerftest(opts) => perftest::compare(&opts),
         Command::Bench(opts) => bench::bench(&opts),
         Command::Downstream => downstream::downstream(),
+        Command::Fuzz(opts) => fuzz::fuzz(&opts),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

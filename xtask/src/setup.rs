@@ -34,6 +34,7 @@ static APT_UPDATED: AtomicBool = AtomicBool::new(false);
 pub fn setup() -> Result<()> {
     ensure_packages()?;
     say!("all {} system packages are installed", PACKAGES.len());
+    crate::fuzz::ensure_cargo_fuzz();
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: all host tests and the README's downstream crate (`cargo xtask
-//! downstream`, counted as one test), then every device test inside one VM boot, then the
-//! cluster tier (`cluster_*` test targets) on a 2-host x 2-rail cluster (cluster.rs).
+//! downstream`, counted as one test), the fuzz smoke run (`crate::fuzz::smoke`, one test per
+//! target, skipped without nightly or cargo-fuzz), then every device test inside one VM boot, then
+//! the cluster tier (`cluster_*` test targets) on a 2-host x 2-rail cluster (cluster.rs).
 //!
 //! Device tests are `#[ignore]`d on the host and run in the VM with `--ignored --test-threads=1`.
 //! Test targets named `gpu_*` are the GPU tier: they run on the GPU machine (`cargo xtask
@@ -87,6 +88,12 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
             passed: u64::from(built),
             failed: u64::from(!built),
         });
+        // Each fuzz target's few seconds count as one test; skipped (with the reason printed)
+        // without nightly or cargo-fuzz.
+        if let Some((passed, failed)) = crate::fuzz::smoke()? {
+            ok &= failed == 0;
+            total.add(Counts { passed, failed });
+        }
     }
     if !opts.host_only && !opts.cluster_only {
         let (vm_ok, counts) = vm_tests(opts)?;
@@ -235,6 +242,10 @@ fn tier_script(tests: &[&cargo::Artifact], extra: &str, more: &str) -> String {
          \x20   [ \"$rc\" -eq 0 ] || failed=$((failed + 1))\n\
          }\n",
     );
+    // The resource-cycle tests' count (gdr/tests/verbs_cycles.rs): GDR_CYCLES=10000 for the full run.
+    if let Ok(n) = std::env::var("GDR_CYCLES") {
+        script.push_str(&format!("export GDR_CYCLES={}\n", shell_quote(&n)));
+    }
     for t in tests {
         let exe = t.executable.strip_prefix(&root).unwrap_or(&t.executable);
         script.push_str(&format!(

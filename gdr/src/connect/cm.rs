@@ -460,6 +460,25 @@ mod private {
     }
 }
 
+/// Length of the private data gdr sends with a connect request or reply (fits the 56 bytes a
+/// connect request carries).
+pub const PRIVATE_DATA_LEN: usize = private::LEN;
+
+/// Encodes the private data gdr sends with a connect request or reply, advertising `region` if
+/// given. The inverse of [`decode_private_data`].
+pub fn encode_private_data(region: Option<RemoteRegion>) -> [u8; PRIVATE_DATA_LEN] {
+    private::encode(region)
+}
+
+/// Decodes a peer's connect private data the way [`Listener::next_request`] and
+/// [`Connector::connect`] do: `Ok(None)` when the peer is not a gdr program (no magic) or
+/// advertised no region, [`Error::Protocol`] for another version or a region whose end
+/// overflows. Trailing bytes (transport padding) are ignored. Public so the decoder can be
+/// fuzzed (`fuzz/`) and captured requests inspected.
+pub fn decode_private_data(data: &[u8]) -> Result<Option<RemoteRegion>> {
+    private::decode(data).map_err(Error::protocol)
+}
+
 fn sockaddr_of(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero sockaddr_storage is valid.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -824,6 +843,22 @@ impl ConnectRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn public_private_data_codec_is_the_one_connections_use() {
+        let r = RemoteRegion::new(0x7f00_0000_1000, 1 << 20, 0xabcd);
+        let b = encode_private_data(Some(r));
+        assert_eq!(b, private::encode(Some(r)));
+        assert_eq!(b.len(), PRIVATE_DATA_LEN);
+        assert_eq!(decode_private_data(&b).unwrap(), Some(r));
+        let mut v2 = b;
+        v2[4] = 2;
+        match decode_private_data(&v2) {
+            Err(Error::Protocol { what, .. }) => assert!(what.contains("version 2"), "{what}"),
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+        assert_eq!(decode_private_data(b"short").unwrap(), None);
+    }
 
     #[test]
     fn private_data_round_trip_and_foreign_peers() {
