@@ -677,6 +677,11 @@ impl AsyncDeviceEvents {
 /// [`Error::Completion`] (with its typed status) when the request failed. Dropping it is always
 /// safe: the request's memory stays registered until the completion is reaped, and the
 /// completion is then absorbed.
+///
+/// A queue pair destroyed while its requests are in flight produces no completions for them, so
+/// their futures would stay pending: disconnect or reset the queue pair first (the requests then
+/// complete as flushed), or fail them with [`AsyncCompletionQueue::handle_event`] when the device
+/// reports the queue pair's fatal error.
 #[must_use = "a completion future does nothing unless awaited (dropping it is safe)"]
 pub struct Completed {
     inner: Arc<Inner>,
