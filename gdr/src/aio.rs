@@ -257,15 +257,8 @@ impl AsyncCompletionQueue {
             fd: unsafe { OwnedFd::from_raw_fd(dup) },
             _cq: cq.clone(),
         };
-        // SAFETY: the descriptor is owned by `owner` and open until it drops, which happens only
-        // after the AsyncFd drops; `as_raw_fd` always returns it.
-        let afd =
-            unsafe { AsyncFd::register_with_interest(owner, Interest::READABLE) }.map_err(|e| {
-                Error::io(
-                    format!("registering completion channel fd {fd} with tokio"),
-                    e.into(),
-                )
-            })?;
+        // The descriptor is owned by `owner` and open until it drops, after the AsyncFd.
+        let afd = watch(owner, "the completion channel").inspect_err(|_| detach())?;
         let shared = Arc::new(Shared {
             cq: cq.clone(),
             routes: Mutex::new(Routes::default()),
@@ -639,15 +632,8 @@ impl AsyncDeviceEvents {
             fd,
             _ctx: events.context().clone(),
         };
-        // SAFETY: `fd` is the context's open, non-blocking event descriptor; `owner` keeps the
-        // context alive, and returns the same descriptor, for the AsyncFd's whole life.
-        let afd =
-            unsafe { AsyncFd::register_with_interest(owner, Interest::READABLE) }.map_err(|e| {
-                Error::io(
-                    format!("registering async event fd {fd} with tokio"),
-                    e.into(),
-                )
-            })?;
+        // `owner` keeps the context (which owns the descriptor) alive as long as the AsyncFd.
+        let afd = watch(owner, "the async event descriptor")?;
         Ok(AsyncDeviceEvents { events, afd })
     }
 
@@ -671,6 +657,25 @@ impl AsyncDeviceEvents {
             }
         }
     }
+}
+
+/// Registers `owner`'s descriptor with the current tokio runtime's reactor, for readability.
+/// tokio panics on a runtime without an I/O driver: that becomes an error here.
+pub(crate) fn watch<T: AsRawFd>(owner: T, what: &str) -> Result<AsyncFd<T>> {
+    let fd = owner.as_raw_fd();
+    let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: every caller passes an owner that keeps `fd` open, and returns it from
+        // `as_raw_fd`, for the AsyncFd's whole life (it owns the descriptor, or the object that
+        // owns it).
+        unsafe { AsyncFd::register_with_interest(owner, Interest::READABLE) }
+    }))
+    .map_err(|_| {
+        Error::invalid(
+            format!("watching {what} (fd {fd}): the tokio runtime has no I/O driver"),
+            "build the runtime with enable_io() (or enable_all())",
+        )
+    })?;
+    registered.map_err(|e| Error::io(format!("registering {what} (fd {fd}) with tokio"), e.into()))
 }
 
 /// The completion of one posted request. Resolves to the completion on success and to

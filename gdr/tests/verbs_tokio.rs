@@ -394,3 +394,44 @@ fn every_new_async_queue_delivers() {
     });
     assert_eq!(u64::from_le_bytes(dst.to_vec().try_into().unwrap()), 199);
 }
+
+#[test]
+#[ignore = "needs an RDMA device and its IP in GDR_TEST_ADDR (run in the VM: cargo xtask test)"]
+fn async_rdma_cm_connect_and_accept() {
+    use gdr::connect::cm::{Connector, Listener};
+    const T: Duration = Duration::from_secs(20);
+    let rt = runtime();
+    rt.block_on(async {
+        let listener = Listener::bind(format!("{}:0", common::addr()).parse().unwrap()).unwrap();
+        let port = listener.port();
+        let server = tokio::spawn(async move {
+            let req = listener.next_request_async(T).await.unwrap();
+            let ctx = req.context().clone();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq_with_channel(16).unwrap();
+            let qp = pd.queue_pair(&cq, &cq).build().unwrap();
+            let mr = MemoryRegion::new(&pd, 64, AccessFlags::remote_rw()).unwrap();
+            let conn = req.accept_async(qp, Some(mr.remote())).await.unwrap();
+            (conn, mr, listener)
+        });
+        let dst = format!("{}:{port}", common::addr()).parse().unwrap();
+        let pending = Connector::resolve_async(dst, T).await.unwrap();
+        let ctx = pending.context().clone();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq_with_channel(16).unwrap();
+        let qp = pd.queue_pair(&cq, &cq).build().unwrap();
+        let conn = pending.connect_async(qp, None).await.unwrap();
+        let remote = conn.remote_region().expect("the server advertised its region");
+        let acq = AsyncCompletionQueue::new(&cq).unwrap();
+        let src = pd.register_copy(b"over rdma_cm", AccessFlags::LOCAL_WRITE).unwrap();
+        let local = [src.slice(..).unwrap()];
+        acq.post_send(conn.qp(), &SendRequest::write(&local, remote.slice(0..12).unwrap()))
+            .unwrap()
+            .await
+            .unwrap();
+        let (server_conn, mr, _listener) = server.await.unwrap();
+        assert_eq!(&mr.to_vec()[..12], b"over rdma_cm");
+        drop((conn, server_conn));
+        println!("async rdma_cm: resolve, connect, next request, accept awaited; a write through the connection verified");
+    });
+}

@@ -40,6 +40,121 @@ const POLL_SLICE: Duration = Duration::from_millis(100);
 /// Most events kept for ids other than the reader's (see [`Backlog`]).
 const BACKLOG_CAP: usize = 256;
 
+/// Which events a waiter takes.
+type Wanted<'a> = dyn Fn(&Event) -> bool + Send + Sync + 'a;
+
+/// The error of a wait for an rdma_cm event that ran out of time.
+fn event_timeout(timeout: Duration) -> Error {
+    Error::Timeout {
+        what: "rdma_cm event".into(),
+        millis: millis(timeout),
+        hint: Hint::new("is the peer listening on that address and port, and reachable over RDMA?"),
+    }
+}
+
+/// How a connection flow waits for its next event: [`Blocking`] polls the channel's descriptor
+/// in slices; with the `tokio` feature, [`Tokio`] awaits it through tokio. The flows (resolve,
+/// connect, next request, accept) are written once, as async functions over this.
+trait EventWait: Sync {
+    fn event<'a>(
+        &'a self,
+        channel: &'a EventChannel,
+        deadline: Option<Instant>,
+        timeout: Duration,
+        wanted: &'a Wanted<'a>,
+    ) -> impl std::future::Future<Output = Result<Event>> + Send + 'a;
+}
+
+/// Waits by blocking the thread (the blocking API): its futures are ready when first polled.
+struct Blocking;
+
+impl EventWait for Blocking {
+    fn event<'a>(
+        &'a self,
+        channel: &'a EventChannel,
+        deadline: Option<Instant>,
+        timeout: Duration,
+        wanted: &'a Wanted<'a>,
+    ) -> impl std::future::Future<Output = Result<Event>> + Send + 'a {
+        std::future::ready(channel.wait_for(deadline, timeout, wanted))
+    }
+}
+
+/// Runs a flow over [`Blocking`] to its end on this thread (its waits block inside the poll, so
+/// the flow finishes in the first poll; polling again is only a fallback).
+fn block_now<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Waits by awaiting the channel's descriptor on tokio (a duplicate of it, registered for the
+/// wait: rdma_cm waits are rare).
+#[cfg(feature = "tokio")]
+struct Tokio;
+
+/// A duplicate of an event channel's descriptor, owned, for tokio's `AsyncFd`.
+#[cfg(feature = "tokio")]
+struct DupFd(std::os::fd::OwnedFd);
+
+#[cfg(feature = "tokio")]
+impl std::os::fd::AsRawFd for DupFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.0)
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl EventWait for Tokio {
+    async fn event<'a>(
+        &'a self,
+        channel: &'a EventChannel,
+        deadline: Option<Instant>,
+        timeout: Duration,
+        wanted: &'a Wanted<'a>,
+    ) -> Result<Event> {
+        use std::os::fd::FromRawFd;
+        loop {
+            if let Some(e) = channel.take(wanted)? {
+                return Ok(e);
+            }
+            let left = time_left(deadline);
+            if left.is_zero() {
+                return Err(event_timeout(timeout));
+            }
+            // SAFETY: the channel's descriptor is open while `channel` lives; dup has no
+            // memory-safety precondition.
+            let dup = unsafe { libc::fcntl(channel.fd(), libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
+                return Err(Error::io(
+                    "duplicating the rdma_cm event channel's descriptor",
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            // SAFETY: `dup` is a new descriptor owned from here on.
+            let owned = DupFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(dup) });
+            let afd = crate::aio::watch(owned, "the rdma_cm event channel")?;
+            // Readable, or a slice passed: look again either way. (tokio panics creating a
+            // timer on a runtime without one: that becomes an error.)
+            let slice = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tokio::time::timeout(left.min(POLL_SLICE), afd.readable())
+            }))
+            .map_err(|_| {
+                Error::invalid(
+                    "the tokio runtime has no timer",
+                    "build it with enable_time() (or enable_all())",
+                )
+            })?;
+            let _ = slice.await;
+        }
+    }
+}
+
 /// Events read from a shared channel for an id other than the reader's: an accepted
 /// connection's `ESTABLISHED` that the listener's `next_request` read, a second client's
 /// `CONNECT_REQUEST` that arrived during `accept`. Each waiter takes its own; a destroyed id's
@@ -188,42 +303,43 @@ impl EventChannel {
         Ok(Some(out))
     }
 
+    /// The oldest event `wanted` accepts, if one is queued or readable now (events for others go
+    /// to the backlog); never waits.
+    fn take(&self, wanted: &Wanted<'_>) -> Result<Option<Event>> {
+        let mut backlog = self.backlog();
+        if let Some(e) = backlog.take(wanted) {
+            return Ok(Some(e));
+        }
+        while let Some(e) = self.read_one()? {
+            if wanted(&e) {
+                return Ok(Some(e));
+            }
+            if let Some(old) = backlog.push(e) {
+                log::warn!(
+                    "rdma_cm: more than {BACKLOG_CAP} events nobody waits for; dropping {}",
+                    event_name(old.kind)
+                );
+                old.dispose();
+            }
+        }
+        Ok(None)
+    }
+
     /// Waits until `deadline` (`None`: forever) for the oldest event `wanted` accepts; events for
     /// others go to the backlog. `timeout` is what the caller asked for, for the error message.
     fn wait_for(
         &self,
         deadline: Option<Instant>,
         timeout: Duration,
-        wanted: &dyn Fn(&Event) -> bool,
+        wanted: &Wanted<'_>,
     ) -> Result<Event> {
         loop {
-            {
-                let mut backlog = self.backlog();
-                if let Some(e) = backlog.take(wanted) {
-                    return Ok(e);
-                }
-                while let Some(e) = self.read_one()? {
-                    if wanted(&e) {
-                        return Ok(e);
-                    }
-                    if let Some(old) = backlog.push(e) {
-                        log::warn!(
-                            "rdma_cm: more than {BACKLOG_CAP} events nobody waits for; dropping {}",
-                            event_name(old.kind)
-                        );
-                        old.dispose();
-                    }
-                }
+            if let Some(e) = self.take(wanted)? {
+                return Ok(e);
             }
             let left = time_left(deadline);
             if left.is_zero() {
-                return Err(Error::Timeout {
-                    what: "rdma_cm event".into(),
-                    millis: millis(timeout),
-                    hint: Hint::new(
-                        "is the peer listening on that address and port, and reachable over RDMA?",
-                    ),
-                });
+                return Err(event_timeout(timeout));
             }
             match crate::cq::wait_readable(self.fd(), left.min(POLL_SLICE), "rdma_cm event channel")
             {
@@ -362,11 +478,18 @@ impl CmId {
         qp.apply(&mut attr, mask, target)
     }
 
-    fn expect(&self, want: u32, timeout: Duration, what: &str) -> Result<Event> {
-        let me = self.raw();
-        let e = self
-            .channel
-            .wait_for(deadline_after(timeout), timeout, &|e| e.id == me)?;
+    async fn expect<W: EventWait>(
+        &self,
+        w: &W,
+        want: u32,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<Event> {
+        let me = self.raw() as usize;
+        let wanted = move |e: &Event| e.id as usize == me;
+        let e = w
+            .event(&self.channel, deadline_after(timeout), timeout, &wanted)
+            .await?;
         check_event(&e, want, what)?;
         Ok(e)
     }
@@ -590,18 +713,34 @@ pub struct Connector {
 impl Connector {
     /// Resolves `addr` to a device, port and route (`rdma_resolve_addr`, `rdma_resolve_route`).
     pub fn resolve(addr: SocketAddr, timeout: Duration) -> Result<Connector> {
+        block_now(Self::resolve_with(&Blocking, addr, timeout))
+    }
+
+    /// [`Connector::resolve`], awaiting rdma_cm's events on tokio (feature `tokio`).
+    #[cfg(feature = "tokio")]
+    pub async fn resolve_async(addr: SocketAddr, timeout: Duration) -> Result<Connector> {
+        Self::resolve_with(&Tokio, addr, timeout).await
+    }
+
+    async fn resolve_with<W: EventWait>(
+        w: &W,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<Connector> {
         let channel = EventChannel::new()?;
         let id = CmId::new(&channel)?;
-        let (mut ss, _) = sockaddr_of(&addr);
         let ms = resolve_ms(timeout);
-        // SAFETY: valid id; `ss` holds a sockaddr of the right family.
-        let rc = unsafe {
-            ibv::rdma_resolve_addr(
-                id.raw(),
-                std::ptr::null_mut(),
-                std::ptr::addr_of_mut!(ss).cast(),
-                ms,
-            )
+        let rc = {
+            let (mut ss, _) = sockaddr_of(&addr);
+            // SAFETY: valid id; `ss` holds a sockaddr of the right family.
+            unsafe {
+                ibv::rdma_resolve_addr(
+                    id.raw(),
+                    std::ptr::null_mut(),
+                    std::ptr::addr_of_mut!(ss).cast(),
+                    ms,
+                )
+            }
         };
         check(
             "rdma_resolve_addr",
@@ -610,10 +749,12 @@ impl Connector {
             |_| Hint::new("is the address an IP of an RDMA-capable interface's peer?"),
         )?;
         id.expect(
+            w,
             ibv::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
             timeout,
             &format!("resolving {addr}"),
-        )?;
+        )
+        .await?;
         // SAFETY: valid id with a resolved address.
         let rc = unsafe { ibv::rdma_resolve_route(id.raw(), ms) };
         check(
@@ -623,10 +764,12 @@ impl Connector {
             no_hint,
         )?;
         id.expect(
+            w,
             ibv::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
             timeout,
             &format!("resolving a route to {addr}"),
-        )?;
+        )
+        .await?;
         let ctx = id.context()?;
         Ok(Connector { id, ctx, timeout })
     }
@@ -643,22 +786,47 @@ impl Connector {
 
     /// Connects `qp` (built on [`Connector::context`], in INIT) and advertises `region`.
     pub fn connect(self, qp: QueuePair, region: Option<RemoteRegion>) -> Result<CmConnection> {
+        block_now(self.connect_with(&Blocking, qp, region))
+    }
+
+    /// [`Connector::connect`], awaiting rdma_cm's events on tokio (feature `tokio`).
+    #[cfg(feature = "tokio")]
+    pub async fn connect_async(
+        self,
+        qp: QueuePair,
+        region: Option<RemoteRegion>,
+    ) -> Result<CmConnection> {
+        self.connect_with(&Tokio, qp, region).await
+    }
+
+    async fn connect_with<W: EventWait>(
+        self,
+        w: &W,
+        qp: QueuePair,
+        region: Option<RemoteRegion>,
+    ) -> Result<CmConnection> {
         check_qp(&qp, &self.ctx, self.id.port())?;
-        let data = private::encode(region);
-        let mut param = conn_param(&qp, &data);
-        // SAFETY: valid id with a resolved route; `param` and `data` live across the call.
-        let rc = unsafe { ibv::rdma_connect(self.id.raw(), &mut param) };
+        let rc = {
+            let data = private::encode(region);
+            let mut param = conn_param(&qp, &data);
+            // SAFETY: valid id with a resolved route; `param` and `data` live across the call.
+            unsafe { ibv::rdma_connect(self.id.raw(), &mut param) }
+        };
         check(
             "rdma_connect",
             rc,
             || format!("qpn={:#x}", qp.qp_num()),
             no_hint,
         )?;
-        let e = self.id.expect(
-            ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE,
-            self.timeout,
-            "connecting",
-        )?;
+        let e = self
+            .id
+            .expect(
+                w,
+                ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE,
+                self.timeout,
+                "connecting",
+            )
+            .await?;
         let remote = private::decode(&e.private).map_err(Error::protocol)?;
         self.id
             .transition(&qp, ibv::ibv_qp_state::IBV_QPS_RTR, QpState::Rtr)?;
@@ -733,12 +901,27 @@ impl Listener {
 
     /// Waits for a connection request.
     pub fn next_request(&self, timeout: Duration) -> Result<ConnectRequest> {
-        let me = self.id.raw();
-        let e = self
-            .channel
-            .wait_for(deadline_after(timeout), timeout, &|e| {
-                e.kind == ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST || e.id == me
-            })?;
+        block_now(self.next_request_with(&Blocking, timeout))
+    }
+
+    /// [`Listener::next_request`], awaiting rdma_cm's events on tokio (feature `tokio`).
+    #[cfg(feature = "tokio")]
+    pub async fn next_request_async(&self, timeout: Duration) -> Result<ConnectRequest> {
+        self.next_request_with(&Tokio, timeout).await
+    }
+
+    async fn next_request_with<W: EventWait>(
+        &self,
+        w: &W,
+        timeout: Duration,
+    ) -> Result<ConnectRequest> {
+        let me = self.id.raw() as usize;
+        let wanted = move |e: &Event| {
+            e.kind == ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST || e.id as usize == me
+        };
+        let e = w
+            .event(&self.channel, deadline_after(timeout), timeout, &wanted)
+            .await?;
         check_event(
             &e,
             ibv::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
@@ -804,15 +987,36 @@ impl ConnectRequest {
 
     /// Accepts with `qp` (built on [`ConnectRequest::context`], in INIT), advertising `region`.
     pub fn accept(self, qp: QueuePair, region: Option<RemoteRegion>) -> Result<CmConnection> {
+        block_now(self.accept_with(&Blocking, qp, region))
+    }
+
+    /// [`ConnectRequest::accept`], awaiting rdma_cm's events on tokio (feature `tokio`).
+    #[cfg(feature = "tokio")]
+    pub async fn accept_async(
+        self,
+        qp: QueuePair,
+        region: Option<RemoteRegion>,
+    ) -> Result<CmConnection> {
+        self.accept_with(&Tokio, qp, region).await
+    }
+
+    async fn accept_with<W: EventWait>(
+        self,
+        w: &W,
+        qp: QueuePair,
+        region: Option<RemoteRegion>,
+    ) -> Result<CmConnection> {
         check_qp(&qp, &self.ctx, self.id.port())?;
         self.id
             .transition(&qp, ibv::ibv_qp_state::IBV_QPS_RTR, QpState::Rtr)?;
         self.id
             .transition(&qp, ibv::ibv_qp_state::IBV_QPS_RTS, QpState::Rts)?;
-        let data = private::encode(region);
-        let mut param = conn_param(&qp, &data);
-        // SAFETY: valid id from a connect request; `param`/`data` live across the call.
-        let rc = unsafe { ibv::rdma_accept(self.id.raw(), &mut param) };
+        let rc = {
+            let data = private::encode(region);
+            let mut param = conn_param(&qp, &data);
+            // SAFETY: valid id from a connect request; `param`/`data` live across the call.
+            unsafe { ibv::rdma_accept(self.id.raw(), &mut param) }
+        };
         check(
             "rdma_accept",
             rc,
@@ -822,11 +1026,16 @@ impl ConnectRequest {
         // The ESTABLISHED event arrives on the listener's channel, for this id; events for other
         // ids stay in the channel's backlog for their owners. No deadline when the timeout
         // does not fit an Instant (Duration::MAX).
-        let me = self.id.raw();
-        let e = self
-            .id
-            .channel
-            .wait_for(deadline_after(self.timeout), self.timeout, &|e| e.id == me)?;
+        let me = self.id.raw() as usize;
+        let wanted = move |e: &Event| e.id as usize == me;
+        let e = w
+            .event(
+                &self.id.channel,
+                deadline_after(self.timeout),
+                self.timeout,
+                &wanted,
+            )
+            .await?;
         check_event(
             &e,
             ibv::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
