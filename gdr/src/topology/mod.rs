@@ -294,7 +294,10 @@ impl GidEntry {
     /// Whether the GID is an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`).
     pub fn is_ipv4_mapped(&self) -> bool {
         let hex: String = self.gid.chars().filter(|c| *c != ':').collect();
+        // ASCII first: sysfs text from a hostile snapshot may hold multi-byte characters, and
+        // slicing at byte 20 of those would panic (found by the topology fuzz target).
         hex.len() == 32
+            && hex.is_ascii()
             && hex[..20].chars().all(|c| c == '0')
             && hex[20..24].eq_ignore_ascii_case("ffff")
     }
@@ -466,5 +469,23 @@ impl Snapshot {
     /// Whether a module of this name is loaded.
     pub fn has_module(&self, name: &str) -> bool {
         self.modules.iter().any(|m| m == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gid_with_multibyte_characters_is_not_ipv4_mapped_and_does_not_panic() {
+        // The topology fuzz target's crash: 32 bytes whose byte 20 is inside a character.
+        let e = GidEntry {
+            index: 1,
+            gid: format!("{}\u{e9}{}", "0".repeat(19), "f".repeat(11)),
+            gid_type: None,
+            ndev: None,
+        };
+        assert_eq!(e.gid.len(), 32);
+        assert!(!e.is_ipv4_mapped());
     }
 }
