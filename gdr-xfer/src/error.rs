@@ -1,0 +1,167 @@
+//! The error type of gdr-xfer: every failure is a matchable variant that names what failed, the
+//! values that matter and, where one is known, how to fix it.
+
+use std::time::Duration;
+
+pub use gdr::Hint;
+
+/// Everything that can go wrong in gdr-xfer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A gdr call failed (device, registration, queue pair, completion).
+    #[error(transparent)]
+    Gdr(#[from] gdr::Error),
+
+    /// An argument is invalid; nothing was done.
+    #[error("{what}{hint}")]
+    InvalidArgument {
+        /// What is wrong, with the values.
+        what: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// A descriptor does not lie inside its segment; nothing was posted.
+    #[error("descriptor {index}: {side} range {offset}..+{len} lies outside segment {segment} ({segment_len} bytes){hint}")]
+    OutOfSegment {
+        /// Position of the descriptor (or block) in the list.
+        index: usize,
+        /// `"local"` or `"remote"`.
+        side: &'static str,
+        /// The segment's id.
+        segment: u32,
+        /// Offset of the range in the segment.
+        offset: u64,
+        /// Length of the range.
+        len: u64,
+        /// The segment's length.
+        segment_len: u64,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// A segment id names no segment (never registered, or deregistered since).
+    #[error("{owner} has no segment {segment}{hint}")]
+    UnknownSegment {
+        /// The agent whose segment table was searched (`"local"` for our own).
+        owner: String,
+        /// The segment id.
+        segment: u32,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// The lengths of a descriptor's two sides differ; nothing was posted.
+    #[error("descriptor {index}: local length {local_len} differs from remote length {remote_len}")]
+    LengthMismatch {
+        /// Position of the descriptor in the list.
+        index: usize,
+        /// Length of the local side.
+        local_len: u64,
+        /// Length of the remote side.
+        remote_len: u64,
+    },
+
+    /// An index into a prepared list or block table is out of range; nothing was posted.
+    #[error("{list}: index {index} is out of range (length {len})")]
+    IndexOutOfRange {
+        /// Which list.
+        list: &'static str,
+        /// The index.
+        index: u64,
+        /// The list's length.
+        len: u64,
+    },
+
+    /// No peer of that name is known (not connected, or not found in the directory).
+    #[error("no peer named {name:?}{hint}")]
+    UnknownPeer {
+        /// The name.
+        name: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// The peer is gone: its connection closed, a queue pair failed, or its directory lease
+    /// ended. Every transfer pending to it fails with this error.
+    #[error("peer {peer:?} lost: {reason}")]
+    PeerLost {
+        /// The peer's name.
+        peer: String,
+        /// Why gdr-xfer considers it lost.
+        reason: String,
+    },
+
+    /// A peer sent something malformed or hostile; it was refused before anything used it.
+    #[error("protocol error from {peer}: {detail}")]
+    Protocol {
+        /// The peer's name or address.
+        peer: String,
+        /// What was wrong.
+        detail: String,
+    },
+
+    /// A deadline passed.
+    #[error("{what} did not finish within {after:?}{hint}")]
+    Timeout {
+        /// What timed out.
+        what: String,
+        /// The time allowed.
+        after: Duration,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// The metadata directory (etcd) failed.
+    #[error("directory {op} {key:?} failed: {detail}{hint}")]
+    Directory {
+        /// The operation (`put`, `get`, `watch`, `lease grant`, ...).
+        op: &'static str,
+        /// The key or prefix.
+        key: String,
+        /// The client's error text.
+        detail: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// An operating-system call failed (sockets, threads).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Results of gdr-xfer.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// An [`Error::InvalidArgument`].
+    pub fn invalid(what: impl Into<String>, hint: impl Into<Hint>) -> Self {
+        Error::InvalidArgument {
+            what: what.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// An [`Error::Io`].
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// An [`Error::Protocol`].
+    pub fn protocol(peer: impl Into<String>, detail: impl Into<String>) -> Self {
+        Error::Protocol {
+            peer: peer.into(),
+            detail: detail.into(),
+        }
+    }
+}
