@@ -113,6 +113,26 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// A request of the transfer completed with an error on one of the peer's queue pairs; the
+    /// connection to that peer is broken and every transfer pending to it failed too.
+    #[error("transfer to {peer:?}: a request on QP {qp_num:#x} completed with {status} (vendor error {vendor_err:#x}){hint}")]
+    SliceFailed {
+        /// The peer's name.
+        peer: String,
+        /// The queue pair.
+        qp_num: u32,
+        /// The completion status.
+        status: gdr::WcStatus,
+        /// The provider's vendor error code.
+        vendor_err: u32,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// The agent was dropped; its transfers were failed and its connections closed.
+    #[error("the agent was shut down")]
+    AgentClosed,
+
     /// The metadata directory (etcd) failed.
     #[error("directory {op} {key:?} failed: {detail}{hint}")]
     Directory {

@@ -1,0 +1,620 @@
+//! The agent: one per process, named; owns its device, protection domain, completion queue,
+//! progress thread, segments and peers.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{SocketAddr, TcpListener};
+use std::ops::RangeBounds;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use gdr::cuda::DeviceBuffer;
+use gdr::device::{Context, Selection};
+use gdr::gpu_mr::RegistrationPath;
+use gdr::mr::{AccessFlags, AlignedBuffer, HostMemory, MemoryRegion};
+use gdr::pd::ProtectionDomain;
+use gdr::qp::QueuePair;
+use gdr::CompletionQueue;
+
+use crate::cache::{CacheStats, RegistrationCache};
+use crate::config::AgentConfig;
+use crate::connection::Connection;
+use crate::control;
+use crate::error::{Error, Result};
+use crate::location::Location;
+use crate::notify::Notification;
+use crate::peer::Peer;
+use crate::segment::{Backing, Segment};
+use crate::transfer::Failure;
+use crate::wire::{Message, SegmentInfo, MAX_NAME};
+
+/// Access every segment is registered with: peers may read and write it.
+const SEGMENT_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
+
+/// What the agent's threads share.
+pub(crate) struct AgentShared {
+    pub(crate) config: AgentConfig,
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) port: u8,
+    pub(crate) pd: Arc<ProtectionDomain>,
+    pub(crate) cq: Arc<CompletionQueue>,
+    segments: Mutex<BTreeMap<u32, Segment>>,
+    next_segment: AtomicU32,
+    cache: Mutex<RegistrationCache>,
+    peers: Mutex<HashMap<String, Arc<Connection>>>,
+    /// Queue pair number -> (connection, index of the queue pair in it).
+    by_qpn: RwLock<HashMap<u32, (Weak<Connection>, usize)>>,
+    notifications: Mutex<VecDeque<Notification>>,
+    notified: Condvar,
+    peers_changed: Condvar,
+    pub(crate) shutdown: AtomicBool,
+}
+
+/// A transfer agent. See the [crate documentation](crate) for an example.
+///
+/// Dropping it closes every connection (pending transfers fail with
+/// [`Error::AgentClosed`]) and stops its threads; memory still in use by the NIC is released by
+/// gdr only once the queue pairs are destroyed.
+pub struct Agent {
+    shared: Arc<AgentShared>,
+    progress: Option<JoinHandle<()>>,
+    listeners: Mutex<Vec<(SocketAddr, JoinHandle<()>)>>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("name", &self.shared.config.name)
+            .field("device", &self.shared.ctx.name())
+            .finish()
+    }
+}
+
+impl Agent {
+    /// Opens the device, creates the completion queue and starts the progress thread.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for bad settings; gdr's errors opening the device.
+    pub fn new(config: AgentConfig) -> Result<Agent> {
+        config.validate()?;
+        let (ctx, port) = Context::open_selected(&Selection::parse(&config.device)?)?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let attr = ctx.query_device()?;
+        let per_peer = u64::from(config.qps_per_peer) * u64::from(config.send_queue_depth)
+            + u64::from(config.notify_slots);
+        let want = per_peer * u64::from(config.max_peers);
+        let max_cqe = attr.max_cqe.max(1) as u64;
+        if per_peer > max_cqe {
+            return Err(Error::invalid(
+                format!(
+                    "one peer needs {per_peer} completion queue entries; {} allows {max_cqe}",
+                    ctx.name()
+                ),
+                "lower qps_per_peer, send_queue_depth or notify_slots",
+            ));
+        }
+        let cq = CompletionQueue::with_channel(&ctx, want.min(max_cqe) as u32)?;
+        let shared = Arc::new(AgentShared {
+            config,
+            ctx,
+            port,
+            pd,
+            cq,
+            segments: Mutex::new(BTreeMap::new()),
+            next_segment: AtomicU32::new(1),
+            cache: Mutex::new(RegistrationCache::default()),
+            peers: Mutex::new(HashMap::new()),
+            by_qpn: RwLock::new(HashMap::new()),
+            notifications: Mutex::new(VecDeque::new()),
+            notified: Condvar::new(),
+            peers_changed: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+        });
+        let s = shared.clone();
+        let progress = std::thread::Builder::new()
+            .name(format!("xfer-progress-{}", shared.config.name))
+            .spawn(move || crate::progress::run(s))
+            .map_err(|e| Error::io("starting the progress thread", e))?;
+        Ok(Agent {
+            shared,
+            progress: Some(progress),
+            listeners: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.shared.config.name
+    }
+
+    /// The RDMA device it uses.
+    pub fn device(&self) -> &str {
+        self.shared.ctx.name()
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &AgentConfig {
+        &self.shared.config
+    }
+
+    // ----- segments -----
+
+    /// Registers host memory the segment will own (`Vec<u8>`, gdr's `AlignedBuffer`, ...).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a name over 64 bytes; gdr's registration errors.
+    pub fn register_host(
+        &self,
+        memory: impl HostMemory,
+        name: &str,
+        location: Location,
+    ) -> Result<Segment> {
+        check_name(name)?;
+        let mr = MemoryRegion::register(&self.shared.pd, Box::new(memory), SEGMENT_ACCESS)?;
+        let len = gdr::mr::Registered::len(&*mr) as u64;
+        self.add_segment(name, location, Backing::Host(mr), 0, len)
+    }
+
+    /// Allocates `len` zeroed, page-aligned bytes of host memory and registers them.
+    ///
+    /// # Errors
+    /// As [`Agent::register_host`].
+    pub fn alloc_host(&self, len: usize, name: &str) -> Result<Segment> {
+        self.register_host(AlignedBuffer::zeroed(len)?, name, Location::Cpu { numa: None })
+    }
+
+    /// Registers `range` of a GPU buffer, through the registration cache: a range an earlier
+    /// registration of the same buffer covers costs no verbs call (see [`Agent::cache_stats`]).
+    /// The path (dma-buf or peer memory) is gdr's choice ([`RegistrationPath::Auto`]).
+    ///
+    /// # Errors
+    /// gdr's pointer checks and registration errors (with the doctor's hints).
+    pub fn register_gpu(
+        &self,
+        buffer: &Arc<DeviceBuffer>,
+        range: impl RangeBounds<usize>,
+        name: &str,
+    ) -> Result<Segment> {
+        check_name(name)?;
+        let (offset, len) = resolve(range, buffer.len())?;
+        let (mr, base) = self.lock_cache().get_or_register(
+            &self.shared.pd,
+            buffer,
+            offset,
+            len,
+            SEGMENT_ACCESS,
+            RegistrationPath::Auto,
+        )?;
+        let location = Location::Cuda {
+            ordinal: buffer.ordinal().max(0) as u32,
+        };
+        self.add_segment(name, location, Backing::Gpu(mr), base, len as u64)
+    }
+
+    /// A new segment for `offset..offset + len` of an existing one: same registration, no verbs
+    /// call (for many tensors in one allocation).
+    ///
+    /// # Errors
+    /// [`Error::OutOfSegment`] for a range outside `parent`.
+    pub fn register_within(
+        &self,
+        parent: &Segment,
+        offset: u64,
+        len: u64,
+        name: &str,
+    ) -> Result<Segment> {
+        check_name(name)?;
+        crate::descriptor::check_local(0, parent, offset, len)?;
+        self.add_segment(
+            name,
+            parent.location(),
+            parent.inner.backing.clone(),
+            parent.inner.base + offset as usize,
+            len,
+        )
+    }
+
+    fn add_segment(
+        &self,
+        name: &str,
+        location: Location,
+        backing: Backing,
+        base: usize,
+        len: u64,
+    ) -> Result<Segment> {
+        let (addr, rkey) = match &backing {
+            Backing::Host(m) => (m.slice(..)?.addr(), m.rkey()),
+            Backing::Gpu(m) => (m.slice(..)?.addr(), m.rkey()),
+        };
+        let id = self.shared.next_segment.fetch_add(1, Ordering::Relaxed);
+        if id == 0 || id == u32::MAX {
+            return Err(Error::invalid(
+                "segment ids are exhausted (2^32 registrations)",
+                "restart the agent",
+            ));
+        }
+        let info = SegmentInfo {
+            id,
+            name: name.to_string(),
+            addr: addr + base as u64,
+            len,
+            rkey,
+            location,
+        };
+        let seg = Segment::new(info.clone(), backing, base)?;
+        let peers = {
+            let mut table = self.shared.lock_segments();
+            table.insert(id, seg.clone());
+            self.shared.peer_list()
+        };
+        for p in peers {
+            p.send_control(&Message::Segments(vec![info.clone()]));
+        }
+        Ok(seg)
+    }
+
+    /// Removes a segment from the table peers see (they are told at once; their new transfers
+    /// to it fail with [`Error::UnknownSegment`]). Its memory is deregistered once no segment
+    /// and no request in flight uses the registration any more.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSegment`] when it is not (or no longer) registered with this agent.
+    pub fn deregister(&self, segment: &Segment) -> Result<()> {
+        let peers = {
+            let mut table = self.shared.lock_segments();
+            match table.get(&segment.id()) {
+                Some(s) if Arc::ptr_eq(&s.inner, &segment.inner) => {}
+                _ => {
+                    return Err(Error::UnknownSegment {
+                        owner: "local".into(),
+                        segment: segment.id(),
+                        hint: "it was deregistered already, or belongs to another agent".into(),
+                    })
+                }
+            }
+            table.remove(&segment.id());
+            self.shared.peer_list()
+        };
+        for p in peers {
+            p.send_control(&Message::Removed(vec![segment.id()]));
+        }
+        Ok(())
+    }
+
+    /// The registered segments, by id.
+    pub fn segments(&self) -> Vec<Segment> {
+        self.shared.lock_segments().values().cloned().collect()
+    }
+
+    /// Counters of the GPU registration cache.
+    pub fn cache_stats(&self) -> CacheStats {
+        self.lock_cache().stats
+    }
+
+    fn lock_cache(&self) -> MutexGuard<'_, RegistrationCache> {
+        self.shared.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    // ----- peers -----
+
+    /// Accepts connections from peers on `addr` (for example `0.0.0.0:0`) in a background
+    /// thread; returns the address bound. Accepted peers appear in [`Agent::peers`].
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the address cannot be bound.
+    pub fn listen(&self, addr: &str) -> Result<SocketAddr> {
+        let listener =
+            TcpListener::bind(addr).map_err(|e| Error::io(format!("listening on {addr}"), e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::io("listener address", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("non-blocking listener", e))?;
+        let shared = self.shared.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("xfer-listen-{}", self.name()))
+            .spawn(move || accept_loop(shared, listener))
+            .map_err(|e| Error::io("starting the listener thread", e))?;
+        self.listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((local, handle));
+        Ok(local)
+    }
+
+    /// Connects to the agent listening at `addr` (`host:port`), retrying until the agent's
+    /// connect timeout while nothing listens there yet.
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::Timeout`]-like link errors when nothing answers;
+    /// [`Error::Protocol`] for a peer that is not a compatible gdr-xfer agent;
+    /// [`Error::InvalidArgument`] when a peer of that name is already connected.
+    pub fn connect(&self, addr: &str) -> Result<Peer> {
+        let stream = control::dial(addr, self.shared.config.connect_timeout)?;
+        let conn = control::establish(&self.shared, stream, true)?;
+        Ok(Peer { conn })
+    }
+
+    /// The connected peer with this name.
+    pub fn peer(&self, name: &str) -> Option<Peer> {
+        let peers = self.shared.lock_peers();
+        peers
+            .get(name)
+            .filter(|c| c.is_ready())
+            .map(|c| Peer { conn: c.clone() })
+    }
+
+    /// The connected peers.
+    pub fn peers(&self) -> Vec<Peer> {
+        let peers = self.shared.lock_peers();
+        let mut v: Vec<Peer> = peers
+            .values()
+            .filter(|c| c.is_ready())
+            .map(|c| Peer { conn: c.clone() })
+            .collect();
+        v.sort_by(|a, b| a.name().cmp(b.name()));
+        v
+    }
+
+    /// Waits until a peer with this name is connected (it connected to us, or we to it).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`].
+    pub fn wait_peer(&self, name: &str, timeout: Duration) -> Result<Peer> {
+        let end = Instant::now().checked_add(timeout);
+        let mut peers = self.shared.lock_peers();
+        loop {
+            if let Some(c) = peers.get(name).filter(|c| c.is_ready()) {
+                return Ok(Peer { conn: c.clone() });
+            }
+            let left = end.map_or(Duration::from_secs(3600), |e| {
+                e.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    what: format!("waiting for peer {name:?} to connect"),
+                    after: timeout,
+                    hint: "is it running and connecting to this agent's listen address?".into(),
+                });
+            }
+            peers = self
+                .shared
+                .peers_changed
+                .wait_timeout(peers, left.min(Duration::from_millis(50)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Closes the connection to a peer: its pending transfers fail with [`Error::PeerLost`].
+    pub fn disconnect(&self, peer: &Peer) {
+        peer.conn
+            .send_control(&Message::Bye(format!("{} closed the connection", self.name())));
+        peer.conn.lose(Failure::PeerLost {
+            reason: "disconnected by this agent".into(),
+        });
+        self.shared.remove_peer(&peer.conn);
+    }
+
+    // ----- notifications -----
+
+    /// Takes every notification received so far.
+    pub fn take_notifications(&self) -> Vec<Notification> {
+        self.shared.lock_notifications().drain(..).collect()
+    }
+
+    /// Waits for the next notification (`Ok(None)` when `timeout` passes first).
+    ///
+    /// # Errors
+    /// None yet; the `Result` leaves room for a closed agent.
+    pub fn wait_notification(&self, timeout: Duration) -> Result<Option<Notification>> {
+        let end = Instant::now().checked_add(timeout);
+        let mut q = self.shared.lock_notifications();
+        loop {
+            if let Some(n) = q.pop_front() {
+                return Ok(Some(n));
+            }
+            let left = end.map_or(Duration::from_secs(3600), |e| {
+                e.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                return Ok(None);
+            }
+            q = self
+                .shared
+                .notified
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        for c in self.shared.peer_list() {
+            c.send_control(&Message::Bye(format!("{} shut down", self.shared.config.name)));
+            c.lose(Failure::AgentClosed);
+            self.shared.remove_peer(&c);
+        }
+        for (_, h) in self
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = h.join();
+        }
+        if let Some(h) = self.progress.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.len() > MAX_NAME {
+        return Err(Error::invalid(
+            format!("segment name of {} bytes", name.len()),
+            "names are at most 64 bytes",
+        ));
+    }
+    Ok(())
+}
+
+fn resolve(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+    use std::ops::Bound::*;
+    let start = match range.start_bound() {
+        Included(&s) => Some(s),
+        Excluded(&s) => s.checked_add(1),
+        Unbounded => Some(0),
+    };
+    let end = match range.end_bound() {
+        Included(&e) => e.checked_add(1),
+        Excluded(&e) => Some(e),
+        Unbounded => Some(len),
+    };
+    match (start, end) {
+        (Some(s), Some(e)) if s < e && e <= len => Ok((s, e - s)),
+        _ => Err(Error::invalid(
+            format!("range {start:?}..{end:?} of a {len}-byte buffer"),
+            "give a non-empty range inside the buffer",
+        )),
+    }
+}
+
+fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
+    while !shared.shutdown.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, from)) => {
+                if let Err(e) = stream.set_nonblocking(false) {
+                    log::warn!("{}: connection from {from}: {e}", shared.config.name);
+                    continue;
+                }
+                // Each handshake on its own thread: a slow or hostile peer cannot hold up
+                // the others.
+                let s = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("xfer-accept-{}", shared.config.name))
+                    .spawn(move || {
+                        if let Err(e) = control::establish(&s, stream, false) {
+                            log::warn!("{}: connection from {from} refused: {e}", s.config.name);
+                        }
+                    });
+                if let Err(e) = spawned {
+                    log::warn!("{}: no thread for a handshake: {e}", shared.config.name);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                log::warn!("{}: accept failed: {e}", shared.config.name);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+impl AgentShared {
+    pub(crate) fn lock_segments(&self) -> MutexGuard<'_, BTreeMap<u32, Segment>> {
+        self.segments.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_peers(&self) -> MutexGuard<'_, HashMap<String, Arc<Connection>>> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_notifications(&self) -> MutexGuard<'_, VecDeque<Notification>> {
+        self.notifications.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn peer_list(&self) -> Vec<Arc<Connection>> {
+        self.lock_peers().values().cloned().collect()
+    }
+
+    /// Creates `n` queue pairs for a new peer connection.
+    pub(crate) fn create_qps(&self, n: usize) -> Result<Vec<QueuePair>> {
+        let cfg = &self.config;
+        (0..n)
+            .map(|_| {
+                let mut b = QueuePair::builder(&self.pd, &self.cq, &self.cq)
+                    .port(self.port)
+                    .max_send_wr(cfg.send_queue_depth)
+                    .max_recv_wr(u32::from(cfg.notify_slots));
+                if let Some(g) = cfg.gid_index {
+                    b = b.gid_index(g);
+                }
+                Ok(b.build()?)
+            })
+            .collect()
+    }
+
+    /// Makes a connection known by name and by queue pair number.
+    pub(crate) fn add_peer(&self, conn: &Arc<Connection>) -> Result<()> {
+        if self.shutdown.load(Ordering::Acquire) {
+            return Err(Error::AgentClosed);
+        }
+        {
+            let mut peers = self.lock_peers();
+            if peers.contains_key(&conn.name) {
+                return Err(Error::invalid(
+                    format!("a peer named {:?} is already connected", conn.name),
+                    "disconnect it first, or give each agent its own name",
+                ));
+            }
+            if peers.len() >= self.config.max_peers as usize {
+                return Err(Error::invalid(
+                    format!("{} peers are connected already", peers.len()),
+                    "raise AgentConfig::max_peers",
+                ));
+            }
+            peers.insert(conn.name.clone(), conn.clone());
+        }
+        let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
+        for (i, qp) in conn.qps.iter().enumerate() {
+            by_qpn.insert(qp.qp_num(), (Arc::downgrade(conn), i));
+        }
+        Ok(())
+    }
+
+    /// Forgets a connection (if it is still the one registered under its name).
+    pub(crate) fn remove_peer(&self, conn: &Arc<Connection>) {
+        {
+            let mut peers = self.lock_peers();
+            if peers.get(&conn.name).is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                peers.remove(&conn.name);
+            }
+        }
+        self.peers_changed.notify_all();
+        let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
+        for qp in &conn.qps {
+            if by_qpn
+                .get(&qp.qp_num())
+                .is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(conn)))
+            {
+                by_qpn.remove(&qp.qp_num());
+            }
+        }
+    }
+
+    pub(crate) fn notify_peers_changed(&self) {
+        self.peers_changed.notify_all();
+    }
+
+    /// The connection and queue pair index of a queue pair number.
+    pub(crate) fn route(&self, qp_num: u32) -> Option<(Arc<Connection>, usize)> {
+        let by_qpn = self.by_qpn.read().unwrap_or_else(|p| p.into_inner());
+        let (w, i) = by_qpn.get(&qp_num)?;
+        Some((w.upgrade()?, *i))
+    }
+
+    pub(crate) fn deliver(&self, n: Notification) {
+        self.lock_notifications().push_back(n);
+        self.notified.notify_all();
+    }
+}

@@ -1,0 +1,150 @@
+//! How an agent is set up: its device, queue pairs per peer, slice size, queue depths,
+//! notification pool, deadlines and polling.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::wire::{MAX_NAME, MAX_NOTIFY, MAX_QPS};
+
+/// An agent's settings. Start from [`AgentConfig::new`] and change what you need.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct AgentConfig {
+    /// The agent's name, unique among the agents that talk to each other.
+    pub name: String,
+    /// The RDMA device: `name[:port]` or an NCCL-style list (`gdr::device::Selection`); empty
+    /// for the first device.
+    pub device: String,
+    /// GID index (default: gdr's choice, the RoCE v2 IPv4 entry).
+    pub gid_index: Option<u32>,
+    /// Queue pairs per peer (1..=16; default 2, as Mooncake). The peer that accepts a
+    /// connection uses the connecting peer's count.
+    pub qps_per_peer: u8,
+    /// Largest work request: longer runs are cut into slices of this size (default 64 KiB).
+    pub slice_size: u64,
+    /// Send-queue depth of each queue pair (default 256).
+    pub send_queue_depth: u32,
+    /// Most peers at once (sizes the completion queue; default 16).
+    pub max_peers: u32,
+    /// Notification receive slots per peer (default 64).
+    pub notify_slots: u16,
+    /// Largest notification in bytes (default 1024, at most 4096).
+    pub notify_max: u32,
+    /// Deadline of a transfer when its options give none (default 30 s).
+    pub default_timeout: Duration,
+    /// Timeout of connection handshakes (default 10 s).
+    pub connect_timeout: Duration,
+    /// How long the progress thread keeps polling after the last completion before it sleeps on
+    /// the completion channel (default 200 us; zero sleeps at once).
+    pub busy_poll: Duration,
+}
+
+impl AgentConfig {
+    /// The defaults, for an agent called `name`.
+    pub fn new(name: impl Into<String>) -> AgentConfig {
+        AgentConfig {
+            name: name.into(),
+            device: String::new(),
+            gid_index: None,
+            qps_per_peer: 2,
+            slice_size: 64 * 1024,
+            send_queue_depth: 256,
+            max_peers: 16,
+            notify_slots: 64,
+            notify_max: 1024,
+            default_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            busy_poll: Duration::from_micros(200),
+        }
+    }
+
+    /// Sets the device.
+    pub fn device(mut self, device: impl Into<String>) -> Self {
+        self.device = device.into();
+        self
+    }
+
+    /// Sets the queue pairs per peer.
+    pub fn qps_per_peer(mut self, n: u8) -> Self {
+        self.qps_per_peer = n;
+        self
+    }
+
+    /// Sets the slice size.
+    pub fn slice_size(mut self, bytes: u64) -> Self {
+        self.slice_size = bytes;
+        self
+    }
+
+    /// Sets the default transfer deadline.
+    pub fn default_timeout(mut self, t: Duration) -> Self {
+        self.default_timeout = t;
+        self
+    }
+
+    /// Sets the send-queue depth per queue pair.
+    pub fn send_queue_depth(mut self, n: u32) -> Self {
+        self.send_queue_depth = n;
+        self
+    }
+
+    /// Checks the values.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let bad = |what: String, hint: &'static str| Err(Error::invalid(what, hint));
+        if self.name.is_empty() || self.name.len() > MAX_NAME {
+            return bad(
+                format!("agent name {:?}", self.name),
+                "give every agent a name of 1 to 64 bytes",
+            );
+        }
+        if self.qps_per_peer == 0 || usize::from(self.qps_per_peer) > MAX_QPS {
+            return bad(format!("{} queue pairs per peer", self.qps_per_peer), "use 1..=16");
+        }
+        if self.slice_size == 0 || self.slice_size > 1 << 30 {
+            return bad(format!("slice size {}", self.slice_size), "use 4 KiB..1 GiB");
+        }
+        if self.send_queue_depth < 2 {
+            return bad(
+                format!("send queue depth {}", self.send_queue_depth),
+                "use at least 2 (256 is a good start)",
+            );
+        }
+        if self.max_peers == 0 {
+            return bad("max_peers 0".into(), "allow at least one peer");
+        }
+        if self.notify_slots == 0 || self.notify_max == 0 || self.notify_max > MAX_NOTIFY {
+            return bad(
+                format!("{} notification slots of {} bytes", self.notify_slots, self.notify_max),
+                "use at least one slot of 1..=4096 bytes",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Options of one transfer.
+#[derive(Debug, Clone, Default)]
+pub struct TransferOptions {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) notify: Option<Vec<u8>>,
+}
+
+impl TransferOptions {
+    /// No notification, the agent's default deadline.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The transfer's deadline, from submission: past it, it fails with
+    /// [`Error::Timeout`](crate::Error::Timeout).
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    /// A notification the target receives after every byte of the transfer landed there.
+    pub fn notify(mut self, data: impl Into<Vec<u8>>) -> Self {
+        self.notify = Some(data.into());
+        self
+    }
+}

@@ -1,0 +1,225 @@
+//! Connecting two agents over TCP (the direct way, no server): the hello exchange, queue pairs
+//! connected, segment tables sent, both sides ready; then a reader thread per peer applies the
+//! peer's segment announcements and notices when it goes away.
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use gdr::connect::TcpLink;
+use gdr::qp::QueuePair;
+
+use crate::agent::AgentShared;
+use crate::connection::Connection;
+use crate::error::{Error, Result};
+use crate::notify::NotifyPool;
+use crate::transfer::Failure;
+use crate::wire::{Hello, Message, MAX_QPS, MAX_SEGMENTS_PER_MESSAGE};
+
+/// Opens a TCP connection to `addr`, retrying refused attempts until `timeout` (the peer may
+/// not listen yet).
+pub(crate) fn dial(addr: &str, timeout: Duration) -> Result<TcpStream> {
+    let end = Instant::now() + timeout;
+    let mut last = None;
+    loop {
+        let addrs: Vec<_> = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::io(format!("resolving {addr:?}"), e))?
+            .collect();
+        for a in &addrs {
+            let left = end.saturating_duration_since(Instant::now());
+            let attempt = left.clamp(Duration::from_millis(1), Duration::from_millis(500));
+            match TcpStream::connect_timeout(a, attempt) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        if Instant::now() >= end {
+            return Err(match last {
+                Some(e) => Error::io(format!("connecting to {addr} for {timeout:?}"), e),
+                None => Error::invalid(format!("{addr:?} resolves to no address"), "give host:port"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn send(link: &mut TcpLink, msg: &Message) -> Result<()> {
+    link.send_bytes(&msg.encode()?)?;
+    Ok(())
+}
+
+fn recv(link: &mut TcpLink, peer: &str) -> Result<Message> {
+    let bytes = link.recv_bytes()?;
+    Message::decode(peer, &bytes)
+}
+
+fn refuse(link: &mut TcpLink, err: Error) -> Error {
+    let _ = send(link, &Message::Bye(err.to_string()));
+    err
+}
+
+/// Runs the handshake on a new TCP connection (`initiator`: we connected) and returns the
+/// established connection, registered with the agent.
+pub(crate) fn establish(
+    agent: &Arc<AgentShared>,
+    stream: TcpStream,
+    initiator: bool,
+) -> Result<Arc<Connection>> {
+    let timeout = agent.config.connect_timeout;
+    let addr = stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let writer_stream = stream
+        .try_clone()
+        .map_err(|e| Error::io("cloning the control socket", e))?;
+    let socket = stream
+        .try_clone()
+        .map_err(|e| Error::io("cloning the control socket", e))?;
+    let mut reader = TcpLink::from_stream(stream)?;
+    let mut writer = TcpLink::from_stream(writer_stream)?;
+    reader.set_timeout(Some(timeout))?;
+    writer.set_timeout(Some(timeout))?;
+    let cfg = &agent.config;
+
+    let hello = |qps: &[QueuePair]| {
+        Message::Hello(Hello {
+            name: cfg.name.clone(),
+            endpoints: qps.iter().map(|q| q.endpoint()).collect(),
+            notify_slots: cfg.notify_slots,
+            notify_max: cfg.notify_max,
+        })
+    };
+    let (qps, theirs) = if initiator {
+        let qps = agent.create_qps(usize::from(cfg.qps_per_peer))?;
+        send(&mut writer, &hello(&qps))?;
+        let Message::Hello(theirs) = recv(&mut reader, &addr)? else {
+            return Err(Error::protocol(&addr, "expected a hello"));
+        };
+        if theirs.endpoints.len() != qps.len() {
+            return Err(refuse(
+                &mut writer,
+                Error::protocol(
+                    &theirs.name,
+                    format!(
+                        "answered with {} queue pairs, we offered {}",
+                        theirs.endpoints.len(),
+                        qps.len()
+                    ),
+                ),
+            ));
+        }
+        (qps, theirs)
+    } else {
+        let Message::Hello(theirs) = recv(&mut reader, &addr)? else {
+            return Err(Error::protocol(&addr, "expected a hello"));
+        };
+        let n = theirs.endpoints.len().min(MAX_QPS);
+        let qps = agent.create_qps(n)?;
+        send(&mut writer, &hello(&qps))?;
+        (qps, theirs)
+    };
+    if theirs.name == cfg.name {
+        return Err(refuse(
+            &mut writer,
+            Error::invalid(
+                format!("peer at {addr} is called {:?}, as this agent", theirs.name),
+                "give every agent its own name",
+            ),
+        ));
+    }
+
+    let notify = NotifyPool::new(&agent.pd, cfg.notify_slots, cfg.notify_max)?;
+    for slot in 0..notify.slots {
+        notify.post_recv(&qps[0], slot)?;
+    }
+    for (qp, e) in qps.iter().zip(&theirs.endpoints) {
+        qp.connect(e)?;
+    }
+    let conn = Arc::new(Connection::new(
+        theirs.name.clone(),
+        Arc::downgrade(agent),
+        qps,
+        cfg.slice_size,
+        theirs.notify_max,
+        notify,
+        writer,
+        socket,
+    ));
+    // Publish the connection (so later registrations reach it) and send our segment table in
+    // one step under the segment table's lock, holding the writer across it: any announcement
+    // made after the snapshot is sent after it, in order.
+    {
+        let segments = agent.lock_segments();
+        agent.add_peer(&conn)?;
+        let mut w = conn.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let infos: Vec<_> = segments.values().map(|s| s.info().clone()).collect();
+        drop(segments);
+        let sent = infos
+            .chunks(MAX_SEGMENTS_PER_MESSAGE)
+            .try_for_each(|c| send(&mut w, &Message::Segments(c.to_vec())))
+            .and_then(|()| send(&mut w, &Message::Ready));
+        drop(w);
+        if let Err(e) = sent {
+            agent.remove_peer(&conn);
+            return Err(e);
+        }
+    }
+    // The peer's table, until its ready.
+    let result = loop {
+        match recv(&mut reader, &conn.name) {
+            Ok(Message::Ready) => break Ok(()),
+            Ok(msg) => {
+                if let Err(detail) = conn.apply(msg) {
+                    break Err(Error::protocol(&conn.name, detail));
+                }
+            }
+            Err(e) => break Err(e),
+        }
+    };
+    if let Err(e) = result {
+        conn.lose(Failure::PeerLost {
+            reason: format!("handshake: {e}"),
+        });
+        agent.remove_peer(&conn);
+        return Err(e);
+    }
+    reader.set_timeout(None)?;
+    conn.set_ready();
+    let weak = Arc::downgrade(agent);
+    let c = conn.clone();
+    std::thread::Builder::new()
+        .name(format!("xfer-ctl-{}", conn.name))
+        .spawn(move || read_control(weak, c, reader))
+        .map_err(|e| Error::io("starting the control reader thread", e))?;
+    log::info!(
+        "{}: connected to {} at {addr} ({} queue pairs, {} segments)",
+        cfg.name,
+        conn.name,
+        conn.qps.len(),
+        conn.remote.read().map_or(0, |t| t.len())
+    );
+    Ok(conn)
+}
+
+/// The reader thread of one peer: applies its announcements until the connection ends, then
+/// loses the peer (failing its pending transfers) and forgets it.
+fn read_control(agent: Weak<AgentShared>, conn: Arc<Connection>, mut link: TcpLink) {
+    let reason = loop {
+        match recv(&mut link, &conn.name) {
+            Ok(msg) => {
+                if let Err(detail) = conn.apply(msg) {
+                    break detail;
+                }
+            }
+            Err(e) => break format!("control connection: {e}"),
+        }
+    };
+    if !conn.is_lost() {
+        log::warn!("peer {} lost: {reason}", conn.name);
+    }
+    conn.lose(Failure::PeerLost { reason });
+    if let Some(a) = agent.upgrade() {
+        a.remove_peer(&conn);
+    }
+}

@@ -1,0 +1,257 @@
+//! The handle of a connected peer: its segment table, and the transfers to it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::TransferOptions;
+use crate::connection::Connection;
+use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
+use crate::error::{Error, Result};
+use crate::plan::Planner;
+use crate::transfer::{Failure, Transfer, TransferState};
+use crate::wire::SegmentInfo;
+
+/// A connected peer. Cheap to clone. Transfers to it are one-sided: the peer's CPU takes no
+/// part (its agent's progress thread only receives notifications).
+#[derive(Clone)]
+pub struct Peer {
+    pub(crate) conn: Arc<Connection>,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("name", &self.conn.name)
+            .field("qps", &self.conn.qps.len())
+            .field("lost", &self.conn.is_lost())
+            .finish()
+    }
+}
+
+impl Peer {
+    /// The peer agent's name.
+    pub fn name(&self) -> &str {
+        &self.conn.name
+    }
+
+    /// Whether the connection works (`false` once it was lost: the peer closed it, died, or a
+    /// request failed).
+    pub fn is_connected(&self) -> bool {
+        !self.conn.is_lost()
+    }
+
+    /// Why the connection was lost, once it was.
+    pub fn lost_reason(&self) -> Option<String> {
+        self.conn.lost_reason()
+    }
+
+    /// The queue pair numbers of the connection (one per queue pair).
+    pub fn qp_nums(&self) -> Vec<u32> {
+        self.conn.qps.iter().map(|q| q.qp_num()).collect()
+    }
+
+    /// The peer's segments, as it last announced them.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<SegmentInfo> = table.values().cloned().collect();
+        v.sort_by_key(|s| s.id);
+        v
+    }
+
+    /// The peer's segment with this id.
+    pub fn segment(&self, id: u32) -> Option<SegmentInfo> {
+        let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
+        table.get(&id).cloned()
+    }
+
+    /// The peer's segment with this name (the one with the lowest id if several share it).
+    pub fn segment_named(&self, name: &str) -> Option<SegmentInfo> {
+        self.segments().into_iter().find(|s| s.name == name)
+    }
+
+    /// Waits until the peer has announced a segment with this name.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`], or [`Error::PeerLost`] when the connection is lost meanwhile.
+    pub fn wait_segment_named(
+        &self,
+        name: &str,
+        timeout: std::time::Duration,
+    ) -> Result<SegmentInfo> {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.segment_named(name) {
+                return Ok(s);
+            }
+            self.check_connected()?;
+            if Instant::now() >= end {
+                return Err(Error::Timeout {
+                    what: format!("waiting for {}'s segment {name:?}", self.name()),
+                    after: timeout,
+                    hint: "register it on the peer first".into(),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    fn check_connected(&self) -> Result<()> {
+        match self.conn.lost_reason() {
+            Some(reason) => Err(Error::PeerLost {
+                peer: self.conn.name.clone(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks `(segment id, offset, len)` ranges of the peer's segments once, for
+    /// [`Peer::transfer_indexed`].
+    ///
+    /// # Errors
+    /// [`Error::UnknownSegment`], [`Error::OutOfSegment`], or [`Error::InvalidArgument`] for an
+    /// empty range.
+    pub fn prepare_remote(&self, ranges: &[(u32, u64, u64)]) -> Result<RemoteList> {
+        let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
+        for (i, &(id, offset, len)) in ranges.iter().enumerate() {
+            let s = table.get(&id).ok_or_else(|| Error::UnknownSegment {
+                owner: self.conn.name.clone(),
+                segment: id,
+                hint: "list the peer's segments with Peer::segments".into(),
+            })?;
+            if len == 0 {
+                return Err(Error::invalid(
+                    format!("remote range {i} is empty"),
+                    "every range moves at least one byte",
+                ));
+            }
+            if offset.checked_add(len).is_none_or(|e| e > s.len) {
+                return Err(Error::OutOfSegment {
+                    index: i,
+                    side: "remote",
+                    segment: id,
+                    offset,
+                    len,
+                    segment_len: s.len,
+                    hint: "check the range against Peer::segment".into(),
+                });
+            }
+        }
+        Ok(RemoteList {
+            peer: self.conn.name.clone(),
+            entries: ranges.to_vec(),
+        })
+    }
+
+    /// Writes a descriptor list into the peer's memory.
+    ///
+    /// # Errors
+    /// Bad input, before anything is posted: [`Error::OutOfSegment`], [`Error::UnknownSegment`],
+    /// [`Error::InvalidArgument`] (empty list or descriptor, notification too long);
+    /// [`Error::PeerLost`] when the connection is gone. Failures after submission are the
+    /// transfer's ([`Transfer::wait`]).
+    pub fn write(&self, descs: &[Desc<'_>], opts: &TransferOptions) -> Result<Transfer> {
+        self.transfer(Op::Write, descs, opts)
+    }
+
+    /// Reads a descriptor list from the peer's memory into local segments (as
+    /// [`Peer::write`]).
+    ///
+    /// # Errors
+    /// As [`Peer::write`].
+    pub fn read(&self, descs: &[Desc<'_>], opts: &TransferOptions) -> Result<Transfer> {
+        self.transfer(Op::Read, descs, opts)
+    }
+
+    /// Moves a descriptor list in direction `op` (as [`Peer::write`]).
+    ///
+    /// # Errors
+    /// As [`Peer::write`].
+    pub fn transfer(&self, op: Op, descs: &[Desc<'_>], opts: &TransferOptions) -> Result<Transfer> {
+        self.submit(op, opts, descs.len(), |p| p.descs(descs))
+    }
+
+    /// Moves the blocks of a block table in direction `op` (the paged form: no descriptor per
+    /// block).
+    ///
+    /// # Errors
+    /// As [`Peer::write`], and [`Error::IndexOutOfRange`] for a block outside its segment.
+    pub fn transfer_blocks(
+        &self,
+        op: Op,
+        table: &BlockTable<'_>,
+        opts: &TransferOptions,
+    ) -> Result<Transfer> {
+        self.submit(op, opts, table.local_blocks.len(), |p| p.blocks(table))
+    }
+
+    /// Moves entries `local_idx[i]` of a prepared local list to or from entries `remote_idx[i]`
+    /// of a prepared remote list.
+    ///
+    /// # Errors
+    /// As [`Peer::write`], [`Error::IndexOutOfRange`] and [`Error::LengthMismatch`].
+    pub fn transfer_indexed(
+        &self,
+        op: Op,
+        local: &LocalList,
+        local_idx: &[u32],
+        remote: &RemoteList,
+        remote_idx: &[u32],
+        opts: &TransferOptions,
+    ) -> Result<Transfer> {
+        self.submit(op, opts, local_idx.len(), |p| {
+            p.indexed(local, local_idx, remote, remote_idx)
+        })
+    }
+
+    fn submit(
+        &self,
+        op: Op,
+        opts: &TransferOptions,
+        capacity: usize,
+        plan: impl FnOnce(&mut Planner<'_>) -> Result<()>,
+    ) -> Result<Transfer> {
+        let started = Instant::now();
+        let agent = self.conn.agent.upgrade().ok_or(Error::AgentClosed)?;
+        self.check_connected()?;
+        if let Some(n) = &opts.notify {
+            if n.len() > self.conn.peer_notify_max as usize {
+                return Err(Error::invalid(
+                    format!(
+                        "notification of {} bytes; {} accepts at most {}",
+                        n.len(),
+                        self.conn.name,
+                        self.conn.peer_notify_max
+                    ),
+                    "send a short key and keep the payload in a segment",
+                ));
+            }
+        }
+        let plan = {
+            let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
+            let mut planner = Planner::new(&self.conn.name, &table, capacity);
+            plan(&mut planner)?;
+            planner.finish()?
+        };
+        let timeout = opts.timeout.unwrap_or(agent.config.default_timeout);
+        let state = Arc::new(TransferState::new(
+            op,
+            self.conn.name.clone(),
+            timeout,
+            plan.locals,
+            plan.runs,
+            self.conn.slice_size,
+            plan.descriptors,
+            opts.notify.clone(),
+        ));
+        self.conn.submit(state.clone()).map_err(|f| match f {
+            Failure::PeerLost { reason } => Error::PeerLost {
+                peer: self.conn.name.clone(),
+                reason,
+            },
+            _ => Error::AgentClosed,
+        })?;
+        state.lock().submit_time = started.elapsed();
+        Ok(Transfer { state })
+    }
+}

@@ -1,0 +1,210 @@
+//! Segments: registered memory an agent reads from, writes into, and publishes to its peers.
+//!
+//! A segment is a byte range of a registration, with an id peers use to address it, an optional
+//! name and a [`Location`]. Several segments may share one registration (the registration cache,
+//! [`crate::cache`], and [`Agent::register_within`](crate::Agent::register_within)): a segment
+//! holds its registration alive, and so does every request in flight that uses it, so memory is
+//! deregistered only after the last transfer that used it completed (or its queue pair was
+//! destroyed, after which the NIC cannot touch it).
+
+use std::fmt;
+use std::sync::Arc;
+
+use gdr::gpu_mr::GpuMemoryRegion;
+use gdr::mr::{LocalSlice, MemoryRegion};
+
+use crate::error::{Error, Result};
+use crate::location::Location;
+use crate::wire::SegmentInfo;
+
+/// The registration under a segment.
+#[derive(Clone)]
+pub(crate) enum Backing {
+    /// Host memory the registration owns.
+    Host(Arc<MemoryRegion>),
+    /// GPU memory registered for the NIC.
+    Gpu(Arc<GpuMemoryRegion>),
+}
+
+pub(crate) struct SegmentInner {
+    pub(crate) info: SegmentInfo,
+    /// The segment's bytes as a local slice: holds the registration alive, and every slice a
+    /// transfer posts is cut from it.
+    pub(crate) whole: LocalSlice,
+    /// Offset of the segment's byte 0 in its registration.
+    pub(crate) base: usize,
+    pub(crate) backing: Backing,
+}
+
+/// A registered segment of local memory. Cheap to clone (all clones are the same segment).
+///
+/// Peers address it by [`id`](Segment::id) (or look it up by [`name`](Segment::name)). It stays
+/// registered until [`Agent::deregister`](crate::Agent::deregister) and every transfer using it
+/// finished.
+#[derive(Clone)]
+pub struct Segment {
+    pub(crate) inner: Arc<SegmentInner>,
+}
+
+impl fmt::Debug for Segment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner.info;
+        f.debug_struct("Segment")
+            .field("id", &i.id)
+            .field("name", &i.name)
+            .field("len", &i.len)
+            .field("location", &i.location)
+            .finish()
+    }
+}
+
+impl Segment {
+    pub(crate) fn new(info: SegmentInfo, backing: Backing, base: usize) -> Result<Segment> {
+        let end = base + info.len as usize;
+        let whole = match &backing {
+            Backing::Host(m) => m.slice(base..end)?,
+            Backing::Gpu(m) => m.slice(base..end)?,
+        };
+        Ok(Segment {
+            inner: Arc::new(SegmentInner {
+                info,
+                whole,
+                base,
+                backing,
+            }),
+        })
+    }
+
+    /// The id peers address it by (unique in this agent, never reused).
+    pub fn id(&self) -> u32 {
+        self.inner.info.id
+    }
+
+    /// Its name (empty when registered without one).
+    pub fn name(&self) -> &str {
+        &self.inner.info.name
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        self.inner.info.len
+    }
+
+    /// Whether it is empty (never true: empty segments are refused).
+    pub fn is_empty(&self) -> bool {
+        self.inner.info.len == 0
+    }
+
+    /// Where its memory lives.
+    pub fn location(&self) -> Location {
+        self.inner.info.location
+    }
+
+    /// What peers see of it.
+    pub fn info(&self) -> &SegmentInfo {
+        &self.inner.info
+    }
+
+    /// Whether two segments share one registration (one `ibv_reg_mr`).
+    pub fn shares_registration_with(&self, other: &Segment) -> bool {
+        match (&self.inner.backing, &other.inner.backing) {
+            (Backing::Host(a), Backing::Host(b)) => Arc::ptr_eq(a, b),
+            (Backing::Gpu(a), Backing::Gpu(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// A weak reference to the registration, to observe when it is released (tests, leak
+    /// checks): it upgrades while the segment or any request in flight still uses it.
+    pub fn registration_weak(&self) -> RegistrationWeak {
+        match &self.inner.backing {
+            Backing::Host(m) => RegistrationWeak::Host(Arc::downgrade(m)),
+            Backing::Gpu(m) => RegistrationWeak::Gpu(Arc::downgrade(m)),
+        }
+    }
+
+    fn check_range(&self, what: &'static str, offset: u64, len: usize) -> Result<usize> {
+        offset
+            .checked_add(len as u64)
+            .filter(|&end| end <= self.len())
+            .map(|_| self.inner.base + offset as usize)
+            .ok_or_else(|| Error::OutOfSegment {
+                index: 0,
+                side: what,
+                segment: self.id(),
+                offset,
+                len: len as u64,
+                segment_len: self.len(),
+                hint: "stay inside the segment".into(),
+            })
+    }
+
+    /// Copies bytes out of the segment, starting at `offset`. For GPU memory, RDMA writes that
+    /// completed are made visible first (`flush_rdma_writes`), then the bytes are copied with
+    /// the CUDA driver.
+    ///
+    /// # Errors
+    /// [`Error::OutOfSegment`] for a range outside the segment; gdr's errors from the copy.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let at = self.check_range("local", offset, out.len())?;
+        match &self.inner.backing {
+            Backing::Host(m) => Ok(m.read(at, out)?),
+            Backing::Gpu(m) => {
+                m.flush_rdma_writes()?;
+                let buf = m.buffer().ok_or_else(|| {
+                    Error::invalid("GPU segment without a DeviceBuffer", "register a DeviceBuffer")
+                })?;
+                let region_start = (m.device_ptr() - buf.device_ptr()) as usize;
+                Ok(buf.copy_to_host(region_start + at, out)?)
+            }
+        }
+    }
+
+    /// The segment's bytes `offset..offset + len`, copied (see [`Segment::read`]).
+    ///
+    /// # Errors
+    /// As [`Segment::read`].
+    pub fn to_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+
+    /// Copies `data` into the segment at `offset` (host memory: word-wise atomic stores; GPU
+    /// memory: a CUDA copy).
+    ///
+    /// # Errors
+    /// [`Error::OutOfSegment`] for a range outside the segment; gdr's errors from the copy.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let at = self.check_range("local", offset, data.len())?;
+        match &self.inner.backing {
+            Backing::Host(m) => Ok(m.write(at, data)?),
+            Backing::Gpu(m) => {
+                let buf = m.buffer().ok_or_else(|| {
+                    Error::invalid("GPU segment without a DeviceBuffer", "register a DeviceBuffer")
+                })?;
+                let region_start = (m.device_ptr() - buf.device_ptr()) as usize;
+                Ok(buf.copy_from_host(region_start + at, data)?)
+            }
+        }
+    }
+}
+
+/// A weak reference to a segment's registration ([`Segment::registration_weak`]).
+#[derive(Debug, Clone)]
+pub enum RegistrationWeak {
+    /// A host registration.
+    Host(std::sync::Weak<MemoryRegion>),
+    /// A GPU registration.
+    Gpu(std::sync::Weak<GpuMemoryRegion>),
+}
+
+impl RegistrationWeak {
+    /// Whether the registration still exists (something still holds it).
+    pub fn is_alive(&self) -> bool {
+        match self {
+            RegistrationWeak::Host(w) => w.strong_count() > 0,
+            RegistrationWeak::Gpu(w) => w.strong_count() > 0,
+        }
+    }
+}

@@ -1,0 +1,529 @@
+//! The control messages agents exchange over their TCP link, version 1. Everything is
+//! big-endian; each message travels in one gdr frame ([`gdr::connect::TcpLink::send_bytes`],
+//! at most [`gdr::connect::wire::MAX_BODY`] bytes).
+//!
+//! ```text
+//! header:   magic "GXF1" | version u16 | kind u8 | reserved u8
+//! hello:    name length u8 (1..=MAX_NAME) | name (UTF-8)
+//!           queue pair count u8 (1..=MAX_QPS) | count x (length u16 | gdr hello body: the endpoint)
+//!           notification slots u16 | largest notification u32 (<= MAX_NOTIFY)
+//! segments: count u16 (<= MAX_SEGMENTS_PER_MESSAGE) | count x
+//!           (id u32 | addr u64 | len u64 | rkey u32 | location kind u8 | location index u32 |
+//!            name length u8 (<= MAX_NAME) | name)
+//! removed:  count u16 (<= MAX_SEGMENTS_PER_MESSAGE) | count x id u32
+//! ready:    (empty)
+//! bye:      reason length u16 (<= MAX_REASON) | reason (UTF-8)
+//! ```
+//!
+//! A decoder never trusts a length: every count and size is checked against its limit and the
+//! bytes present; trailing bytes, bad UTF-8, a zero-length segment, an address range that
+//! overflows, an unknown kind or version are errors ([`Error::Protocol`]), never panics.
+
+use gdr::connect::PeerInfo;
+use gdr::qp::Endpoint;
+
+use crate::error::{Error, Result};
+use crate::location::Location;
+
+/// Magic bytes that open every message.
+pub const MAGIC: [u8; 4] = *b"GXF1";
+/// The version this build speaks.
+pub const VERSION: u16 = 1;
+/// Longest agent or segment name, in bytes.
+pub const MAX_NAME: usize = 64;
+/// Most queue pairs per peer.
+pub const MAX_QPS: usize = 16;
+/// Largest notification, in bytes.
+pub const MAX_NOTIFY: u32 = 4096;
+/// Most segment entries (or removed ids) in one message; longer tables take several messages.
+pub const MAX_SEGMENTS_PER_MESSAGE: usize = 1024;
+/// Longest reason in a bye message, in bytes.
+pub const MAX_REASON: usize = 1024;
+
+const KIND_HELLO: u8 = 1;
+const KIND_SEGMENTS: u8 = 2;
+const KIND_REMOVED: u8 = 3;
+const KIND_READY: u8 = 4;
+const KIND_BYE: u8 = 5;
+
+/// What one agent tells another when they connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// The agent's name.
+    pub name: String,
+    /// One endpoint per queue pair the agent created for this peer.
+    pub endpoints: Vec<Endpoint>,
+    /// How many notifications the agent can receive before it reposts receives.
+    pub notify_slots: u16,
+    /// The largest notification it accepts.
+    pub notify_max: u32,
+}
+
+/// A segment as peers see it: what they need to read or write it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// The owner's id for it (never reused by that owner).
+    pub id: u32,
+    /// Its name (may be empty).
+    pub name: String,
+    /// The address the owner's NIC uses for byte 0.
+    pub addr: u64,
+    /// Length in bytes (non-zero).
+    pub len: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Where the memory lives.
+    pub location: Location,
+}
+
+/// One control message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// Endpoints and limits, first message each way.
+    Hello(Hello),
+    /// Segments added to the sender's table.
+    Segments(Vec<SegmentInfo>),
+    /// Segments removed from the sender's table.
+    Removed(Vec<u32>),
+    /// The sender's queue pairs are connected and its receives posted.
+    Ready,
+    /// The sender is going away.
+    Bye(String),
+}
+
+fn check_name(what: &str, name: &str) -> Result<()> {
+    if name.len() > MAX_NAME {
+        return Err(Error::invalid(
+            format!("{what} {name:?} is {} bytes long", name.len()),
+            format!("names are at most {MAX_NAME} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+fn count_u16(what: &str, n: usize, limit: usize) -> Result<u16> {
+    if n > limit {
+        return Err(Error::invalid(
+            format!("{n} {what} in one message"),
+            format!("at most {limit}: split the list"),
+        ));
+    }
+    Ok(n as u16)
+}
+
+impl Message {
+    /// Encodes the message. Values a peer would refuse are an [`Error::InvalidArgument`].
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let mut v = Vec::with_capacity(64);
+        v.extend_from_slice(&MAGIC);
+        v.extend_from_slice(&VERSION.to_be_bytes());
+        match self {
+            Message::Hello(h) => {
+                v.push(KIND_HELLO);
+                v.push(0);
+                check_name("agent name", &h.name)?;
+                if h.name.is_empty() {
+                    return Err(Error::invalid("empty agent name", "name every agent"));
+                }
+                v.push(h.name.len() as u8);
+                v.extend_from_slice(h.name.as_bytes());
+                if h.endpoints.is_empty() || h.endpoints.len() > MAX_QPS {
+                    return Err(Error::invalid(
+                        format!("{} queue pairs per peer", h.endpoints.len()),
+                        format!("use 1..={MAX_QPS}"),
+                    ));
+                }
+                v.push(h.endpoints.len() as u8);
+                for e in &h.endpoints {
+                    let body = PeerInfo::new(*e).encode_body()?;
+                    v.extend_from_slice(&(body.len() as u16).to_be_bytes());
+                    v.extend_from_slice(&body);
+                }
+                if h.notify_max > MAX_NOTIFY {
+                    return Err(Error::invalid(
+                        format!("notifications of {} bytes", h.notify_max),
+                        format!("at most {MAX_NOTIFY}"),
+                    ));
+                }
+                v.extend_from_slice(&h.notify_slots.to_be_bytes());
+                v.extend_from_slice(&h.notify_max.to_be_bytes());
+            }
+            Message::Segments(list) => {
+                v.push(KIND_SEGMENTS);
+                v.push(0);
+                let n = count_u16("segments", list.len(), MAX_SEGMENTS_PER_MESSAGE)?;
+                v.extend_from_slice(&n.to_be_bytes());
+                for s in list {
+                    check_name("segment name", &s.name)?;
+                    v.extend_from_slice(&s.id.to_be_bytes());
+                    v.extend_from_slice(&s.addr.to_be_bytes());
+                    v.extend_from_slice(&s.len.to_be_bytes());
+                    v.extend_from_slice(&s.rkey.to_be_bytes());
+                    let (kind, index) = s.location.to_wire();
+                    v.push(kind);
+                    v.extend_from_slice(&index.to_be_bytes());
+                    v.push(s.name.len() as u8);
+                    v.extend_from_slice(s.name.as_bytes());
+                }
+            }
+            Message::Removed(ids) => {
+                v.push(KIND_REMOVED);
+                v.push(0);
+                let n = count_u16("removed segments", ids.len(), MAX_SEGMENTS_PER_MESSAGE)?;
+                v.extend_from_slice(&n.to_be_bytes());
+                for id in ids {
+                    v.extend_from_slice(&id.to_be_bytes());
+                }
+            }
+            Message::Ready => {
+                v.push(KIND_READY);
+                v.push(0);
+            }
+            Message::Bye(reason) => {
+                v.push(KIND_BYE);
+                v.push(0);
+                // Cut at a character boundary: a reason is informational.
+                let mut end = reason.len().min(MAX_REASON);
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                v.extend_from_slice(&(end as u16).to_be_bytes());
+                v.extend_from_slice(&reason.as_bytes()[..end]);
+            }
+        }
+        Ok(v)
+    }
+
+    /// Decodes and validates a message from `peer` (named in errors).
+    pub fn decode(peer: &str, buf: &[u8]) -> Result<Message> {
+        let mut r = Reader { buf, pos: 0, peer };
+        if r.take(4, "magic")? != MAGIC {
+            return Err(r.err("not a gdr-xfer message (bad magic)".into()));
+        }
+        let version = r.u16("version")?;
+        if version != VERSION {
+            return Err(r.err(format!(
+                "wire version {version}, this build speaks {VERSION}: run the same gdr-xfer version on both sides"
+            )));
+        }
+        let kind = r.u8("kind")?;
+        let _reserved = r.u8("reserved")?;
+        let msg = match kind {
+            KIND_HELLO => {
+                let name = r.name("agent name")?;
+                if name.is_empty() {
+                    return Err(r.err("empty agent name".into()));
+                }
+                let n = r.u8("queue pair count")? as usize;
+                if n == 0 || n > MAX_QPS {
+                    return Err(r.err(format!("{n} queue pairs (must be 1..={MAX_QPS})")));
+                }
+                let mut endpoints = Vec::with_capacity(n);
+                for i in 0..n {
+                    let len = r.u16("endpoint length")? as usize;
+                    let body = r.take(len, "endpoint")?;
+                    let info = PeerInfo::decode_body(body)
+                        .map_err(|e| r.err(format!("endpoint {i}: {e}")))?;
+                    if !info.regions.is_empty() || !info.app.is_empty() {
+                        return Err(r.err(format!("endpoint {i} carries regions or app bytes")));
+                    }
+                    endpoints.push(info.endpoint);
+                }
+                let notify_slots = r.u16("notification slots")?;
+                let notify_max = r.u32("largest notification")?;
+                if notify_max > MAX_NOTIFY {
+                    return Err(r.err(format!(
+                        "notifications of {notify_max} bytes (at most {MAX_NOTIFY})"
+                    )));
+                }
+                Message::Hello(Hello {
+                    name,
+                    endpoints,
+                    notify_slots,
+                    notify_max,
+                })
+            }
+            KIND_SEGMENTS => {
+                let n = r.count("segment count")?;
+                let mut list = Vec::with_capacity(n.min(buf.len() / 30 + 1));
+                for i in 0..n {
+                    let id = r.u32("segment id")?;
+                    let addr = r.u64("segment address")?;
+                    let len = r.u64("segment length")?;
+                    let rkey = r.u32("segment rkey")?;
+                    let kind = r.u8("location kind")?;
+                    let index = r.u32("location index")?;
+                    let name = r.name("segment name")?;
+                    if len == 0 {
+                        return Err(r.err(format!("segment entry {i} (id {id}) is empty")));
+                    }
+                    if addr.checked_add(len).is_none() {
+                        return Err(r.err(format!(
+                            "segment entry {i} (id {id}): address {addr:#x} + length {len} overflows"
+                        )));
+                    }
+                    let location = Location::from_wire(kind, index).ok_or_else(|| {
+                        r.err(format!(
+                            "segment entry {i} (id {id}): unknown location kind {kind}"
+                        ))
+                    })?;
+                    list.push(SegmentInfo {
+                        id,
+                        name,
+                        addr,
+                        len,
+                        rkey,
+                        location,
+                    });
+                }
+                Message::Segments(list)
+            }
+            KIND_REMOVED => {
+                let n = r.count("removed count")?;
+                let mut ids = Vec::with_capacity(n.min(buf.len() / 4 + 1));
+                for _ in 0..n {
+                    ids.push(r.u32("removed id")?);
+                }
+                Message::Removed(ids)
+            }
+            KIND_READY => Message::Ready,
+            KIND_BYE => {
+                let len = r.u16("reason length")? as usize;
+                if len > MAX_REASON {
+                    return Err(r.err(format!("bye reason of {len} bytes (at most {MAX_REASON})")));
+                }
+                let bytes = r.take(len, "reason")?;
+                Message::Bye(String::from_utf8_lossy(bytes).into_owned())
+            }
+            other => return Err(r.err(format!("unknown message kind {other}"))),
+        };
+        if r.pos != buf.len() {
+            return Err(r.err(format!(
+                "{} trailing bytes after the message",
+                buf.len() - r.pos
+            )));
+        }
+        Ok(msg)
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    peer: &'a str,
+}
+
+impl<'a> Reader<'a> {
+    fn err(&self, detail: String) -> Error {
+        Error::protocol(self.peer, detail)
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| {
+                self.err(format!(
+                    "message ends inside the {what} ({} bytes left, {n} needed)",
+                    self.buf.len() - self.pos
+                ))
+            })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        let s = self.take(N, what)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8> {
+        Ok(self.array::<1>(what)?[0])
+    }
+
+    fn u16(&mut self, what: &str) -> Result<u16> {
+        Ok(u16::from_be_bytes(self.array(what)?))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_be_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_be_bytes(self.array(what)?))
+    }
+
+    fn count(&mut self, what: &str) -> Result<usize> {
+        let n = self.u16(what)? as usize;
+        if n > MAX_SEGMENTS_PER_MESSAGE {
+            return Err(self.err(format!(
+                "{what} {n} exceeds the limit {MAX_SEGMENTS_PER_MESSAGE}"
+            )));
+        }
+        Ok(n)
+    }
+
+    fn name(&mut self, what: &str) -> Result<String> {
+        let len = self.u8(what)? as usize;
+        if len > MAX_NAME {
+            return Err(self.err(format!("{what} of {len} bytes (at most {MAX_NAME})")));
+        }
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| self.err(format!("{what} is not UTF-8")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gdr::device::{Gid, Mtu};
+
+    fn endpoint(qpn: u32) -> Endpoint {
+        Endpoint {
+            qpn,
+            psn: 0x1234,
+            lid: 0,
+            gid: Gid([0xfe; 16]),
+            gid_index: 1,
+            mtu: Mtu::B1024,
+            port: 1,
+        }
+    }
+
+    fn samples() -> Vec<Message> {
+        vec![
+            Message::Hello(Hello {
+                name: "prefill-0".into(),
+                endpoints: vec![endpoint(0x11), endpoint(0x12)],
+                notify_slots: 64,
+                notify_max: 1024,
+            }),
+            Message::Segments(vec![
+                SegmentInfo {
+                    id: 7,
+                    name: "kv-layer-3".into(),
+                    addr: 0x7f00_0000_0000,
+                    len: 1 << 20,
+                    rkey: 0xabcd,
+                    location: Location::Cuda { ordinal: 3 },
+                },
+                SegmentInfo {
+                    id: 8,
+                    name: String::new(),
+                    addr: 0x1000,
+                    len: 4096,
+                    rkey: 1,
+                    location: Location::Cpu { numa: Some(1) },
+                },
+            ]),
+            Message::Removed(vec![7, 8, 9]),
+            Message::Ready,
+            Message::Bye("shutting down".into()),
+        ]
+    }
+
+    #[test]
+    fn every_message_survives_a_round_trip() {
+        for m in samples() {
+            let bytes = m.encode().unwrap();
+            assert_eq!(Message::decode("peer", &bytes).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn every_truncation_and_every_trailing_byte_is_refused() {
+        for m in samples() {
+            let bytes = m.encode().unwrap();
+            for cut in 0..bytes.len() {
+                assert!(
+                    matches!(
+                        Message::decode("p", &bytes[..cut]),
+                        Err(Error::Protocol { .. })
+                    ),
+                    "{m:?} cut at {cut}"
+                );
+            }
+            let mut long = bytes.clone();
+            long.push(0);
+            assert!(matches!(
+                Message::decode("p", &long),
+                Err(Error::Protocol { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn hostile_segment_tables_are_refused() {
+        let seg = |addr: u64, len: u64| {
+            Message::Segments(vec![SegmentInfo {
+                id: 1,
+                name: "x".into(),
+                addr,
+                len,
+                rkey: 1,
+                location: Location::Cpu { numa: None },
+            }])
+            .encode()
+            .unwrap()
+        };
+        for (addr, len) in [(u64::MAX, 1), (1, u64::MAX), (0, 0)] {
+            let e = Message::decode("evil", &seg(addr, len)).unwrap_err();
+            assert!(matches!(e, Error::Protocol { ref peer, .. } if peer == "evil"), "{e}");
+        }
+        // A count larger than the limit, a location kind nobody knows, a name that is not UTF-8.
+        let mut big = seg(0x1000, 1);
+        big[8..10].copy_from_slice(&u16::MAX.to_be_bytes());
+        assert!(Message::decode("evil", &big).is_err());
+        let mut loc = seg(0x1000, 1);
+        loc[8 + 2 + 24] = 9;
+        let e = Message::decode("evil", &loc).unwrap_err();
+        assert!(e.to_string().contains("unknown location kind 9"), "{e}");
+        let mut name = seg(0x1000, 1);
+        let last = name.len() - 1;
+        name[last] = 0xff;
+        assert!(Message::decode("evil", &name).unwrap_err().to_string().contains("UTF-8"));
+    }
+
+    #[test]
+    fn versions_magic_and_kinds_are_checked() {
+        let mut m = Message::Ready.encode().unwrap();
+        m[5] = 2;
+        assert!(Message::decode("p", &m).unwrap_err().to_string().contains("wire version 2"));
+        let mut m = Message::Ready.encode().unwrap();
+        m[0] = b'X';
+        assert!(Message::decode("p", &m).is_err());
+        let mut m = Message::Ready.encode().unwrap();
+        m[6] = 99;
+        assert!(Message::decode("p", &m).unwrap_err().to_string().contains("kind 99"));
+    }
+
+    #[test]
+    fn encoding_refuses_what_a_peer_would_refuse() {
+        let long = "n".repeat(MAX_NAME + 1);
+        let h = |name: String, n: usize, max: u32| {
+            Message::Hello(Hello {
+                name,
+                endpoints: (0..n as u32).map(|i| endpoint(i + 1)).collect(),
+                notify_slots: 1,
+                notify_max: max,
+            })
+            .encode()
+        };
+        assert!(h(long, 1, 16).is_err());
+        assert!(h(String::new(), 1, 16).is_err());
+        assert!(h("a".into(), 0, 16).is_err());
+        assert!(h("a".into(), MAX_QPS + 1, 16).is_err());
+        assert!(h("a".into(), 1, MAX_NOTIFY + 1).is_err());
+        assert!(Message::Removed(vec![0; MAX_SEGMENTS_PER_MESSAGE + 1])
+            .encode()
+            .is_err());
+        // A long reason is cut at a character boundary, not refused.
+        let reason = "é".repeat(MAX_REASON);
+        let m = Message::decode("p", &Message::Bye(reason).encode().unwrap()).unwrap();
+        assert!(matches!(m, Message::Bye(r) if r.len() <= MAX_REASON));
+    }
+}

@@ -1,0 +1,366 @@
+//! The engine between two agents of one process on the test device: transfers of every form,
+//! merging and slicing, notifications after the data, memory kept alive by requests in flight,
+//! and every bad input refused before anything is posted.
+
+mod common;
+
+use std::future::Future;
+use std::time::Duration;
+
+use common::{agent, agent_with, connected, pattern};
+use gdr_xfer::{
+    AgentConfig, BlockTable, Desc, Error, LocalList, Op, Status, TransferOptions,
+};
+
+const NEEDS: &str = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)";
+const WAIT: Duration = Duration::from_secs(30);
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn descriptor_lists_are_merged_sliced_and_land_byte_for_byte() {
+    let _ = NEEDS;
+    let (a, b, pb, _pa) = connected(
+        agent_with(AgentConfig::new("a").slice_size(16 * 1024).qps_per_peer(2)),
+        agent("b"),
+    );
+    let len = 1 << 20;
+    let src = a.alloc_host(len, "src").unwrap();
+    let dst = b.alloc_host(len, "dst").unwrap();
+    let data = pattern(len, 1);
+    src.write(0, &data).unwrap();
+    let remote = pb.wait_segment_named("dst", WAIT).unwrap();
+    assert_eq!(remote.len, len as u64);
+    // 64 descriptors of 8 KiB contiguous on both sides (merge into one run), then 64 scattered
+    // ones (swapped halves: nothing merges).
+    let mut descs: Vec<Desc<'_>> = (0..64)
+        .map(|i| Desc::new(&src, i * 8192, remote.id, i * 8192, 8192))
+        .collect();
+    let half = (len / 2) as u64;
+    for i in 0..64u64 {
+        let off = half + i * 8192;
+        let to = half + (63 - i) * 8192;
+        descs.push(Desc::new(&src, off, remote.id, to, 8192));
+    }
+    let t = pb.write(&descs, &TransferOptions::new()).unwrap();
+    let stats = t.wait(WAIT).unwrap();
+    println!("write stats: {stats:?}");
+    assert_eq!(t.status(), Status::Done);
+    assert_eq!(stats.bytes, len as u64);
+    assert_eq!(stats.descriptors, 128);
+    assert_eq!(stats.runs, 1 + 64, "the first 64 merged, the last 64 did not");
+    assert_eq!(stats.slices, (half / 16384) + 64, "runs cut at the 16 KiB slice size");
+    assert_eq!(stats.qps_used, 2);
+    let got = dst.to_vec(0, len).unwrap();
+    assert_eq!(&got[..half as usize], &data[..half as usize]);
+    for i in 0..64usize {
+        let from = half as usize + i * 8192;
+        let to = half as usize + (63 - i) * 8192;
+        assert_eq!(&got[to..to + 8192], &data[from..from + 8192], "block {i}");
+    }
+    // Read it back into a fresh local segment.
+    let back = a.alloc_host(len, "back").unwrap();
+    let t = pb
+        .read(
+            &[Desc::new(&back, 0, remote.id, 0, len as u64)],
+            &TransferOptions::new(),
+        )
+        .unwrap();
+    t.wait(WAIT).unwrap();
+    assert_eq!(back.to_vec(0, len).unwrap(), got);
+    println!("1 MiB written as 128 descriptors (65 runs, {} slices on 2 QPs) and read back, every byte verified", stats.slices);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn paged_and_indexed_transfers_move_the_named_blocks_only() {
+    let (a, b, pb, _pa) = connected(agent("pa"), agent("pb"));
+    let block = 4096u64;
+    let blocks = 256usize;
+    let src = a.alloc_host(blocks * block as usize, "pool-a").unwrap();
+    let dst = b.alloc_host(blocks * block as usize, "pool-b").unwrap();
+    let data = pattern(blocks * block as usize, 7);
+    src.write(0, &data).unwrap();
+    let remote = pb.wait_segment_named("pool-b", WAIT).unwrap();
+    // Every third block, to reversed positions.
+    let local_blocks: Vec<u32> = (0..blocks as u32).step_by(3).collect();
+    let remote_blocks: Vec<u32> = local_blocks.iter().map(|&i| blocks as u32 - 1 - i).collect();
+    let table = BlockTable {
+        local: &src,
+        local_base: 0,
+        remote: remote.id,
+        remote_base: 0,
+        block_len: block,
+        local_blocks: &local_blocks,
+        remote_blocks: &remote_blocks,
+    };
+    let stats = pb
+        .transfer_blocks(Op::Write, &table, &TransferOptions::new())
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
+    assert_eq!(stats.descriptors, local_blocks.len() as u64);
+    let got = dst.to_vec(0, data.len()).unwrap();
+    for i in 0..blocks {
+        let want_from = blocks - 1 - i;
+        let b = block as usize;
+        let moved = want_from % 3 == 0;
+        let chunk = &got[i * b..(i + 1) * b];
+        if moved {
+            assert_eq!(chunk, &data[want_from * b..(want_from + 1) * b], "block {i}");
+        } else {
+            assert!(chunk.iter().all(|&x| x == 0), "block {i} was not to be written");
+        }
+    }
+    // Prepared lists, addressed by index.
+    let ranges: Vec<_> = (0..8u64).map(|i| (&src, i * block, block)).collect();
+    let local = LocalList::new(&ranges).unwrap();
+    let remote_list = pb
+        .prepare_remote(&(0..8u64).map(|i| (remote.id, (100 + i) * block, block)).collect::<Vec<_>>())
+        .unwrap();
+    pb.transfer_indexed(Op::Write, &local, &[0, 7], &remote_list, &[3, 4], &TransferOptions::new())
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
+    let b = block as usize;
+    assert_eq!(dst.to_vec(103 * block, b).unwrap(), &data[..b]);
+    assert_eq!(dst.to_vec(104 * block, b).unwrap(), &data[7 * b..8 * b]);
+    println!(
+        "{} paged blocks and 2 indexed entries landed where named, the other blocks untouched",
+        local_blocks.len()
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_notification_arrives_only_after_every_byte_of_its_transfer() {
+    let (a, b, pb, _pa) = connected(
+        agent_with(AgentConfig::new("na").slice_size(8192).qps_per_peer(4)),
+        agent("nb"),
+    );
+    let len = 4 << 20;
+    let src = a.alloc_host(len, "src").unwrap();
+    let dst = b.alloc_host(len, "dst").unwrap();
+    let remote = pb.wait_segment_named("dst", WAIT).unwrap();
+    for round in 0..8u32 {
+        let data = pattern(len, 100 + round);
+        src.write(0, &data).unwrap();
+        let key = format!("round-{round}");
+        // Spread over 4 QPs in 512 slices: the notification must wait for all of them.
+        let _t = pb
+            .write(
+                &[Desc::new(&src, 0, remote.id, 0, len as u64)],
+                &TransferOptions::new().notify(key.clone()),
+            )
+            .unwrap();
+        let n = b.wait_notification(WAIT).unwrap().expect("a notification");
+        // Read the data the moment the notification is there, not after waiting for anything.
+        let got = dst.to_vec(0, len).unwrap();
+        assert_eq!(n.peer, "na");
+        assert_eq!(n.data, key.as_bytes());
+        let bad = got.iter().zip(&data).position(|(x, y)| x != y);
+        assert_eq!(bad, None, "round {round}: data not complete when the notification came");
+    }
+    // An empty notification is delivered too.
+    pb.write(
+        &[Desc::new(&src, 0, remote.id, 0, 1)],
+        &TransferOptions::new().notify(Vec::new()),
+    )
+    .unwrap()
+    .wait(WAIT)
+    .unwrap();
+    let n = b.wait_notification(WAIT).unwrap().unwrap();
+    assert!(n.data.is_empty());
+    println!("8 rounds of 4 MiB over 4 QPs: each notification found all its data already there");
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn dropped_handles_keep_memory_alive_until_completion_then_release_it() {
+    let (a, b, pb, _pa) = connected(agent("da"), agent("db"));
+    let len = 8 << 20;
+    let dst = b.alloc_host(len, "dst").unwrap();
+    let remote = pb.wait_segment_named("dst", WAIT).unwrap();
+    let src = a.alloc_host(len, "src").unwrap();
+    src.write(0, &pattern(len, 9)).unwrap();
+    let weak = src.registration_weak();
+    // Submit, drop the handle at once, deregister and drop the segment: only the requests in
+    // flight hold the memory now.
+    let t = pb
+        .write(&[Desc::new(&src, 0, remote.id, 0, len as u64)], &TransferOptions::new().notify("x"))
+        .unwrap();
+    drop(t);
+    a.deregister(&src).unwrap();
+    drop(src);
+    let alive_while_in_flight = weak.is_alive();
+    // The notification comes after the data; then wait for the engine to retire the requests.
+    b.wait_notification(WAIT).unwrap().expect("the dropped transfer still completes");
+    let start = std::time::Instant::now();
+    while weak.is_alive() && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    println!(
+        "registration alive right after drop: {alive_while_in_flight}; released {:?} after the notification",
+        start.elapsed()
+    );
+    assert!(!weak.is_alive(), "the registration leaked");
+    assert_eq!(dst.to_vec(0, len).unwrap(), pattern(len, 9));
+    // A future polled once and dropped behaves the same (32 MiB in 4 KiB slices: still
+    // pending after the first poll, unless the device is very fast).
+    let big = 32 << 20;
+    let dst = b.alloc_host(big, "dst-big").unwrap();
+    let remote = pb.wait_segment_named("dst-big", WAIT).unwrap();
+    let src = a.alloc_host(big, "src2").unwrap();
+    let weak = src.registration_weak();
+    let descs: Vec<_> = (0..(big as u64 / 4096))
+        .map(|i| Desc::new(&src, i * 4096, remote.id, ((i * 7919) % (big as u64 / 4096)) * 4096, 4096))
+        .collect();
+    let mut fut = Box::pin(pb.write(&descs, &TransferOptions::new()).unwrap());
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let polled_once = fut.as_mut().poll(&mut cx).is_pending();
+    drop(fut);
+    let _ = dst;
+    a.deregister(&src).unwrap();
+    drop(src);
+    let start = std::time::Instant::now();
+    while weak.is_alive() && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!weak.is_alive(), "the registration of a dropped future leaked");
+    println!("future dropped while pending: {polled_once}; its registration released after completion");
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn transfers_are_futures() {
+    let (a, b, pb, _pa) = connected(agent("fa"), agent("fb"));
+    let src = a.alloc_host(1 << 16, "src").unwrap();
+    let _dst = b.alloc_host(1 << 16, "dst").unwrap();
+    let remote = pb.wait_segment_named("dst", WAIT).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let stats = rt.block_on(async {
+        let ts: Vec<_> = (0..16u64)
+            .map(|i| pb.write(&[Desc::new(&src, i * 4096, remote.id, i * 4096, 4096)], &TransferOptions::new()).unwrap())
+            .collect();
+        let mut total = 0;
+        for t in ts {
+            total += t.await.unwrap().bytes;
+        }
+        total
+    });
+    assert_eq!(stats, 1 << 16);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn bad_input_is_refused_before_anything_is_posted() {
+    let (a, b, pb, _pa) = connected(agent("ba"), agent("bb"));
+    let src = a.alloc_host(8192, "src").unwrap();
+    let dst = b.alloc_host(4096, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    let o = TransferOptions::new();
+    let err = |res: gdr_xfer::Result<gdr_xfer::Transfer>| res.unwrap_err();
+    // Local range outside the segment; remote range outside; unknown remote segment.
+    let e = err(pb.write(&[Desc::new(&src, 8000, r.id, 0, 1000)], &o));
+    assert!(matches!(e, Error::OutOfSegment { side: "local", index: 0, .. }), "{e}");
+    let e = err(pb.write(&[Desc::new(&src, 0, r.id, 0, 1), Desc::new(&src, 0, r.id, 4000, 200)], &o));
+    assert!(matches!(e, Error::OutOfSegment { side: "remote", index: 1, segment_len: 4096, .. }), "{e}");
+    let e = err(pb.write(&[Desc::new(&src, 0, 999, 0, 1)], &o));
+    assert!(matches!(e, Error::UnknownSegment { segment: 999, .. }), "{e}");
+    // Overflowing offsets.
+    let e = err(pb.write(&[Desc::new(&src, u64::MAX, r.id, 0, 2)], &o));
+    assert!(matches!(e, Error::OutOfSegment { .. }), "{e}");
+    let e = err(pb.write(&[Desc::new(&src, 0, r.id, u64::MAX - 1, 2)], &o));
+    assert!(matches!(e, Error::OutOfSegment { .. }), "{e}");
+    // Empty list, empty descriptor, notification too long.
+    assert!(matches!(err(pb.write(&[], &o)), Error::InvalidArgument { .. }));
+    assert!(matches!(err(pb.write(&[Desc::new(&src, 0, r.id, 0, 0)], &o)), Error::InvalidArgument { .. }));
+    let e = err(pb.write(&[Desc::new(&src, 0, r.id, 0, 1)], &TransferOptions::new().notify(vec![0; 5000])));
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    // Block tables: an index past the segment, a count mismatch, a zero block length.
+    let lb = [0u32, 1];
+    let rb = [0u32, 1];
+    for (lbs, rbs, blen, want) in [
+        (&lb[..], &rb[..], 4096u64, "remote blocks"),
+        (&[0u32, 2][..], &[0u32, 0][..], 4096, "local blocks"),
+    ] {
+        let t = BlockTable { local: &src, local_base: 0, remote: r.id, remote_base: 0, block_len: blen, local_blocks: lbs, remote_blocks: rbs };
+        let e = err(pb.transfer_blocks(Op::Write, &t, &o));
+        assert!(matches!(e, Error::IndexOutOfRange { list, .. } if list == want), "{e}");
+    }
+    let t = BlockTable { local: &src, local_base: 0, remote: r.id, remote_base: 0, block_len: 0, local_blocks: &lb, remote_blocks: &rb };
+    assert!(matches!(err(pb.transfer_blocks(Op::Write, &t, &o)), Error::InvalidArgument { .. }));
+    let t = BlockTable { local: &src, local_base: 0, remote: r.id, remote_base: 0, block_len: 1024, local_blocks: &lb, remote_blocks: &rb[..1] };
+    assert!(matches!(err(pb.transfer_blocks(Op::Write, &t, &o)), Error::InvalidArgument { .. }));
+    // Prepared lists: an index out of range, lengths that differ, a list of another peer.
+    let local = LocalList::new(&[(&src, 0, 100), (&src, 100, 200)]).unwrap();
+    let remote = pb.prepare_remote(&[(r.id, 0, 100), (r.id, 100, 100)]).unwrap();
+    let e = err(pb.transfer_indexed(Op::Write, &local, &[2], &remote, &[0], &o));
+    assert!(matches!(e, Error::IndexOutOfRange { list: "local list", index: 2, len: 2 }), "{e}");
+    let e = err(pb.transfer_indexed(Op::Write, &local, &[1], &remote, &[1], &o));
+    assert!(matches!(e, Error::LengthMismatch { local_len: 200, remote_len: 100, .. }), "{e}");
+    assert!(matches!(LocalList::new(&[(&src, 8190, 100)]), Err(Error::OutOfSegment { .. })));
+    assert!(matches!(pb.prepare_remote(&[(r.id, 4000, 100)]), Err(Error::OutOfSegment { .. })));
+    // A deregistered remote segment: the peer's table forgets it, a prepared list that names it
+    // is refused.
+    b.deregister(&dst).unwrap();
+    let start = std::time::Instant::now();
+    while pb.segment(r.id).is_some() && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let e = err(pb.write(&[Desc::new(&src, 0, r.id, 0, 1)], &o));
+    assert!(matches!(e, Error::UnknownSegment { .. }), "{e}");
+    let e = err(pb.transfer_indexed(Op::Write, &local, &[0], &remote, &[0], &o));
+    assert!(matches!(e, Error::UnknownSegment { .. }), "{e}");
+    assert!(matches!(b.deregister(&dst), Err(Error::UnknownSegment { .. })));
+    // Nothing of the above broke the connection.
+    let dst2 = b.alloc_host(4096, "dst2").unwrap();
+    let r2 = pb.wait_segment_named("dst2", WAIT).unwrap();
+    src.write(0, b"still fine").unwrap();
+    pb.write(&[Desc::new(&src, 0, r2.id, 0, 10)], &o).unwrap().wait(WAIT).unwrap();
+    assert_eq!(dst2.to_vec(0, 10).unwrap(), b"still fine");
+    assert!(pb.is_connected());
+    println!("every bad input refused with its typed error; the connection still works");
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_closed_peer_fails_pending_transfers_and_new_ones() {
+    let (a, b, pb, _pa) = connected(agent("ca"), agent("cb"));
+    let len = 32 << 20;
+    let src = a.alloc_host(len, "src").unwrap();
+    let _dst = b.alloc_host(len, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    let chunk = len as u64 / 64;
+    let descs: Vec<_> = (0..64u64)
+        .map(|i| Desc::new(&src, i * chunk, r.id, i * chunk, chunk))
+        .collect();
+    let t = pb.write(&descs, &TransferOptions::new()).unwrap();
+    drop(b);
+    let res = t.wait(WAIT);
+    println!("pending transfer when the peer agent was dropped: {res:?}");
+    // It either finished before the peer went away or failed with the peer's loss; it never hangs.
+    if let Err(e) = &res {
+        assert!(matches!(e, Error::PeerLost { .. } | Error::SliceFailed { .. }), "{e}");
+    }
+    let start = std::time::Instant::now();
+    while pb.is_connected() && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!pb.is_connected());
+    let e = pb.write(&[Desc::new(&src, 0, r.id, 0, 1)], &TransferOptions::new()).unwrap_err();
+    assert!(matches!(e, Error::PeerLost { .. }), "{e}");
+    assert!(a.peer("cb").is_none());
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn segments_within_one_registration_cost_no_registration() {
+    let a = agent("ra");
+    let pool = a.alloc_host(1 << 20, "pool").unwrap();
+    let parts: Vec<_> = (0..1265u64)
+        .map(|i| a.register_within(&pool, i * 512, 512, "tensor").unwrap())
+        .collect();
+    assert!(parts.iter().all(|p| p.shares_registration_with(&pool)));
+    assert!(matches!(a.register_within(&pool, (1 << 20) - 1, 2, "x"), Err(Error::OutOfSegment { .. })));
+    assert_eq!(a.segments().len(), 1266);
+}
