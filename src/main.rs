@@ -26,6 +26,9 @@ enum Command {
     Bw(cli::bw::BwArgs),
     /// RDMA ping-pong latency, like ib_write_lat (server: --server; client: SERVER).
     Lat(cli::lat::LatArgs),
+    /// Batched block transfers with gdr-xfer, like Mooncake's bench and nixlbench (target:
+    /// --target; initiator: HOST:PORT).
+    XferBench(cli::xfer_bench::XferBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
         Command::Devinfo(args) => cli::devinfo::run(args),
         Command::Bw(args) => cli::bw::run(args),
         Command::Lat(args) => cli::lat::run(args),
+        Command::XferBench(args) => cli::xfer_bench::run(args),
     };
     ExitCode::from(code)
 }

@@ -216,7 +216,11 @@ fn read_control(agent: Weak<AgentShared>, conn: Arc<Connection>, mut link: TcpLi
         }
     };
     if !conn.is_lost() {
-        log::warn!("peer {} lost: {reason}", conn.name);
+        if reason.starts_with("the peer said goodbye") {
+            log::info!("peer {}: {reason}", conn.name);
+        } else {
+            log::warn!("peer {} lost: {reason}", conn.name);
+        }
     }
     conn.lose(Failure::PeerLost { reason });
     if let Some(a) = agent.upgrade() {

@@ -233,6 +233,7 @@ impl Peer {
             plan(&mut planner)?;
             planner.finish()?
         };
+        let plan_time = started.elapsed();
         let timeout = opts.timeout.unwrap_or(agent.config.default_timeout);
         let state = Arc::new(TransferState::new(
             op,
@@ -251,7 +252,11 @@ impl Peer {
             },
             _ => Error::AgentClosed,
         })?;
-        state.lock().submit_time = started.elapsed();
+        {
+            let mut p = state.lock();
+            p.submit_time = started.elapsed();
+            p.plan_time = plan_time;
+        }
         Ok(Transfer { state })
     }
 }

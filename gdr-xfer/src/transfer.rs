@@ -69,7 +69,10 @@ pub struct TransferStats {
     pub time_to_post: Duration,
     /// From submission until the transfer finished.
     pub time_to_complete: Duration,
-    /// Time the caller's thread spent checking, merging and posting in the submitting call.
+    /// Time the caller's thread spent checking and merging the descriptors (before posting).
+    pub plan_time: Duration,
+    /// Time the caller's thread spent in the submitting call (checking, merging, and posting
+    /// what fitted).
     pub submit_time: Duration,
 }
 
@@ -87,6 +90,7 @@ pub(crate) struct Progress {
     pub(crate) posted_at: Option<Instant>,
     pub(crate) done_at: Option<Instant>,
     pub(crate) submit_time: Duration,
+    pub(crate) plan_time: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +165,7 @@ impl TransferState {
                 posted_at: None,
                 done_at: None,
                 submit_time: Duration::ZERO,
+                plan_time: Duration::ZERO,
             }),
             cond: Condvar::new(),
         }
@@ -220,6 +225,7 @@ impl TransferState {
             time_to_complete: p
                 .done_at
                 .map_or(Duration::ZERO, |t| t.duration_since(self.started)),
+            plan_time: p.plan_time,
             submit_time: p.submit_time,
         }
     }

@@ -4,3 +4,4 @@ pub mod bw;
 pub mod devinfo;
 pub mod doctor;
 pub mod lat;
+pub mod xfer_bench;

@@ -7,6 +7,7 @@
 //! * `demo`: the README's main job, run inside the VM.
 //! * `gpu-bundle`: collect the `gpu_*` test binaries for the GPU machine.
 //! * `compare-perftest`: gdr bw/lat against perftest, medians and ratios.
+//! * `compare-xfer`: gdr-xfer's batched block writes against ib_write_bw, paired ratios.
 //! * `bench`: `cargo bench` (benches/perf.rs) inside the VM.
 //! * `downstream`: build a new crate from README.md's dependency line and example.
 //! * `fuzz [--minutes N] [TARGET...]`: the cargo-fuzz targets in fuzz/, executions and crashes.
@@ -15,6 +16,7 @@ mod bench;
 mod bundle;
 mod cargo;
 mod cluster;
+mod compare_xfer;
 mod demo;
 mod downstream;
 mod fuzz;
@@ -65,6 +67,8 @@ enum Command {
     GpuBundle,
     /// gdr bw/lat against perftest's ib_write_bw/ib_write_lat, alternately, in one VM boot.
     ComparePerftest(perftest::CompareOpts),
+    /// gdr xfer-bench (gdr-xfer) against ib_write_bw, alternately, in one VM boot.
+    CompareXfer(compare_xfer::CompareXferOpts),
     /// Run `cargo bench` (write bandwidth and latency, benches/perf.rs) inside the VM.
     Bench(bench::BenchOpts),
     /// Build a new crate from README.md alone (its dependency line and example), not run.
@@ -83,6 +87,7 @@ fn main() -> ExitCode {
         Command::Demo { opts } => demo::demo(&opts),
         Command::GpuBundle => bundle::gpu_bundle().map(|()| 0),
         Command::ComparePerftest(opts) => perftest::compare(&opts),
+        Command::CompareXfer(opts) => compare_xfer::compare(&opts),
         Command::Bench(opts) => bench::bench(&opts),
         Command::Downstream => downstream::downstream(),
         Command::Fuzz(opts) => fuzz::fuzz(&opts),

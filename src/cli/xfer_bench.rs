@@ -1,0 +1,139 @@
+//! `gdr xfer-bench`: gdr-xfer's batched transfer bandwidth and latencies between two hosts.
+
+use clap::Args;
+
+use gdr_tools::xfer_bench::{self, BenchParams, Layout};
+use gdr_xfer::AgentConfig;
+
+const AFTER_HELP: &str = "\
+Start the target, then the initiator with the target's address. Each initiator thread keeps one
+batch in flight: a block table of --batch blocks of --block-size bytes (scattered on the target
+unless --layout contiguous), submitted, waited for, repeated for --duration seconds per block
+size. Columns as nixlbench: prepare = checking and merging, post = submission until the last
+request was posted, tx = submission until completion (microseconds).
+
+Exit status: 0 measured; 1 an error; 2 usage.
+
+Examples:
+  gdr xfer-bench --target -d mlx5_0
+  gdr xfer-bench 10.0.0.1:18700 -d mlx5_0 --threads 4 --batch 128 --block-size 65536
+  gdr xfer-bench 10.0.0.1:18700 --block-size 16384,65536,262144 --op read --json";
+
+/// Arguments of `gdr xfer-bench`.
+#[derive(Debug, Args)]
+#[command(after_help = AFTER_HELP)]
+pub struct XferBenchArgs {
+    /// Run as the target (the side whose memory is written or read).
+    #[arg(long, conflicts_with = "target_addr")]
+    pub target: bool,
+    /// The target's address (`host:port`), for the initiator.
+    #[arg(value_name = "HOST:PORT")]
+    pub target_addr: Option<String>,
+    /// Target: address to listen on.
+    #[arg(long, default_value = "0.0.0.0:18700")]
+    pub listen: String,
+    /// Target: bytes of its buffer (at least threads x batch x the largest block size).
+    #[arg(long, default_value_t = 256 << 20)]
+    pub buffer_size: usize,
+    /// Target: keep serving after an initiator finished.
+    #[arg(long)]
+    pub forever: bool,
+    /// RDMA device: `name[:port]` or an NCCL-style list.
+    #[arg(short = 'd', long, default_value = "")]
+    pub device: String,
+    /// GID index (default: the RoCE v2 IPv4 entry).
+    #[arg(short = 'x', long)]
+    pub gid_index: Option<u32>,
+    /// Threads, each with one batch in flight.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Blocks per batch.
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    /// Block sizes in bytes, comma-separated (one row each).
+    #[arg(long, value_delimiter = ',', default_value = "65536")]
+    pub block_size: Vec<u64>,
+    /// Operation.
+    #[arg(long, default_value = "write", value_parser = ["write", "read"])]
+    pub op: String,
+    /// Seconds per block size.
+    #[arg(long, default_value_t = 5.0)]
+    pub duration: f64,
+    /// Queue pairs per peer.
+    #[arg(short = 'q', long, default_value_t = 2)]
+    pub qps: u8,
+    /// Largest work request in bytes (longer runs are cut).
+    #[arg(long, default_value_t = 65536)]
+    pub slice_size: u64,
+    /// Where blocks land on the target.
+    #[arg(long, value_enum, default_value_t = Layout::Scattered)]
+    pub layout: Layout,
+    /// Microseconds the progress thread keeps polling after a completion before it sleeps on
+    /// the completion channel.
+    #[arg(long, default_value_t = 200)]
+    pub busy_poll_us: u64,
+    /// Print one JSON document instead of the table.
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print CSV instead of the table.
+    #[arg(long)]
+    pub csv: bool,
+}
+
+/// Runs `gdr xfer-bench`; returns the exit code.
+pub fn run(args: XferBenchArgs) -> u8 {
+    let mut cfg = AgentConfig::new(if args.target {
+        "xfer-bench-target"
+    } else {
+        "xfer-bench-initiator"
+    })
+    .device(args.device.clone());
+    cfg.gid_index = args.gid_index;
+    cfg.busy_poll = std::time::Duration::from_micros(args.busy_poll_us);
+    let result = if args.target {
+        xfer_bench::run_target(cfg, &args.listen, args.buffer_size, args.forever).map(|()| None)
+    } else {
+        let Some(addr) = &args.target_addr else {
+            eprintln!("gdr xfer-bench: give --target or the target's HOST:PORT");
+            return 2;
+        };
+        if args.threads == 0 || args.batch == 0 || args.block_size.contains(&0) {
+            eprintln!("gdr xfer-bench: --threads, --batch and --block-size must be positive");
+            return 2;
+        }
+        let params = BenchParams {
+            threads: args.threads,
+            batch: args.batch,
+            block_sizes: args.block_size.clone(),
+            op: args.op.clone(),
+            duration_s: args.duration,
+            qps: args.qps,
+            slice_size: args.slice_size,
+            layout: args.layout,
+        };
+        xfer_bench::run_initiator(cfg, addr, &params).map(Some)
+    };
+    match result {
+        Ok(None) => 0,
+        Ok(Some(report)) => {
+            if args.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("gdr xfer-bench: {e}");
+                        return 1;
+                    }
+                }
+            } else if args.csv {
+                print!("{}", xfer_bench::csv(&report));
+            } else {
+                print!("{}", xfer_bench::table(&report));
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("gdr xfer-bench: {e}");
+            1
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! The engine of `gdr xfer-bench`: gdr-xfer's transfer bandwidth and latencies between two
+//! agents, with Mooncake's parameters (threads x batch x block size, operation, duration) and
+//! nixlbench's columns (block size, batch size, GB/s, average and p99 of prepare, post and
+//! transfer time).
+//!
+//! The target registers one buffer and waits; the initiator connects, and each of its threads
+//! submits a batch of `batch` blocks (a block table: no descriptor per block), waits for it, and
+//! starts the next, until the duration is over, for each block size in turn. Blocks land at
+//! scattered positions by default (a permutation), as KV-cache blocks do, so nothing merges.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use gdr_xfer::{Agent, AgentConfig, BlockTable, Op, Segment, TransferOptions};
+use serde::{Deserialize, Serialize};
+
+/// Where blocks land.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// Block `i` of a batch goes to a scattered position (nothing merges).
+    Scattered,
+    /// Block `i` goes to the same position on the target (whole batches merge into runs).
+    Contiguous,
+    /// Every block of a batch is the thread's block 0, on both sides: the working set of
+    /// `ib_write_bw`, which writes one message-sized buffer again and again (it stays in the
+    /// CPU caches, which matters where the "NIC" is software, as with Soft-RoCE).
+    Repeat,
+}
+
+/// What the initiator runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchParams {
+    /// Threads, each with one batch in flight.
+    pub threads: usize,
+    /// Blocks per batch.
+    pub batch: usize,
+    /// Block sizes, one row each.
+    pub block_sizes: Vec<u64>,
+    /// Direction.
+    pub op: String,
+    /// Seconds per block size.
+    pub duration_s: f64,
+    /// Queue pairs per peer.
+    pub qps: u8,
+    /// Largest work request.
+    pub slice_size: u64,
+    /// Where blocks land.
+    pub layout: Layout,
+}
+
+/// One block size's results.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchRow {
+    /// Bytes per block.
+    pub block_size: u64,
+    /// Blocks per batch.
+    pub batch_size: usize,
+    /// Batches completed (all threads).
+    pub batches: u64,
+    /// Bandwidth, 10^9 bytes per second.
+    pub gb_s: f64,
+    /// Bandwidth, 10^9 bits per second.
+    pub gbit_s: f64,
+    /// Average time of a batch from submission to completion, microseconds.
+    pub avg_lat_us: f64,
+    /// Checking and merging (prepare), average and p99, microseconds.
+    pub avg_prep_us: f64,
+    /// p99 of prepare.
+    pub p99_prep_us: f64,
+    /// Submission until the last request was posted, average, microseconds.
+    pub avg_post_us: f64,
+    /// p99 of post.
+    pub p99_post_us: f64,
+    /// Submission until completion, average, microseconds.
+    pub avg_tx_us: f64,
+    /// p99 of transfer.
+    pub p99_tx_us: f64,
+    /// Work requests per batch (after merging and slicing).
+    pub slices_per_batch: f64,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// The parameters.
+    pub params: BenchParams,
+    /// The device used.
+    pub device: String,
+    /// One row per block size.
+    pub rows: Vec<BenchRow>,
+}
+
+/// Name of the target's buffer segment.
+pub const TARGET_SEGMENT: &str = "xfer-bench";
+
+/// Runs the target: registers `buffer_size` bytes, listens, and serves until an initiator sends
+/// the notification `done` (or forever with `forever`).
+///
+/// # Errors
+/// The engine's errors.
+pub fn run_target(
+    cfg: AgentConfig,
+    listen: &str,
+    buffer_size: usize,
+    forever: bool,
+) -> gdr_xfer::Result<()> {
+    let agent = Agent::new(cfg)?;
+    let _buf = agent.alloc_host(buffer_size, TARGET_SEGMENT)?;
+    let addr = agent.listen(listen)?;
+    println!(
+        "xfer-bench target: listening on {addr} ({}), buffer {buffer_size} bytes",
+        agent.device()
+    );
+    loop {
+        if let Some(n) = agent.wait_notification(Duration::from_secs(3600))? {
+            if n.data == b"done" && !forever {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn avg(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// The remote block of local block `i` of a thread's range of `n` blocks.
+fn scatter(i: usize, n: usize) -> usize {
+    // A stride coprime with n (an odd prime that does not divide it) permutes 0..n.
+    let stride = [7919usize, 7907, 7901]
+        .into_iter()
+        .find(|s| n % s != 0)
+        .unwrap_or(1);
+    (i * stride + n / 3) % n
+}
+
+struct Sample {
+    /// When the batch completed.
+    done: Instant,
+    prep: f64,
+    post: f64,
+    tx: f64,
+    slices: u64,
+}
+
+/// Runs the initiator against the target at `addr`.
+///
+/// # Errors
+/// The engine's errors; [`gdr_xfer::Error::InvalidArgument`] when the target's buffer is too
+/// small for threads x batch x the largest block.
+pub fn run_initiator(
+    mut cfg: AgentConfig,
+    addr: &str,
+    params: &BenchParams,
+) -> gdr_xfer::Result<BenchReport> {
+    cfg.qps_per_peer = params.qps;
+    cfg.slice_size = params.slice_size;
+    let op = if params.op == "read" { Op::Read } else { Op::Write };
+    let agent = Agent::new(cfg)?;
+    let largest = params.block_sizes.iter().copied().max().unwrap_or(0);
+    let need = largest as usize * params.batch * params.threads;
+    let local = agent.alloc_host(need.max(1), "xfer-bench-local")?;
+    let peer = agent.connect(addr)?;
+    let remote = peer.wait_segment_named(TARGET_SEGMENT, Duration::from_secs(10))?;
+    if (remote.len as usize) < need {
+        return Err(gdr_xfer::Error::invalid(
+            format!(
+                "the target's buffer has {} bytes; {} threads x {} blocks x {largest} bytes need {need}",
+                remote.len, params.threads, params.batch
+            ),
+            "start the target with a larger --buffer-size",
+        ));
+    }
+    let mut rows = Vec::new();
+    for &bs in &params.block_sizes {
+        rows.push(run_size(&peer, &local, remote.id, op, bs, params)?);
+    }
+    // Tell the target we are done (it exits unless it serves forever).
+    let _ = peer
+        .write(
+            &[gdr_xfer::Desc::new(&local, 0, remote.id, 0, 1)],
+            &TransferOptions::new().notify("done"),
+        )
+        .and_then(|t| t.wait(Duration::from_secs(10)));
+    Ok(BenchReport {
+        params: params.clone(),
+        device: agent.device().to_string(),
+        rows,
+    })
+}
+
+fn run_size(
+    peer: &gdr_xfer::Peer,
+    local: &Segment,
+    remote: u32,
+    op: Op,
+    bs: u64,
+    params: &BenchParams,
+) -> gdr_xfer::Result<BenchRow> {
+    let threads = params.threads.max(1);
+    let batch = params.batch.max(1);
+    let duration = Duration::from_secs_f64(params.duration_s.max(0.01));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start_line = Arc::new(Barrier::new(threads + 1));
+    let mut handles = Vec::new();
+    for t in 0..threads {
+        let peer = peer.clone();
+        let local = local.clone();
+        let stop = stop.clone();
+        let start_line = start_line.clone();
+        let layout = params.layout;
+        handles.push(std::thread::spawn(move || -> gdr_xfer::Result<Vec<Sample>> {
+            let first = (t * batch) as u32;
+            let lb: Vec<u32> = (0..batch as u32)
+                .map(|i| first + if layout == Layout::Repeat { 0 } else { i })
+                .collect();
+            let rb: Vec<u32> = (0..batch)
+                .map(|i| {
+                    first
+                        + match layout {
+                            Layout::Scattered => scatter(i, batch) as u32,
+                            Layout::Contiguous => i as u32,
+                            Layout::Repeat => 0,
+                        }
+                })
+                .collect();
+            let table = BlockTable {
+                local: &local,
+                local_base: 0,
+                remote,
+                remote_base: 0,
+                block_len: bs,
+                local_blocks: &lb,
+                remote_blocks: &rb,
+            };
+            let opts = TransferOptions::new().timeout(Duration::from_secs(60));
+            // Warm-up batch, outside the measurement. Every thread reaches the start line, a
+            // failed one too (the others would wait for it forever).
+            let warm = peer
+                .transfer_blocks(op, &table, &opts)
+                .and_then(|t| t.wait(Duration::from_secs(60)));
+            start_line.wait();
+            warm?;
+            let mut samples = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let s = peer.transfer_blocks(op, &table, &opts)?.wait(Duration::from_secs(60))?;
+                samples.push(Sample {
+                    done: Instant::now(),
+                    prep: s.plan_time.as_secs_f64() * 1e6,
+                    post: s.time_to_post.as_secs_f64() * 1e6,
+                    tx: s.time_to_complete.as_secs_f64() * 1e6,
+                    slices: s.slices,
+                });
+            }
+            Ok(samples)
+        }));
+    }
+    start_line.wait();
+    let began = Instant::now();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    let mut first_err = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(s)) => all.extend(s),
+            Ok(Err(e)) => first_err = first_err.or(Some(e)),
+            Err(_) => {
+                first_err = first_err.or(Some(gdr_xfer::Error::invalid(
+                    "a benchmark thread panicked",
+                    "report this as a bug",
+                )))
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    // Bytes of every batch submitted after the start line, over the time until the last one
+    // finished (batches in flight at the stop count, and so does the time they took).
+    let elapsed = all
+        .iter()
+        .map(|s| s.done.duration_since(began))
+        .max()
+        .unwrap_or_default()
+        .as_secs_f64()
+        .max(1e-9);
+    let bytes = all.len() as f64 * batch as f64 * bs as f64;
+    let mut prep: Vec<f64> = all.iter().map(|s| s.prep).collect();
+    let mut post: Vec<f64> = all.iter().map(|s| s.post).collect();
+    let mut tx: Vec<f64> = all.iter().map(|s| s.tx).collect();
+    for v in [&mut prep, &mut post, &mut tx] {
+        v.sort_by(f64::total_cmp);
+    }
+    let gb_s = bytes / elapsed / 1e9;
+    Ok(BenchRow {
+        block_size: bs,
+        batch_size: batch,
+        batches: all.len() as u64,
+        gb_s,
+        gbit_s: gb_s * 8.0,
+        avg_lat_us: avg(&tx),
+        avg_prep_us: avg(&prep),
+        p99_prep_us: percentile(&prep, 0.99),
+        avg_post_us: avg(&post),
+        p99_post_us: percentile(&post, 0.99),
+        avg_tx_us: avg(&tx),
+        p99_tx_us: percentile(&tx, 0.99),
+        slices_per_batch: if all.is_empty() {
+            0.0
+        } else {
+            all.iter().map(|s| s.slices as f64).sum::<f64>() / all.len() as f64
+        },
+    })
+}
+
+/// The table, nixlbench's columns.
+pub fn table(r: &BenchReport) -> String {
+    let mut s = format!(
+        "gdr xfer-bench: {} threads, {:?} {} layout, {} QPs, slice {} B, device {}\n",
+        r.params.threads, r.params.op, format!("{:?}", r.params.layout).to_lowercase(), r.params.qps, r.params.slice_size, r.device
+    );
+    s.push_str(&format!(
+        "{:>14} {:>10} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n",
+        "Block Size (B)", "Batch Size", "B/W (GB/s)", "Avg Lat (us)", "Avg Prep", "P99 Prep", "Avg Post", "P99 Post", "Avg Tx", "P99 Tx"
+    ));
+    for row in &r.rows {
+        s.push_str(&format!(
+            "{:>14} {:>10} {:>10.4} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>12.1} {:>12.1}\n",
+            row.block_size,
+            row.batch_size,
+            row.gb_s,
+            row.avg_lat_us,
+            row.avg_prep_us,
+            row.p99_prep_us,
+            row.avg_post_us,
+            row.p99_post_us,
+            row.avg_tx_us,
+            row.p99_tx_us
+        ));
+    }
+    s
+}
+
+/// CSV with a header line.
+pub fn csv(r: &BenchReport) -> String {
+    let mut s = String::from("block_size,batch_size,batches,gb_s,gbit_s,avg_lat_us,avg_prep_us,p99_prep_us,avg_post_us,p99_post_us,avg_tx_us,p99_tx_us,slices_per_batch\n");
+    for x in &r.rows {
+        s.push_str(&format!(
+            "{},{},{},{:.6},{:.6},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.1}\n",
+            x.block_size, x.batch_size, x.batches, x.gb_s, x.gbit_s, x.avg_lat_us, x.avg_prep_us, x.p99_prep_us, x.avg_post_us, x.p99_post_us, x.avg_tx_us, x.p99_tx_us, x.slices_per_batch
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scatter_is_a_permutation() {
+        for n in [1usize, 2, 3, 128, 7919, 7919 * 7907, 10_000] {
+            if n > 100_000 {
+                continue;
+            }
+            let mut seen = vec![false; n];
+            for i in 0..n {
+                let j = scatter(i, n);
+                assert!(!seen[j], "n={n}: {j} twice");
+                seen[j] = true;
+            }
+        }
+    }
+
+    #[test]
+    fn percentiles_of_sorted_samples() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&[], 0.99), 0.0);
+        assert_eq!(avg(&[1.0, 3.0]), 2.0);
+    }
+}

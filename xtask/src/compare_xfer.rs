@@ -1,0 +1,248 @@
+//! `cargo xtask compare-xfer`: gdr-xfer's batched block writes (`gdr xfer-bench`) against
+//! perftest's `ib_write_bw` with the same message size and QP count, alternately, several
+//! rounds, in one VM boot (or on this host's RDMA device with `--local`), then the medians and
+//! the paired ratio xfer/perftest. The guest side is `compare-xfer.sh`. Ratios are reported,
+//! never asserted.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::perftest::median;
+use crate::vm::{self, shell_quote, VmOpts};
+use crate::{cargo, say, setup, Result};
+
+/// Options of `cargo xtask compare-xfer`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CompareXferOpts {
+    #[command(flatten)]
+    pub vm: VmOpts,
+    /// Rounds (each runs both tools once, alternating who goes first).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u32,
+    /// Block size (gdr-xfer) and message size (perftest), bytes.
+    #[arg(long, default_value_t = 65536)]
+    pub size: u64,
+    /// Blocks per gdr-xfer batch.
+    #[arg(long, default_value_t = 128)]
+    pub batch: u32,
+    /// Queue pairs, both tools.
+    #[arg(long, default_value_t = 2)]
+    pub qps: u32,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u32,
+    /// gdr-xfer initiator threads (each keeps one batch in flight).
+    #[arg(long, default_value_t = 1)]
+    pub threads: u32,
+    /// Run on this host's RDMA device instead of booting the Soft-RoCE VM (real hardware).
+    #[arg(long, requires_all = ["device", "addr"])]
+    pub local: bool,
+    /// RDMA device for --local (e.g. mlx5_0).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// GID index for --local.
+    #[arg(long, default_value_t = 3)]
+    pub gid_index: u32,
+    /// This host's address on the device, for --local.
+    #[arg(long)]
+    pub addr: Option<String>,
+}
+
+const SCRIPT: &str = "xtask/src/compare-xfer.sh";
+
+pub fn compare(opts: &CompareXferOpts) -> Result<i32> {
+    let meta = cargo::metadata()?;
+    say!("building: cargo build --release --bin gdr");
+    setup::run(cargo::cargo().args(["build", "--release", "--bin", "gdr"]))?;
+    std::env::set_current_dir(&meta.root).map_err(|e| e.to_string())?;
+    let gdr = meta.target_dir.join("release/gdr");
+    let args = [
+        opts.rounds.to_string(),
+        opts.size.to_string(),
+        opts.batch.to_string(),
+        opts.qps.to_string(),
+        opts.seconds.to_string(),
+        opts.threads.to_string(),
+    ];
+    let output = if opts.local {
+        let out = Command::new("sh")
+            .arg(Path::new(SCRIPT))
+            .args([
+                opts.device.as_deref().unwrap_or_default(),
+                &opts.gid_index.to_string(),
+                opts.addr.as_deref().unwrap_or_default(),
+                gdr.to_string_lossy().as_ref(),
+            ])
+            .args(&args)
+            .output()
+            .map_err(|e| format!("running {SCRIPT}: {e}"))?;
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    } else {
+        setup::ensure_packages()?;
+        let script = format!(
+            "sh {SCRIPT} \"$GDR_TEST_DEVICE\" \"$GDR_TEST_GID_INDEX\" - {} {}\n",
+            shell_quote(&gdr.to_string_lossy()),
+            args.join(" ")
+        );
+        let outcome = vm::boot(&opts.vm, &script)?;
+        if outcome.code != 0 {
+            return Err(format!("the comparison script exited with {} in the VM", outcome.code));
+        }
+        outcome.output
+    };
+    let runs = parse(&output);
+    let (table, failures) = summarize(&runs, opts);
+    println!("{table}");
+    for f in &failures {
+        eprintln!("xtask: compare-xfer: {f}");
+    }
+    Ok(i32::from(!failures.is_empty()))
+}
+
+/// One run: tool, round, Gb/s (None: no result line), exit codes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct XRun {
+    pub tool: String,
+    pub round: u32,
+    pub gbps: Option<f64>,
+    pub rc: (i32, i32),
+}
+
+/// Reads the script's output: `### TOOL size=S round=R`, the client's output, `### end rc=A server_rc=B`.
+pub fn parse(text: &str) -> Vec<XRun> {
+    let mut runs = Vec::new();
+    let mut cur: Option<XRun> = None;
+    let mut size = String::new();
+    for line in text.lines() {
+        let l = line.trim();
+        if let Some(head) = l.strip_prefix("### ") {
+            if let Some(rest) = head.strip_prefix("end ") {
+                if let Some(mut r) = cur.take() {
+                    let num = |k: &str| {
+                        rest.split_whitespace()
+                            .find_map(|w| w.strip_prefix(k))
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(-1)
+                    };
+                    r.rc = (num("rc="), num("server_rc="));
+                    runs.push(r);
+                }
+                continue;
+            }
+            let mut w = head.split_whitespace();
+            let tool = w.next().unwrap_or_default().to_string();
+            let mut round = 0;
+            for kv in w {
+                if let Some(v) = kv.strip_prefix("round=") {
+                    round = v.parse().unwrap_or(0);
+                }
+                if let Some(v) = kv.strip_prefix("size=") {
+                    size = v.to_string();
+                }
+            }
+            if tool != "done" {
+                cur = Some(XRun { tool, round, gbps: None, rc: (-1, -1) });
+            }
+            continue;
+        }
+        let Some(r) = cur.as_mut() else { continue };
+        let cols: Vec<&str> = if r.tool == "xfer" {
+            l.split(',').collect()
+        } else {
+            l.split_whitespace().collect()
+        };
+        if cols.first() != Some(&size.as_str()) {
+            continue;
+        }
+        r.gbps = match r.tool.as_str() {
+            // block_size,batch_size,batches,gb_s,gbit_s,...
+            "xfer" => cols.get(4).and_then(|v| v.parse().ok()),
+            // #bytes #iterations BW peak BW average MsgRate
+            _ => cols.get(3).and_then(|v| v.parse().ok()),
+        };
+    }
+    runs
+}
+
+/// The table and the failed runs.
+pub fn summarize(runs: &[XRun], opts: &CompareXferOpts) -> (String, Vec<String>) {
+    let mut failures = Vec::new();
+    let mut rounds: std::collections::BTreeMap<u32, (Option<f64>, Option<f64>)> = Default::default();
+    for r in runs {
+        match r.gbps.filter(|_| r.rc == (0, 0)) {
+            Some(v) => {
+                let e = rounds.entry(r.round).or_default();
+                if r.tool == "xfer" {
+                    e.0 = Some(v);
+                } else {
+                    e.1 = Some(v);
+                }
+            }
+            None => failures.push(format!(
+                "{} round {}: client rc {}, server rc {}{}",
+                r.tool,
+                r.round,
+                r.rc.0,
+                r.rc.1,
+                if r.gbps.is_none() { ", no result line" } else { "" }
+            )),
+        }
+    }
+    let xs: Vec<f64> = rounds.values().filter_map(|p| p.0).collect();
+    let ps: Vec<f64> = rounds.values().filter_map(|p| p.1).collect();
+    let paired: Vec<f64> = rounds
+        .values()
+        .filter_map(|&(x, p)| Some(x? / p?))
+        .collect();
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    let mut s = format!(
+        "gdr-xfer batches of {} x {} B ({} threads) vs ib_write_bw -s {} -q {}, {} s each, {} rounds\n",
+        opts.batch, opts.size, opts.threads, opts.size, opts.qps, opts.seconds, opts.rounds
+    );
+    s.push_str("round   xfer Gb/s   perftest Gb/s   ratio\n");
+    for (r, (x, p)) in &rounds {
+        let ratio = x.zip(*p).map(|(x, p)| x / p);
+        s.push_str(&format!("{r:>5}   {:>9}   {:>13}   {:>5}\n", f(*x), f(*p), f(ratio)));
+    }
+    s.push_str(&format!(
+        "median  {:>9}   {:>13}   paired {}\n",
+        f(median(&xs)),
+        f(median(&ps)),
+        f(median(&paired))
+    ));
+    (s, failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_both_tools() {
+        let out = "### xfer size=65536 round=1\nblock_size,batch_size,batches,gb_s,gbit_s\n65536,128,17,0.046,0.369,1\n### end rc=0 server_rc=0\n\
+                   ### perftest size=65536 round=1\n #bytes  #iterations  BW peak[Gb/sec]  BW average[Gb/sec]  MsgRate[Mpps]\n 65536  2608  0.00  0.46  0.000869\n### end rc=0 server_rc=0\n### done\n";
+        let runs = parse(out);
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].gbps, Some(0.369));
+        assert_eq!(runs[1].gbps, Some(0.46));
+        let opts = CompareXferOpts {
+            vm: VmOpts {
+                timeout: 1,
+                memlock: "unlimited".into(),
+            },
+            rounds: 1,
+            size: 65536,
+            batch: 128,
+            qps: 2,
+            seconds: 5,
+            threads: 1,
+            local: false,
+            device: None,
+            gid_index: 3,
+            addr: None,
+        };
+        let (t, f) = summarize(&runs, &opts);
+        assert!(f.is_empty());
+        assert!(t.contains("paired 0.802"), "{t}");
+    }
+}
