@@ -35,8 +35,12 @@ pub const LOG_REPORT_FORMAT: u32 = 1;
 
 /// At most this many processes are kept (later ones are counted, not kept).
 const MAX_PROCESSES: usize = 4096;
-/// At most this many entries per list of one process (devices, channels, notes).
-const MAX_ITEMS: usize = 4096;
+/// At most this many entries per small list of one process (devices, interfaces, GPUDirect
+/// lines, variables, ranks); NCCL supports at most 32 HCAs.
+const MAX_ITEMS: usize = 256;
+/// At most this many network connections per process (deduplicated through a set, so a log of
+/// repeated lines costs a lookup per line).
+const MAX_CHANNELS: usize = 4096;
 /// Lines longer than this are not parsed (NCCL's own lines are below 4 KiB).
 const MAX_LINE: usize = 16 * 1024;
 
@@ -381,6 +385,8 @@ pub fn parse(text: &str, source: &str) -> crate::Result<NcclLog> {
         unattributed_versions: Vec::new(),
     };
     let mut index: BTreeMap<(String, String, Option<u32>), usize> = BTreeMap::new();
+    // Per process, the connections already kept.
+    let mut seen: Vec<BTreeSet<ChannelKey>> = Vec::new();
     let mut left_out: BTreeSet<(String, String, Option<u32>)> = BTreeSet::new();
     for line in text.lines() {
         log.lines += 1;
@@ -399,17 +405,23 @@ pub fn parse(text: &str, source: &str) -> crate::Result<NcclLog> {
             continue;
         };
         log.nccl_lines += 1;
-        let key = prefix(&line[..at]);
+        let (host, pid, dev) = prefix(&line[..at]);
+        let key: (String, String, Option<u32>) = (
+            host.chars().take(256).collect(),
+            pid.chars().take(32).collect(),
+            dev,
+        );
         let msg = line[at + m.len()..].trim();
         let i = match index.get(&key) {
             Some(i) => *i,
             None if log.processes.len() < MAX_PROCESSES => {
                 log.processes.push(LogProcess {
-                    host: key.0.chars().take(256).collect(),
-                    pid: key.1.chars().take(32).collect(),
+                    host: key.0.clone(),
+                    pid: key.1.clone(),
                     cuda_dev: key.2,
                     ..LogProcess::default()
                 });
+                seen.push(BTreeSet::new());
                 index.insert(key, log.processes.len() - 1);
                 log.processes.len() - 1
             }
@@ -427,7 +439,7 @@ pub fn parse(text: &str, source: &str) -> crate::Result<NcclLog> {
             }
             continue;
         }
-        read_info(p, msg);
+        read_info(p, &mut seen[i], msg);
     }
     log.processes_left_out = left_out.len();
     if log.nccl_lines == 0 {
@@ -442,7 +454,10 @@ pub fn parse(text: &str, source: &str) -> crate::Result<NcclLog> {
     Ok(log)
 }
 
-fn read_info(p: &mut LogProcess, msg: &str) {
+/// What makes two connection lines the same connection.
+type ChannelKey = (u32, Option<u32>, u32, u32, Direction);
+
+fn read_info(p: &mut LogProcess, seen: &mut BTreeSet<ChannelKey>, msg: &str) {
     if let Some(v) = version_after(msg).filter(|_| msg.starts_with("NCCL version")) {
         p.version = Some(v);
     } else if let Some(rest) = msg.strip_prefix("Using network ") {
@@ -454,15 +469,15 @@ fn read_info(p: &mut LogProcess, msg: &str) {
     {
         match ch {
             Ok(Some(c)) => {
-                p.ranks.insert(match c.direction {
-                    Direction::Send => c.from,
-                    Direction::Receive => c.to,
-                });
-                let dup = p.channels.iter().any(|x| {
-                    (x.channel, x.conn, x.from, x.to, x.direction)
-                        == (c.channel, c.conn, c.from, c.to, c.direction)
-                });
-                if !dup && p.channels.len() < MAX_ITEMS {
+                if p.ranks.len() < MAX_ITEMS {
+                    p.ranks.insert(match c.direction {
+                        Direction::Send => c.from,
+                        Direction::Receive => c.to,
+                    });
+                }
+                if p.channels.len() < MAX_CHANNELS
+                    && seen.insert((c.channel, c.conn, c.from, c.to, c.direction))
+                {
                     p.channels.push(c);
                 }
             }
@@ -470,9 +485,7 @@ fn read_info(p: &mut LogProcess, msg: &str) {
             Err(()) => {}
         }
     } else if let Some(d) = distance(msg) {
-        if p.distance.len() < MAX_ITEMS && !p.distance.contains(&d) {
-            p.distance.push(d);
-        }
+        push_capped(&mut p.distance, d);
     } else if msg.starts_with("NET/") && msg.contains("GPU Direct RDMA ") {
         // `NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)`.
         let enabled = msg.contains("GPU Direct RDMA Enabled");
@@ -544,16 +557,13 @@ fn read_info(p: &mut LogProcess, msg: &str) {
         for w in toks.windows(2) {
             match w[0] {
                 "rank" => {
-                    if let Some(r) = num(w[1]) {
+                    if let Some(r) = num(w[1]).filter(|_| p.ranks.len() < MAX_ITEMS) {
                         p.ranks.insert(r);
                     }
                 }
                 "nranks" => p.nranks = num(w[1]).or(p.nranks),
                 _ => {}
             }
-        }
-        if p.ranks.len() > MAX_ITEMS {
-            p.ranks.pop_last();
         }
     }
 }
@@ -1225,10 +1235,25 @@ mod tests {
     #[test]
     fn hostile_lines_do_not_panic_and_stay_bounded() {
         let mut text = String::new();
-        for i in 0..5000 {
+        // One process with more distinct connections and devices than kept.
+        for i in 0..(MAX_CHANNELS + 10) {
             text.push_str(&format!(
-                "h{i}:{i}:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0\n"
+                "one:1:1 [0] NCCL INFO Channel {i}/0 : 0[0] -> 1[0] [send] via NET/IB/0\n"
             ));
+        }
+        let devs: String = (0..MAX_ITEMS + 10)
+            .map(|i| format!(" [{i}]d{i}:1/IB"))
+            .collect();
+        text.push_str(&format!(
+            "one:1:1 [0] NCCL INFO NET/IB : Using{devs} ; OOB x\n"
+        ));
+        // More processes than kept, each repeating one connection.
+        for i in 0..5000 {
+            for _ in 0..2 {
+                text.push_str(&format!(
+                    "h{i}:{i}:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0\n"
+                ));
+            }
         }
         text.push_str("é:é:é [é] NCCL INFO NET/IB : Using [é]é:é/é [0]ü:9999999999/RoCE ; OOB é\n");
         text.push_str(
@@ -1239,6 +1264,11 @@ mod tests {
         let log = parse(&text, "hostile").unwrap();
         assert_eq!(log.processes.len(), MAX_PROCESSES);
         assert!(log.processes_left_out > 0);
+        let one = &log.processes[0];
+        assert_eq!(one.host, "one");
+        assert_eq!(one.channels.len(), MAX_CHANNELS);
+        assert_eq!(one.ib_devices.len(), MAX_ITEMS);
+        assert!(log.processes[1..].iter().all(|p| p.channels.len() == 1));
         let r = analyze(&log, None);
         assert!(!r.gdrdma_verified);
         let _ = r.to_table();
