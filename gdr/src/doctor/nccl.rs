@@ -1162,7 +1162,8 @@ fn p2p(level: Option<&str>, disable: Option<&str>, pairs: &[PairReport]) -> Vec<
 
 fn debug(v: &str, subsys: Option<&str>) -> Finding {
     let ev = format!("NCCL_DEBUG={v}");
-    let level = v.trim().to_ascii_uppercase();
+    // debug.cc compares with strcasecmp, untrimmed.
+    let level = v.to_ascii_uppercase();
     let mut f = match level.as_str() {
         "INFO" | "TRACE" => Finding::new(
             "nccl.debug",
@@ -1170,7 +1171,7 @@ fn debug(v: &str, subsys: Option<&str>) -> Finding {
             "host",
             format!("NCCL_DEBUG={v}: NCCL logs its network choice, devices and each channel's transport (`via NET/IB/<n>/GDRDMA` when GPUDirect RDMA is used, `via NET/IB/<n>` when not); read the log with `gdr doctor nccl-log FILE`"),
         ),
-        "WARN" | "VERSION" | "ABORT" | "NONE" => Finding::new(
+        "WARN" | "VERSION" | "ABORT" => Finding::new(
             "nccl.debug",
             Severity::Ok,
             "host",
@@ -1181,7 +1182,7 @@ fn debug(v: &str, subsys: Option<&str>) -> Finding {
             "nccl.debug",
             Severity::Warn,
             "host",
-            format!("NCCL_DEBUG={v} is not a level NCCL knows (VERSION, WARN, INFO, ABORT, TRACE)"),
+            format!("NCCL_DEBUG={v:?} is not a level NCCL knows (VERSION, WARN, INFO, ABORT, TRACE; any case): NCCL logs nothing"),
         )
         .fix("NCCL_DEBUG=INFO"),
     };
