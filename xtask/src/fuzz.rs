@@ -5,7 +5,7 @@
 //! The targets build with the nightly toolchain, cargo-fuzz (`cargo xtask setup` installs it) and
 //! AddressSanitizer, with debug assertions and overflow checks on. Each target's corpus is
 //! `fuzz/corpus/<target>/` (kept between runs, not committed), seeded from `fuzz/seeds/<target>/`
-//! and from the test fixtures (`gdr/tests/fixtures/doctor/`). A crash leaves its input in
+//! and from the test fixtures (`gdr/tests/fixtures/doctor/`, `gdr/tests/fixtures/nccl-logs/`). A crash leaves its input in
 //! `fuzz/artifacts/<target>/`; the libFuzzer log of each run is `fuzz/target/logs/<target>.log`
 //! (`<target>.smoke.log` for the smoke run).
 
@@ -23,6 +23,7 @@ pub const TARGETS: &[&str] = &[
     "doctor_snapshot",
     "topology",
     "selection",
+    "nccl_log",
 ];
 
 /// Seconds each target runs in the smoke run of `cargo xtask test`.
@@ -182,6 +183,19 @@ fn corpus(target: &str) -> Result<Vec<PathBuf>> {
                 all.extend_from_slice(&rec);
             }
             seed(&main, "fixture-all", &all)?;
+        }
+        // The real NCCL logs of the nccl-log golden tests, one seed each.
+        "nccl_log" => {
+            let logs = cargo::workspace_root().join("gdr/tests/fixtures/nccl-logs");
+            let entries =
+                std::fs::read_dir(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(stem) = name.strip_suffix(".log") {
+                    let bytes = std::fs::read(e.path()).map_err(|e| e.to_string())?;
+                    seed(&main, &format!("fixture-{stem}"), &bytes)?;
+                }
+            }
         }
         _ => {}
     }

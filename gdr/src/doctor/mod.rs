@@ -17,6 +17,7 @@
 
 mod host;
 mod nccl;
+pub mod nccl_log;
 mod nic;
 mod pair;
 pub mod path;
@@ -26,6 +27,7 @@ use crate::topology::Snapshot;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub use nccl::{nccl_env_from_process, NCCL_VARS};
 pub use path::PathClass;
 
 /// The version of the report's JSON shape.
@@ -272,7 +274,6 @@ pub fn diagnose(snap: &Snapshot) -> Report {
     let mut findings = host::check(snap, &host);
     let (nics, nic_facts, nic_findings) = nic::check(snap, &host);
     findings.extend(nic_findings);
-    findings.extend(nccl::check_env(snap));
     let mut pairs = Vec::new();
     for gpu in &host.gpus {
         for nic in &nic_facts {
@@ -280,6 +281,7 @@ pub fn diagnose(snap: &Snapshot) -> Report {
         }
     }
     pair::mark_best(&mut pairs);
+    findings.extend(nccl::check_env(snap, &host, &pairs));
     let gpus = host
         .gpus
         .iter()

@@ -2,6 +2,7 @@
 //! NCCL_NET_GDR_LEVEL, and the verdict.
 
 use super::host::{dmabuf_readiness, GpuFacts, HostFacts, Tri};
+use super::nccl::{read_level, Level, LevelRead};
 use super::nic::NicFacts;
 use super::path::{PathClass, PciPath};
 use super::{Finding, PairReport, Severity, Verdict, VerdictKind};
@@ -419,40 +420,47 @@ fn gdr_level_finding(
     slow: &mut Vec<String>,
 ) -> Option<Finding> {
     let v = snap.env.get("NCCL_NET_GDR_LEVEL")?;
-    Some(match PathClass::parse_nccl_level(v) {
-        Ok(level) => {
-            let level_txt = level.map_or("LOC", PathClass::name);
-            if level.is_none_or(|l| l < class) {
-                slow.push(format!("NCCL_NET_GDR_LEVEL={v} keeps NCCL off GPUDirect on this {class} path"));
-                Finding::new(
-                    "nccl.gdr_level",
-                    Severity::Warn,
-                    subject,
-                    format!("NCCL_NET_GDR_LEVEL={level_txt} is stricter than this pair's {class} path: NCCL will stage through host memory"),
-                )
-                .evidence(format!("NCCL_NET_GDR_LEVEL={v}"))
-                .fix(format!("export NCCL_NET_GDR_LEVEL={class} if GPUDirect on a {class} path measures faster than staging (`gdr bw --use-cuda`), or unset it"))
-            } else if class >= PathClass::Sys {
-                Finding::new(
-                    "nccl.gdr_level",
-                    Severity::Warn,
-                    subject,
-                    format!("NCCL_NET_GDR_LEVEL={level_txt} lets NCCL use GPUDirect across NUMA nodes, usually slower than staging"),
-                )
-                .evidence(format!("NCCL_NET_GDR_LEVEL={v}"))
-                .fix("unset NCCL_NET_GDR_LEVEL (default PXB) unless a measurement shows SYS-path GPUDirect is faster")
-            } else {
-                Finding::new("nccl.gdr_level", Severity::Ok, subject, format!("NCCL_NET_GDR_LEVEL={level_txt} allows GPUDirect on this {class} path"))
-                    .evidence(format!("NCCL_NET_GDR_LEVEL={v}"))
-            }
-        }
-        Err(raw) => Finding::new(
+    // As NCCL's ncclGetLevel reads it: exact names, legacy integers, anything else ignored
+    // (then NCCL's default PXB applies).
+    let (level, ignored) = match read_level(v) {
+        LevelRead::Name(l) | LevelRead::Legacy(_, l) => (l, false),
+        LevelRead::Ignored => (Level::UpTo(PathClass::Pxb, "PXB"), true),
+    };
+    let level_txt = level.name();
+    let shown = if ignored {
+        format!("{v} (ignored by NCCL: default PXB)")
+    } else {
+        level_txt.to_string()
+    };
+    Some(if !level.allows(class) {
+        slow.push(format!(
+            "NCCL_NET_GDR_LEVEL={v} keeps NCCL off GPUDirect on this {class} path"
+        ));
+        Finding::new(
             "nccl.gdr_level",
             Severity::Warn,
             subject,
-            format!("NCCL_NET_GDR_LEVEL={raw} is not a level name; numeric levels mean different things across NCCL versions"),
+            format!("NCCL_NET_GDR_LEVEL={shown} is stricter than this pair's {class} path: NCCL will stage through host memory"),
         )
-        .fix("use a name: LOC, PIX, PXB, PHB or SYS"),
+        .evidence(format!("NCCL_NET_GDR_LEVEL={v}"))
+        .fix(format!("export NCCL_NET_GDR_LEVEL={class} if GPUDirect on a {class} path measures faster than staging (`gdr bw --use-cuda`), or unset it"))
+    } else if class >= PathClass::Sys {
+        Finding::new(
+            "nccl.gdr_level",
+            Severity::Warn,
+            subject,
+            format!("NCCL_NET_GDR_LEVEL={shown} lets NCCL use GPUDirect across NUMA nodes, usually slower than staging"),
+        )
+        .evidence(format!("NCCL_NET_GDR_LEVEL={v}"))
+        .fix("unset NCCL_NET_GDR_LEVEL (default PXB) unless a measurement shows SYS-path GPUDirect is faster")
+    } else {
+        Finding::new(
+            "nccl.gdr_level",
+            Severity::Ok,
+            subject,
+            format!("NCCL_NET_GDR_LEVEL={shown} allows GPUDirect on this {class} path"),
+        )
+        .evidence(format!("NCCL_NET_GDR_LEVEL={v}"))
     })
 }
 
