@@ -1,0 +1,4 @@
+//! Helpers shared by gdr-xfer's integration tests (each test binary uses what it needs).
+#![allow(dead_code)]
+
+pub mod etcd;
