@@ -29,6 +29,13 @@ fn connect(etcd: &EtcdServer, prefix: &str) -> EtcdDirectory {
         .unwrap_or_else(|e| panic!("connect: {e}\netcd log:\n{}", etcd.log()))
 }
 
+/// A directory whose lease (60 s) cannot expire during a test.
+fn long_lived(etcd: &EtcdServer) -> EtcdDirectory {
+    let mut c = config(etcd, "/t/");
+    c.ttl = Duration::from_secs(60);
+    EtcdDirectory::connect_with(c).unwrap()
+}
+
 fn next(w: &Watch, within: Duration) -> WatchEvent {
     w.recv_timeout(within)
         .unwrap_or_else(|| panic!("no watch event within {within:?}"))
@@ -177,7 +184,8 @@ fn list_then_watch_loses_nothing_put_in_between() {
 fn revoke_makes_watchers_see_a_delete_for_every_key() {
     let etcd = EtcdServer::start();
     let watcher = connect(&etcd, "/t/");
-    let leaving = connect(&etcd, "/t/");
+    // A long TTL: Deletes within a few seconds can only come from the revoke.
+    let leaving = long_lived(&etcd);
     for k in ["l/metadata", "l/seg/0", "l/seg/1"] {
         leaving.put(k, b"x").unwrap();
     }
@@ -203,11 +211,11 @@ fn revoke_makes_watchers_see_a_delete_for_every_key() {
 fn dropping_a_directory_revokes_its_lease() {
     let etcd = EtcdServer::start();
     let watcher = connect(&etcd, "/t/");
-    let d = connect(&etcd, "/t/");
+    let d = long_lived(&etcd);
     d.put("d/metadata", b"x").unwrap();
     let w = watcher.watch("d/", None).unwrap();
     drop(d);
-    assert_eq!(delete_of(&next(&w, TTL / 2)), "d/metadata");
+    assert_eq!(delete_of(&next(&w, MARGIN)), "d/metadata");
 }
 
 const CHILD_ENV: &str = "GDR_XFER_ETCD_TEST_CHILD_ENDPOINT";
@@ -324,19 +332,6 @@ fn etcd_killed_ends_the_watch_with_lost_and_calls_fail_in_time() {
     );
 }
 
-/// Sends `sig` to etcd.
-fn signal(etcd: &EtcdServer, sig: libc::c_int) {
-    let pid = etcd.pid().expect("etcd runs") as libc::pid_t;
-    // SAFETY: kill(2) takes plain integers; the pid is our own child's, not yet reaped.
-    let rc = unsafe { libc::kill(pid, sig) };
-    assert_eq!(
-        rc,
-        0,
-        "kill({pid}, {sig}): {}",
-        std::io::Error::last_os_error()
-    );
-}
-
 #[test]
 fn frozen_etcd_ends_the_watch_with_lost_and_calls_time_out() {
     let etcd = EtcdServer::start();
@@ -346,7 +341,7 @@ fn frozen_etcd_ends_the_watch_with_lost_and_calls_time_out() {
     let d = EtcdDirectory::connect_with(c).unwrap();
     let w = d.watch("", None).unwrap();
     // SIGSTOP: the connection stays open, nothing answers (a hung or partitioned etcd).
-    signal(&etcd, libc::SIGSTOP);
+    etcd.freeze();
     let t = Instant::now();
     let err = d.get("anything").unwrap_err();
     let took = t.elapsed();
@@ -373,7 +368,7 @@ fn frozen_etcd_ends_the_watch_with_lost_and_calls_time_out() {
         }
         other => panic!("expected Lost within {bound:?}, got {other:?}"),
     }
-    signal(&etcd, libc::SIGCONT);
+    etcd.thaw();
 }
 
 #[test]
@@ -516,4 +511,97 @@ fn no_etcd_fails_within_the_timeout_with_a_hint() {
         EtcdDirectory::connect(&[endpoint], "/t/", Duration::ZERO, Duration::from_secs(1)),
         Err(Error::InvalidArgument { .. })
     ));
+}
+
+#[test]
+fn a_lease_revoked_behind_our_back_ends_watches_and_puts() {
+    let etcd = EtcdServer::start();
+    let d = connect(&etcd, "/t/");
+    d.put("me/metadata", b"x").unwrap();
+    let w = d.watch("", None).unwrap();
+    // An operator (or a hostile client) revokes the directory's lease: `etcdctl lease revoke`.
+    let (endpoint, id) = (etcd.endpoint(), d.lease_id());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let mut raw = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap();
+        raw.lease_revoke(id).await.unwrap();
+    });
+    assert_eq!(delete_of(&next(&w, Duration::from_secs(5))), "me/metadata");
+    // The next keepalive (within TTL / 3) learns it, and every watch of the directory ends.
+    match w.recv_timeout(TTL + MARGIN) {
+        Some(WatchEvent::Lost { reason }) => assert!(reason.contains("lease"), "{reason}"),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert!(d.lease_lost().is_some());
+    let err = d.put("me/metadata", b"again").unwrap_err();
+    assert!(
+        matches!(&err, Error::Directory { op: "put", detail, .. } if detail.contains("lease is lost")),
+        "{err}"
+    );
+    // A watch made after the loss ends at once; reads still work.
+    let late = d.watch("", None).unwrap();
+    assert!(matches!(late.try_recv(), Some(WatchEvent::Lost { .. })));
+    assert_eq!(d.get("me/metadata").unwrap(), None);
+    // The revoke at drop finds the lease gone and says nothing is wrong.
+    drop(d);
+}
+
+#[test]
+fn directories_and_watches_can_be_shared_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<EtcdDirectory>();
+    send_sync::<Watch>();
+    let etcd = EtcdServer::start();
+    let d = std::sync::Arc::new(connect(&etcd, "/t/"));
+    let w = d.watch("", None).unwrap();
+    let writers: Vec<_> = (0..4)
+        .map(|t| {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                for i in 0..10 {
+                    d.put(&format!("t{t}/{i}"), b"x").unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in writers {
+        h.join().unwrap();
+    }
+    let mut seen = 0;
+    while let Some(ev) = w.recv_timeout(Duration::from_secs(5)) {
+        put_of(&ev);
+        seen += 1;
+        if seen == 40 {
+            break;
+        }
+    }
+    assert_eq!(seen, 40);
+    assert_eq!(d.list("").unwrap().entries.len(), 40);
+}
+
+#[test]
+fn bad_endpoints_fail_with_an_error_not_a_panic() {
+    for ep in [
+        "not a uri",
+        "http://",
+        "127.0.0.1:99999",
+        "[::1",
+        "https://127.0.0.1:1",
+    ] {
+        let t = Instant::now();
+        match EtcdDirectory::connect(&[ep.to_string()], "/t/", TTL, Duration::from_secs(1)) {
+            Err(Error::Directory { op: "connect", .. }) => {}
+            other => panic!("{ep:?}: expected a connect error, got {other:?}"),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(1) + MARGIN,
+            "{ep:?}: {:?}",
+            t.elapsed()
+        );
+    }
 }

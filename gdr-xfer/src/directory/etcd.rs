@@ -16,6 +16,9 @@ use super::watch::{Queue, Watch, WatchTask};
 use super::{DEFAULT_TTL, MAX_LIST_ENTRIES, MAX_VALUE_LEN, WATCH_TIMEOUT};
 use crate::error::{Error, Hint, Result};
 
+/// The longest lease TTL, timeout and watch timeout accepted (one day).
+const MAX_TTL_SECS: u64 = 24 * 3600;
+
 /// Keys per page of a [`list`](EtcdDirectory::list) (each page at one revision).
 const LIST_PAGE: i64 = 32;
 
@@ -33,14 +36,15 @@ pub struct EtcdConfig {
     /// `/gdr-xfer/agents/`; at most 512 bytes). Keys in the API are relative to it.
     pub prefix: String,
     /// Lease TTL: how long after this process dies (its keepalives stop) etcd deletes its keys.
-    /// Whole seconds (rounded up), at least 1 s; etcd may grant more (its minimum is about
+    /// Whole seconds (rounded up), 1 s to one day; etcd may grant more (its minimum is about
     /// 1.5 x its election timeout: 2 s for a default etcd). Default [`DEFAULT_TTL`].
     pub ttl: Duration,
-    /// Limit of every call (connect, put, get, list, watch creation, revoke). Default 5 s.
+    /// Limit of every call (connect, put, get, list, watch creation, revoke). Default 5 s; at
+    /// most one day.
     pub timeout: Duration,
     /// A watch on which etcd says nothing (not even the progress reports it is asked for every
     /// half of this) for this long ends with [`Lost`](super::WatchEvent::Lost). Default
-    /// [`WATCH_TIMEOUT`] (NIXL's etcd watch timeout).
+    /// [`WATCH_TIMEOUT`] (NIXL's etcd watch timeout); 200 ms to one day.
     pub watch_timeout: Duration,
 }
 
@@ -133,19 +137,28 @@ impl EtcdDirectory {
             ));
         }
         let ttl_secs = config.ttl.as_secs() + u64::from(config.ttl.subsec_nanos() > 0);
-        if !(1..=i64::MAX as u64 / 2).contains(&ttl_secs) {
+        if !(1..=MAX_TTL_SECS).contains(&ttl_secs) {
             return Err(Error::invalid(
-                format!("etcd directory: lease TTL {:?} is out of range", config.ttl),
+                format!(
+                    "etcd directory: lease TTL {:?} is out of range (1 s to {MAX_TTL_SECS} s)",
+                    config.ttl
+                ),
                 "use a TTL of a few seconds (the default is 10 s)",
             ));
         }
-        for (what, d) in [
-            ("timeout", config.timeout),
-            ("watch timeout", config.watch_timeout),
+        for (what, d, min) in [
+            ("timeout", config.timeout, Duration::from_millis(1)),
+            (
+                "watch timeout",
+                config.watch_timeout,
+                Duration::from_millis(200),
+            ),
         ] {
-            if d.is_zero() || d > Duration::from_secs(24 * 3600) {
+            if d < min || d > Duration::from_secs(MAX_TTL_SECS) {
                 return Err(Error::invalid(
-                    format!("etcd directory: {what} {d:?} is out of range"),
+                    format!(
+                        "etcd directory: {what} {d:?} is out of range ({min:?} to {MAX_TTL_SECS} s)"
+                    ),
                     "use a few seconds",
                 ));
             }
@@ -180,12 +193,15 @@ impl EtcdDirectory {
             },
             || timeout_err("connect", &config.prefix, &config),
         )?;
-        let granted_ttl = Duration::from_secs(u64::try_from(granted).unwrap_or(0).max(1));
+        // etcd grants at least the TTL asked for; a smaller or absurd answer is not believed
+        // for the keepalive period (renewing too often is harmless, too rarely loses the lease).
+        let granted_ttl =
+            Duration::from_secs(u64::try_from(granted).unwrap_or(0).clamp(1, MAX_TTL_SECS));
         let state = Arc::new(LeaseState::default());
         let keepalive = runtime.spawn(lease::keep_alive(
             client.lease_client(),
             lease_id,
-            granted_ttl,
+            granted_ttl.min(Duration::from_secs(ttl_secs)),
             state.clone(),
         ));
         log::info!(

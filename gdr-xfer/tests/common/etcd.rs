@@ -158,6 +158,41 @@ impl EtcdServer {
         String::from_utf8_lossy(tail).into_owned()
     }
 
+    /// Stops etcd (SIGSTOP) and waits until every thread of it is stopped: its sockets stay
+    /// open and nothing answers, as with a hung or partitioned server. Undone by [`thaw`](Self::thaw)
+    /// (or drop).
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let pid = self.pid().expect("etcd runs");
+        let t = Instant::now();
+        while !all_threads_stopped(pid) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "etcd (pid {pid}) did not stop after SIGSTOP"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Lets a frozen etcd run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self.pid().expect("etcd runs");
+        let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours; the pid is our own
+        // child's, not yet reaped (so not reused).
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {sig}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
     /// Kills etcd now (SIGKILL) and reaps it; the data directory stays until drop.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -172,6 +207,19 @@ impl Drop for EtcdServer {
         self.kill();
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Whether every thread of `pid` is in state `T` (stopped) in /proc.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // The state follows the command name, which is in parentheses and may hold anything.
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+    })
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
