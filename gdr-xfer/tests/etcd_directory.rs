@@ -605,3 +605,60 @@ fn bad_endpoints_fail_with_an_error_not_a_panic() {
         );
     }
 }
+
+#[test]
+fn a_watch_from_a_compacted_revision_is_refused_or_lost_never_silent() {
+    let etcd = EtcdServer::start();
+    let d = connect(&etcd, "/t/");
+    d.put("a", b"1").unwrap();
+    let old = d.list("").unwrap();
+    d.put("b", b"2").unwrap();
+    d.put("c", b"3").unwrap();
+    let now = d.list("").unwrap().revision;
+    let endpoint = etcd.endpoint();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let mut raw = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap();
+        raw.compact(now, None).await.unwrap();
+    });
+    match d.watch("", Some(old.revision)) {
+        Err(e @ Error::Directory { op: "watch", .. }) => eprintln!("refused: {e}"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(w) => match w.recv_timeout(Duration::from_secs(5)) {
+            Some(WatchEvent::Lost { reason }) => {
+                assert!(reason.contains("compacted"), "{reason}");
+                eprintln!("lost: {reason}");
+            }
+            other => panic!("expected Lost (compacted), got {other:?}"),
+        },
+    }
+    // Listing again and watching after the new listing works.
+    let again = d.list("").unwrap();
+    let w = d.watch("", Some(again.revision)).unwrap();
+    d.put("d", b"4").unwrap();
+    assert_eq!(put_of(&next(&w, Duration::from_secs(5))).0, "d");
+}
+
+#[test]
+fn usable_from_inside_another_tokio_runtime() {
+    let etcd = EtcdServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Blocking calls inside someone's async code are bad for their runtime, but must not panic
+    // (as a nested block_on would) or deadlock; nor may dropping the directory there.
+    rt.block_on(async {
+        let d = connect(&etcd, "/t/");
+        let w = d.watch("", None).unwrap();
+        d.put("x", b"1").unwrap();
+        assert_eq!(put_of(&next(&w, Duration::from_secs(5))).0, "x");
+        drop(w);
+        drop(d);
+    });
+}

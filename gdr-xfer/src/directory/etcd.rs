@@ -398,8 +398,9 @@ impl EtcdDirectory {
     /// Watches every key under `key_prefix` (relative to the directory's prefix). With
     /// `after = Some(listing.revision)` the watch delivers every change after that listing, none
     /// lost and none twice; with `None`, changes from now on. Returns once etcd has created the
-    /// watch; fails with [`Error::Directory`] when etcd refuses it (e.g. the revision was
-    /// compacted: list again).
+    /// watch; fails with [`Error::Directory`] when etcd refuses it. A start revision that etcd
+    /// has compacted away (etcd 3.4 creates the watch, then cancels it) ends the watch at once
+    /// with [`Lost`](super::WatchEvent::Lost): list again and watch after the new listing.
     pub fn watch(&self, key_prefix: &str, after: Option<i64>) -> Result<Watch> {
         let full = full_key(&self.config.prefix, key_prefix, "watch")?;
         let mut client = self.watch.clone();

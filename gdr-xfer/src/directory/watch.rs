@@ -250,7 +250,7 @@ impl WatchTask {
                         if resp.canceled() {
                             let c = resp.compact_revision();
                             break if c > 0 {
-                                format!("etcd cancelled the watch on {watched:?}: revision {c} and older were compacted; list again")
+                                format!("etcd cancelled the watch on {watched:?}: its history before revision {c} is compacted; list again")
                             } else {
                                 format!("etcd cancelled the watch on {watched:?}: {}", resp.cancel_reason())
                             };
