@@ -235,8 +235,8 @@ fn killed_process_keys_disappear_within_ttl() {
     }
     let etcd = EtcdServer::start();
     let watcher = connect(&etcd, "/t/");
-    let listing = watcher.list("").unwrap();
-    let w = watcher.watch("", Some(listing.revision)).unwrap();
+    let (listing, w) = watcher.list_and_watch("").unwrap();
+    assert!(listing.entries.is_empty());
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",

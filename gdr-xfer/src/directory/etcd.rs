@@ -29,6 +29,7 @@ const MAX_MESSAGE: usize =
 
 /// How to reach etcd and how long to wait. [`EtcdConfig::new`] fills in the defaults.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EtcdConfig {
     /// etcd client endpoints, `host:port` or `http://host:port` (no TLS).
     pub endpoints: Vec<String>,
@@ -63,6 +64,7 @@ impl EtcdConfig {
 
 /// Every key of a prefix at one revision (from [`EtcdDirectory::list`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Listing {
     /// etcd's revision the listing is at: pass it to [`EtcdDirectory::watch`] to get every change
     /// after it, none lost.
@@ -449,6 +451,14 @@ impl EtcdDirectory {
             .run(),
         );
         Ok(Watch::new(queue, task, self.runtime.clone()))
+    }
+
+    /// [`list`](Self::list) then [`watch`](Self::watch) after the listing's revision: every key
+    /// under `key_prefix` now, and every change after, none lost and none twice.
+    pub fn list_and_watch(&self, key_prefix: &str) -> Result<(Listing, Watch)> {
+        let listing = self.list(key_prefix)?;
+        let watch = self.watch(key_prefix, Some(listing.revision))?;
+        Ok((listing, watch))
     }
 
     /// Ends the lease now: every key of this directory is deleted, and every watcher sees a

@@ -269,8 +269,11 @@ impl WatchTask {
                     if silent >= watch_timeout {
                         break format!("etcd did not answer the watch on {watched:?} for {silent:.1?} (watch timeout {watch_timeout:?})");
                     }
-                    if let Err(e) = stream.request_progress().await {
-                        break format!("the watch stream on {watched:?} failed: {e}");
+                    // Bounded too: a stalled connection must not keep this task from the check.
+                    match tokio::time::timeout(probe_every, stream.request_progress()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => break format!("the watch stream on {watched:?} failed: {e}"),
+                        Err(_) => break format!("etcd took no progress request on the watch on {watched:?} for {probe_every:?}"),
                     }
                     next_probe = tokio::time::Instant::now() + probe_every;
                 }
