@@ -26,6 +26,14 @@ pub const PACKAGES: &[&str] = &[
     "libclang-dev",
     "clang",
     "pkg-config",
+    // Building gdr-xfer's `etcd` feature: etcd-client compiles etcd's .proto files with protoc at
+    // build time (tonic-prost-build), and they import Google's well-known types
+    // (google/protobuf/descriptor.proto, struct.proto), which Debian ships in libprotobuf-dev
+    // (only recommended by protobuf-compiler, so not pulled in by --no-install-recommends).
+    "protobuf-compiler",
+    "libprotobuf-dev",
+    // gdr-xfer's etcd directory tests start a real etcd (v3 API, Debian 12: 3.4) on loopback.
+    "etcd-server",
 ];
 
 static APT_UPDATED: AtomicBool = AtomicBool::new(false);
@@ -94,7 +102,15 @@ pub fn apt_update() -> Result<()> {
 }
 
 fn check_tools_without_apt() -> Result<()> {
-    let tools = ["qemu-system-x86_64", "busybox", "ip", "rdma", "pkg-config"];
+    let tools = [
+        "qemu-system-x86_64",
+        "busybox",
+        "ip",
+        "rdma",
+        "pkg-config",
+        "protoc",
+        "etcd",
+    ];
     let missing: Vec<_> = tools.iter().filter(|t| !have(t)).collect();
     if missing.is_empty() {
         Ok(())

@@ -1,6 +1,8 @@
 //! What the gdr-xfer device tests share: the device under test and agents on it.
 #![allow(dead_code)]
 
+pub mod etcd;
+
 use std::time::Duration;
 
 use gdr_xfer::{Agent, AgentConfig, Peer};
