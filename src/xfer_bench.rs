@@ -96,7 +96,7 @@ pub struct BenchReport {
 pub const TARGET_SEGMENT: &str = "xfer-bench";
 
 /// Runs the target: registers `buffer_size` bytes, listens, and serves until an initiator sends
-/// the notification `done` (or forever with `forever`).
+/// the notification `done` or goes away (or forever with `forever`).
 ///
 /// # Errors
 /// The engine's errors.
@@ -113,12 +113,19 @@ pub fn run_target(
         "xfer-bench target: listening on {addr} ({}), buffer {buffer_size} bytes",
         agent.device()
     );
+    let mut served = false;
     loop {
-        if let Some(n) = agent.wait_notification(Duration::from_secs(3600))? {
+        if let Some(n) = agent.wait_notification(Duration::from_millis(200))? {
             if n.data == b"done" && !forever {
                 return Ok(());
             }
         }
+        let connected = !agent.peers().is_empty();
+        if served && !connected && !forever {
+            println!("xfer-bench target: the initiator left without saying done");
+            return Ok(());
+        }
+        served |= connected;
     }
 }
 
@@ -190,12 +197,11 @@ pub fn run_initiator(
         rows.push(run_size(&peer, &local, remote.id, op, bs, params)?);
     }
     // Tell the target we are done (it exits unless it serves forever).
-    let _ = peer
-        .write(
-            &[gdr_xfer::Desc::new(&local, 0, remote.id, 0, 1)],
-            &TransferOptions::new().notify("done"),
-        )
-        .and_then(|t| t.wait(Duration::from_secs(10)));
+    peer.write(
+        &[gdr_xfer::Desc::new(&local, 0, remote.id, 0, 1)],
+        &TransferOptions::new().notify("done"),
+    )?
+    .wait(Duration::from_secs(10))?;
     Ok(BenchReport {
         params: params.clone(),
         device: agent.device().to_string(),

@@ -8,6 +8,10 @@
 //! kv_transfer --connect HOST:7100 [--device rxe0] [--blocks 10000] [--block-len 16384] [--rounds 1]
 //! ```
 //!
+//! With the feature `etcd`, peers find each other by name instead: `--etcd 127.0.0.1:2379` on
+//! both sides (the target publishes itself as `kv-target`, with a lease of `--ttl-ms`), and the
+//! initiator gives `--connect-name kv-target` instead of `--connect`.
+//!
 //! Block `i` of the initiator's pool goes to block `(i * 7919 + 13) % blocks` of the target's
 //! (a permutation whenever 7919 does not divide `blocks`), so nothing merges and every block is
 //! its own work request.
@@ -24,6 +28,9 @@ struct Args {
     blocks: u32,
     block_len: u64,
     rounds: u32,
+    etcd: Option<String>,
+    connect_name: Option<String>,
+    ttl_ms: u64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -35,6 +42,9 @@ fn parse() -> Result<Args, String> {
         blocks: 10_000,
         block_len: 16 * 1024,
         rounds: 1,
+        etcd: None,
+        connect_name: None,
+        ttl_ms: 10_000,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -49,14 +59,20 @@ fn parse() -> Result<Args, String> {
                 a.block_len = value()?.parse().map_err(|e| format!("--block-len: {e}"))?
             }
             "--rounds" => a.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
+            "--etcd" => a.etcd = Some(value()?),
+            "--connect-name" => a.connect_name = Some(value()?),
+            "--ttl-ms" => a.ttl_ms = value()?.parse().map_err(|e| format!("--ttl-ms: {e}"))?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
     if a.blocks == 0 || a.blocks % 7919 == 0 {
         return Err("--blocks must be positive and not a multiple of 7919".into());
     }
-    if a.serve == a.connect.is_some() {
-        return Err("give --serve or --connect HOST:PORT".into());
+    if a.serve == (a.connect.is_some() || a.connect_name.is_some()) {
+        return Err("give --serve, --connect HOST:PORT or --connect-name NAME".into());
+    }
+    if a.connect_name.is_some() && a.etcd.is_none() {
+        return Err("--connect-name needs --etcd ENDPOINT".into());
     }
     Ok(a)
 }
@@ -85,6 +101,7 @@ fn serve(a: &Args) -> gdr_xfer::Result<()> {
     // Rounds verified so far, for the initiator to read (one-sided) before its next round.
     let status = agent.alloc_host(8, "kv-status")?;
     let addr = agent.listen(&a.listen)?;
+    let _directory = publish(&agent, a, addr)?;
     println!("target: listening on {addr}, pool of {} blocks of {} bytes", a.blocks, a.block_len);
     loop {
         let Some(n) = agent.wait_notification(Duration::from_secs(3600))? else {
@@ -123,12 +140,64 @@ fn serve(a: &Args) -> gdr_xfer::Result<()> {
     }
 }
 
-fn initiate(a: &Args, addr: &str) -> gdr_xfer::Result<()> {
+/// Publishes the target in etcd when `--etcd` is given; the directory must live as long as
+/// the agent should stay findable.
+#[cfg(feature = "etcd")]
+fn publish(
+    agent: &Agent,
+    a: &Args,
+    addr: std::net::SocketAddr,
+) -> gdr_xfer::Result<Option<std::sync::Arc<gdr_xfer::directory::EtcdDirectory>>> {
+    let Some(ep) = &a.etcd else { return Ok(None) };
+    let dir = std::sync::Arc::new(gdr_xfer::directory::EtcdDirectory::connect(
+        &[ep.clone()],
+        gdr_xfer::directory::DEFAULT_PREFIX,
+        Duration::from_millis(a.ttl_ms),
+        Duration::from_secs(5),
+    )?);
+    agent.publish(dir.clone(), addr)?;
+    println!("target: published as {} in etcd at {ep}", agent.name());
+    Ok(Some(dir))
+}
+
+#[cfg(not(feature = "etcd"))]
+fn publish(_: &Agent, a: &Args, _: std::net::SocketAddr) -> gdr_xfer::Result<Option<()>> {
+    match &a.etcd {
+        Some(_) => Err(gdr_xfer::Error::invalid(
+            "--etcd needs the feature etcd",
+            "build with --features etcd",
+        )),
+        None => Ok(None),
+    }
+}
+
+/// Connects by address, or by name through etcd.
+fn connect(agent: &Agent, a: &Args) -> gdr_xfer::Result<gdr_xfer::Peer> {
+    if let Some(addr) = &a.connect {
+        return agent.connect(addr);
+    }
+    #[cfg(feature = "etcd")]
+    if let (Some(ep), Some(name)) = (&a.etcd, &a.connect_name) {
+        let dir = std::sync::Arc::new(gdr_xfer::directory::EtcdDirectory::connect(
+            &[ep.clone()],
+            gdr_xfer::directory::DEFAULT_PREFIX,
+            Duration::from_millis(a.ttl_ms),
+            Duration::from_secs(5),
+        )?);
+        return agent.connect_named(&dir, name, Duration::from_secs(10));
+    }
+    Err(gdr_xfer::Error::invalid(
+        "--connect-name needs the feature etcd",
+        "build with --features etcd",
+    ))
+}
+
+fn initiate(a: &Args) -> gdr_xfer::Result<()> {
     let agent = Agent::new(AgentConfig::new("kv-initiator").device(a.device.clone()))?;
     let len = u64::from(a.blocks) * a.block_len;
     let src = agent.alloc_host(len as usize, "src")?;
     let back = agent.alloc_host(len as usize, "back")?;
-    let peer = agent.connect(addr)?;
+    let peer = connect(&agent, a)?;
     let pool = peer.wait_segment_named("kv-pool", Duration::from_secs(10))?;
     let status = peer.wait_segment_named("kv-status", Duration::from_secs(10))?;
     let verdict = agent.alloc_host(8, "verdict")?;
@@ -196,7 +265,7 @@ fn initiate(a: &Args, addr: &str) -> gdr_xfer::Result<()> {
 }
 
 fn main() {
-    env_logger_init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args = match parse() {
         Ok(a) => a,
         Err(e) => {
@@ -204,15 +273,13 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let r = match &args.connect {
-        Some(addr) => initiate(&args, addr),
-        None => serve(&args),
+    let r = if args.serve {
+        serve(&args)
+    } else {
+        initiate(&args)
     };
     if let Err(e) = r {
         eprintln!("kv_transfer: {e}");
         std::process::exit(1);
     }
 }
-
-/// Logs go to stderr when `RUST_LOG` asks for them (no logger dependency in the example).
-fn env_logger_init() {}

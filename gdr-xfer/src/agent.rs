@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener};
 use std::ops::RangeBounds;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -45,12 +45,22 @@ pub(crate) struct AgentShared {
     next_segment: AtomicU32,
     cache: Mutex<RegistrationCache>,
     peers: Mutex<HashMap<String, Arc<Connection>>>,
-    /// Queue pair number -> (connection, index of the queue pair in it).
-    by_qpn: RwLock<HashMap<u32, (Weak<Connection>, usize)>>,
+    /// Queue pair number -> (connection, index of the queue pair in it). A connection stays
+    /// here (and alive) after it was lost until the progress thread drained the completion
+    /// queue past the loss (`retiring`), so that completions already queued, a notification
+    /// that arrived just before the peer said goodbye among them, are still handled.
+    by_qpn: RwLock<HashMap<u32, (Arc<Connection>, usize)>>,
+    /// Connections forgotten by name, with the drain count at that moment.
+    retiring: Mutex<Vec<(Arc<Connection>, u64)>>,
+    /// How many polls found the completion queue drained (fewer completions than asked for).
+    drains: AtomicU64,
     notifications: Mutex<VecDeque<Notification>>,
     notified: Condvar,
     peers_changed: Condvar,
     pub(crate) shutdown: AtomicBool,
+    /// The directory this agent published itself in (feature `etcd`).
+    #[cfg(feature = "etcd")]
+    published: Mutex<Option<crate::discovery::Published>>,
 }
 
 /// A transfer agent. See the [crate documentation](crate) for an example.
@@ -108,10 +118,14 @@ impl Agent {
             cache: Mutex::new(RegistrationCache::default()),
             peers: Mutex::new(HashMap::new()),
             by_qpn: RwLock::new(HashMap::new()),
+            retiring: Mutex::new(Vec::new()),
+            drains: AtomicU64::new(0),
             notifications: Mutex::new(VecDeque::new()),
             notified: Condvar::new(),
             peers_changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            #[cfg(feature = "etcd")]
+            published: Mutex::new(None),
         });
         let s = shared.clone();
         let progress = std::thread::Builder::new()
@@ -123,6 +137,11 @@ impl Agent {
             progress: Some(progress),
             listeners: Mutex::new(Vec::new()),
         })
+    }
+
+    #[cfg(feature = "etcd")]
+    pub(crate) fn shared(&self) -> &Arc<AgentShared> {
+        &self.shared
     }
 
     /// The agent's name.
@@ -250,6 +269,10 @@ impl Agent {
             table.insert(id, seg.clone());
             self.shared.peer_list()
         };
+        #[cfg(feature = "etcd")]
+        if let Some(p) = self.shared.lock_published().as_ref() {
+            p.put_segment(self.name(), &seg);
+        }
         for p in peers {
             p.send_control(&Message::Segments(vec![info.clone()]));
         }
@@ -278,6 +301,10 @@ impl Agent {
             table.remove(&segment.id());
             self.shared.peer_list()
         };
+        #[cfg(feature = "etcd")]
+        if let Some(p) = self.shared.lock_published().as_ref() {
+            p.delete_segment(self.name(), segment.id());
+        }
         for p in peers {
             p.send_control(&Message::Removed(vec![segment.id()]));
         }
@@ -525,6 +552,11 @@ impl AgentShared {
         self.segments.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    #[cfg(feature = "etcd")]
+    pub(crate) fn lock_published(&self) -> MutexGuard<'_, Option<crate::discovery::Published>> {
+        self.published.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn lock_peers(&self) -> MutexGuard<'_, HashMap<String, Arc<Connection>>> {
         self.peers.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -577,12 +609,13 @@ impl AgentShared {
         }
         let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
         for (i, qp) in conn.qps.iter().enumerate() {
-            by_qpn.insert(qp.qp_num(), (Arc::downgrade(conn), i));
+            by_qpn.insert(qp.qp_num(), (conn.clone(), i));
         }
         Ok(())
     }
 
-    /// Forgets a connection (if it is still the one registered under its name).
+    /// Forgets a connection by name (if it is still the one registered under it); the
+    /// progress thread lets it go once the completions queued before now are handled.
     pub(crate) fn remove_peer(&self, conn: &Arc<Connection>) {
         {
             let mut peers = self.lock_peers();
@@ -591,15 +624,50 @@ impl AgentShared {
             }
         }
         self.peers_changed.notify_all();
+        let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
+        if !retiring.iter().any(|(c, _)| Arc::ptr_eq(c, conn)) {
+            retiring.push((conn.clone(), self.drains.load(Ordering::Acquire)));
+        }
+    }
+
+    /// Called by the progress thread after a poll that drained the completion queue: lets go
+    /// of the connections forgotten at least two drains ago (the second drain began after the
+    /// first ended, which was after the connection was forgotten: every completion queued
+    /// before that was handled).
+    pub(crate) fn drained(&self) {
+        let now = self.drains.fetch_add(1, Ordering::AcqRel) + 1;
+        let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
+        if retiring.is_empty() {
+            return;
+        }
+        let mut gone = Vec::new();
+        retiring.retain(|(c, at)| {
+            if now >= at + 2 {
+                gone.push(c.clone());
+                false
+            } else {
+                true
+            }
+        });
+        drop(retiring);
+        if gone.is_empty() {
+            return;
+        }
         let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
-        for qp in &conn.qps {
-            if by_qpn
-                .get(&qp.qp_num())
-                .is_some_and(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(conn)))
-            {
-                by_qpn.remove(&qp.qp_num());
+        for conn in &gone {
+            for qp in &conn.qps {
+                if by_qpn
+                    .get(&qp.qp_num())
+                    .is_some_and(|(c, _)| Arc::ptr_eq(c, conn))
+                {
+                    by_qpn.remove(&qp.qp_num());
+                }
             }
         }
+        drop(by_qpn);
+        // The last references of the connections (and their queue pairs) may go here, outside
+        // every lock.
+        drop(gone);
     }
 
     pub(crate) fn notify_peers_changed(&self) {
@@ -609,8 +677,8 @@ impl AgentShared {
     /// The connection and queue pair index of a queue pair number.
     pub(crate) fn route(&self, qp_num: u32) -> Option<(Arc<Connection>, usize)> {
         let by_qpn = self.by_qpn.read().unwrap_or_else(|p| p.into_inner());
-        let (w, i) = by_qpn.get(&qp_num)?;
-        Some((w.upgrade()?, *i))
+        let (c, i) = by_qpn.get(&qp_num)?;
+        Some((c.clone(), *i))
     }
 
     pub(crate) fn deliver(&self, n: Notification) {

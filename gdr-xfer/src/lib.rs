@@ -14,6 +14,8 @@ mod connection;
 mod control;
 mod descriptor;
 pub mod directory;
+#[cfg(feature = "etcd")]
+mod discovery;
 pub mod error;
 mod location;
 mod notify;

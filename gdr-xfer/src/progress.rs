@@ -32,6 +32,9 @@ pub(crate) fn run(agent: Arc<AgentShared>) {
         for c in &wcs[..n] {
             handle(&agent, c);
         }
+        if n < wcs.len() {
+            agent.drained();
+        }
         let now = Instant::now();
         if n > 0 {
             last_work = now;

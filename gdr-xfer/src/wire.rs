@@ -91,6 +91,63 @@ pub enum Message {
     Bye(String),
 }
 
+/// What an agent publishes in a directory about itself (the `<agent>/endpoint` record):
+/// magic "GXR1" | version u16 | address length u16 (<= MAX_ADDR) | address (UTF-8, `host:port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentRecord {
+    /// Where peers connect (`host:port`).
+    pub addr: String,
+}
+
+/// Magic bytes of an agent record.
+pub const RECORD_MAGIC: [u8; 4] = *b"GXR1";
+/// Longest address in an agent record.
+pub const MAX_ADDR: usize = 256;
+
+impl AgentRecord {
+    /// Encodes the record.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        if self.addr.is_empty() || self.addr.len() > MAX_ADDR {
+            return Err(Error::invalid(
+                format!("agent address {:?}", self.addr),
+                format!("give host:port, at most {MAX_ADDR} bytes"),
+            ));
+        }
+        let mut v = Vec::with_capacity(8 + self.addr.len());
+        v.extend_from_slice(&RECORD_MAGIC);
+        v.extend_from_slice(&VERSION.to_be_bytes());
+        v.extend_from_slice(&(self.addr.len() as u16).to_be_bytes());
+        v.extend_from_slice(self.addr.as_bytes());
+        Ok(v)
+    }
+
+    /// Decodes a record published by `agent` (named in errors).
+    pub fn decode(agent: &str, buf: &[u8]) -> Result<AgentRecord> {
+        let mut r = Reader {
+            buf,
+            pos: 0,
+            peer: agent,
+        };
+        if r.take(4, "magic")? != RECORD_MAGIC {
+            return Err(r.err("not a gdr-xfer agent record (bad magic)".into()));
+        }
+        let version = r.u16("version")?;
+        if version != VERSION {
+            return Err(r.err(format!("agent record version {version}, this build reads {VERSION}")));
+        }
+        let len = r.u16("address length")? as usize;
+        if len == 0 || len > MAX_ADDR {
+            return Err(r.err(format!("address of {len} bytes (1..={MAX_ADDR})")));
+        }
+        let addr = String::from_utf8(r.take(len, "address")?.to_vec())
+            .map_err(|_| r.err("address is not UTF-8".into()))?;
+        if r.pos != buf.len() {
+            return Err(r.err(format!("{} trailing bytes after the record", buf.len() - r.pos)));
+        }
+        Ok(AgentRecord { addr })
+    }
+}
+
 fn check_name(what: &str, name: &str) -> Result<()> {
     if name.len() > MAX_NAME {
         return Err(Error::invalid(
@@ -486,6 +543,23 @@ mod tests {
         let last = name.len() - 1;
         name[last] = 0xff;
         assert!(Message::decode("evil", &name).unwrap_err().to_string().contains("UTF-8"));
+    }
+
+    #[test]
+    fn agent_records_round_trip_and_refuse_garbage() {
+        let r = AgentRecord {
+            addr: "10.0.0.2:7100".into(),
+        };
+        let b = r.encode().unwrap();
+        assert_eq!(AgentRecord::decode("a", &b).unwrap(), r);
+        for cut in 0..b.len() {
+            assert!(AgentRecord::decode("a", &b[..cut]).is_err());
+        }
+        let mut long = b.clone();
+        long.push(b'x');
+        assert!(AgentRecord::decode("a", &long).is_err());
+        assert!(AgentRecord { addr: String::new() }.encode().is_err());
+        assert!(AgentRecord { addr: "x".repeat(MAX_ADDR + 1) }.encode().is_err());
     }
 
     #[test]

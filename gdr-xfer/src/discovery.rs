@@ -1,0 +1,230 @@
+//! Finding peers through etcd (feature `etcd`): an agent publishes its address and its segment
+//! table under lease-bound keys of an [`EtcdDirectory`]; another agent finds it by name,
+//! connects, and watches its keys. When the published agent's lease ends (it died, hung, or
+//! unpublished) its endpoint key is deleted and every transfer pending to it fails at once with
+//! [`Error::PeerLost`], even when no packet or socket would tell (a stopped process, a host cut
+//! off the network).
+//!
+//! Keys, relative to the directory's prefix:
+//!
+//! | key | value |
+//! |---|---|
+//! | `<agent>/endpoint` | the agent record: the `host:port` peers connect to ([`wire::AgentRecord`]) |
+//! | `<agent>/segments/<id>` | one segment, as a [`Message::Segments`] of one entry |
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use crate::agent::{Agent, AgentShared};
+use crate::connection::Connection;
+use crate::directory::{EtcdDirectory, WatchEvent};
+use crate::error::{Error, Result};
+use crate::peer::Peer;
+use crate::segment::Segment;
+use crate::transfer::Failure;
+use crate::wire::{AgentRecord, Message};
+
+fn endpoint_key(agent: &str) -> String {
+    format!("{agent}/endpoint")
+}
+
+fn segment_key(agent: &str, id: u32) -> String {
+    format!("{agent}/segments/{id}")
+}
+
+fn check_publishable(name: &str) -> Result<()> {
+    if name.contains('/') {
+        return Err(Error::invalid(
+            format!("agent name {name:?} contains '/'"),
+            "names published in a directory cannot contain '/' (it separates the keys)",
+        ));
+    }
+    Ok(())
+}
+
+/// The directory an agent published itself in.
+pub(crate) struct Published {
+    pub(crate) dir: Arc<EtcdDirectory>,
+}
+
+impl Published {
+    pub(crate) fn put_segment(&self, agent: &str, seg: &Segment) {
+        let value = Message::Segments(vec![seg.info().clone()]).encode();
+        let r = value.and_then(|v| self.dir.put(&segment_key(agent, seg.id()), &v));
+        if let Err(e) = r {
+            log::warn!("{agent}: publishing segment {} in the directory: {e}", seg.id());
+        }
+    }
+
+    pub(crate) fn delete_segment(&self, agent: &str, id: u32) {
+        if let Err(e) = self.dir.delete(&segment_key(agent, id)) {
+            log::warn!("{agent}: withdrawing segment {id} from the directory: {e}");
+        }
+    }
+}
+
+impl Agent {
+    /// Publishes this agent in `dir`: `advertise` (the address peers connect to, where
+    /// [`Agent::listen`] listens) and every segment, now and as they are registered and
+    /// deregistered, all bound to the directory's lease.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a name with `/` or when already published;
+    /// [`Error::Directory`] when etcd refuses.
+    pub fn publish(&self, dir: Arc<EtcdDirectory>, advertise: SocketAddr) -> Result<()> {
+        let shared = self.shared();
+        let name = &shared.config.name;
+        check_publishable(name)?;
+        let mut slot = shared.lock_published();
+        if slot.is_some() {
+            return Err(Error::invalid(
+                format!("{name} is published already"),
+                "publish an agent once",
+            ));
+        }
+        let record = AgentRecord {
+            addr: advertise.to_string(),
+        };
+        dir.put(&endpoint_key(name), &record.encode()?)?;
+        let published = Published { dir };
+        // Segments registered from now on are published by the registration itself (it sees
+        // `slot` set once we release it); the ones registered before, here.
+        for seg in shared.lock_segments().values() {
+            published.put_segment(name, seg);
+        }
+        *slot = Some(published);
+        Ok(())
+    }
+
+    /// Finds the agent called `name` in `dir` (waiting up to `timeout` for it to appear),
+    /// connects to it, and watches its keys: when they go (its lease ended), the peer is lost
+    /// and its pending transfers fail with [`Error::PeerLost`].
+    ///
+    /// # Errors
+    /// [`Error::UnknownPeer`] when it does not appear in time; [`Error::Protocol`] for a
+    /// malformed record; [`Agent::connect`]'s errors; [`Error::Directory`].
+    pub fn connect_named(
+        &self,
+        dir: &Arc<EtcdDirectory>,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Peer> {
+        check_publishable(name)?;
+        let end = Instant::now() + timeout;
+        // List and watch at one revision: nothing between the lookup and the watch is missed.
+        let (listing, watch) = loop {
+            let (listing, watch) = dir.list_and_watch(&format!("{name}/"))?;
+            if listing.entries.iter().any(|(k, _)| *k == endpoint_key(name)) {
+                break (listing, watch);
+            }
+            if Instant::now() >= end {
+                return Err(Error::UnknownPeer {
+                    name: name.to_string(),
+                    hint: "is it running and published in the same etcd prefix?".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let record = listing
+            .entries
+            .iter()
+            .find(|(k, _)| *k == endpoint_key(name))
+            .map(|(_, v)| AgentRecord::decode(name, v))
+            .transpose()?
+            .ok_or_else(|| Error::protocol(name, "endpoint record vanished"))?;
+        let peer = self.connect(&record.addr)?;
+        if peer.name() != name {
+            self.disconnect(&peer);
+            return Err(Error::protocol(
+                name,
+                format!(
+                    "the agent at {} says it is {:?}, the directory says {name:?}",
+                    record.addr,
+                    peer.name()
+                ),
+            ));
+        }
+        let weak = Arc::downgrade(self.shared());
+        let conn = peer.conn.clone();
+        let endpoint = endpoint_key(name);
+        let segments = format!("{name}/segments/");
+        std::thread::Builder::new()
+            .name(format!("xfer-watch-{name}"))
+            .spawn(move || watch_peer(weak, conn, watch, endpoint, segments))
+            .map_err(|e| Error::io("starting the directory watch thread", e))?;
+        Ok(peer)
+    }
+}
+
+/// Follows a peer's keys until it is lost or the agent goes away.
+fn watch_peer(
+    agent: Weak<AgentShared>,
+    conn: Arc<Connection>,
+    watch: crate::directory::Watch,
+    endpoint: String,
+    segments: String,
+) {
+    loop {
+        if conn.is_lost() {
+            return;
+        }
+        match agent.upgrade() {
+            Some(a) if !a.shutdown.load(std::sync::atomic::Ordering::Acquire) => {}
+            _ => return,
+        }
+        let Some(event) = watch.recv_timeout(Duration::from_millis(200)) else {
+            continue;
+        };
+        match event {
+            WatchEvent::Delete { key, .. } | WatchEvent::Refused { key, .. } if key == endpoint => {
+                log::warn!(
+                    "peer {}: its directory record is gone (lease ended or withdrawn)",
+                    conn.name
+                );
+                conn.lose(Failure::PeerLost {
+                    reason: "its directory record is gone: its lease ended (the agent died or hung) or it withdrew".into(),
+                });
+                if let Some(a) = agent.upgrade() {
+                    a.remove_peer(&conn);
+                }
+                return;
+            }
+            WatchEvent::Delete { key, .. } => {
+                if let Some(id) = key
+                    .strip_prefix(segments.as_str())
+                    .and_then(|i| i.parse::<u32>().ok())
+                {
+                    // The control link says so too; whichever comes first removes it.
+                    let _ = conn.apply(Message::Removed(vec![id]));
+                }
+            }
+            WatchEvent::Lost { reason } => {
+                // The directory cannot tell any more; the data connection still can (its
+                // control link and its completions): keep the peer, say so.
+                log::warn!(
+                    "peer {}: directory watch lost ({reason}); the peer's loss is now noticed through its connection only",
+                    conn.name
+                );
+                return;
+            }
+            WatchEvent::Put { .. } | WatchEvent::Refused { .. } => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_names() {
+        assert_eq!(endpoint_key("a"), "a/endpoint");
+        assert_eq!(segment_key("a", 7), "a/segments/7");
+        assert!(check_publishable("prefill-0").is_ok());
+        assert!(matches!(
+            check_publishable("a/b"),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+}

@@ -1,0 +1,127 @@
+//! Finding peers through a real etcd (Debian's etcd-server, started by the test): an agent in
+//! another process publishes itself, this one finds it by name, transfers work; when the
+//! published agent's lease ends (the process is stopped, so no socket or packet tells), every
+//! transfer pending to it fails at once with `PeerLost`.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::etcd::EtcdServer;
+use common::{agent, device};
+use gdr_xfer::directory::{EtcdDirectory, DEFAULT_PREFIX};
+use gdr_xfer::{Desc, Error, Status, TransferOptions};
+
+fn example() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join("examples").join("kv_transfer");
+    assert!(p.exists(), "{} is missing: build the examples (cargo test builds them)", p.display());
+    p
+}
+
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        unsafe_free_signal(self.0.id(), "-CONT");
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sends a signal with kill(1) (no unsafe libc call in tests).
+fn unsafe_free_signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+}
+
+fn target(etcd: &str, ttl_ms: u64) -> Stopped {
+    let mut child = Command::new(example())
+        .args(["--serve", "--listen", "127.0.0.1:0", "--device", &device()])
+        .args(["--blocks", "10000", "--block-len", "4096"])
+        .args(["--etcd", etcd, "--ttl-ms", &ttl_ms.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.contains("published as kv-target"), "target said {line:?}");
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(Result::ok) {
+            println!("  | {l}");
+        }
+    });
+    Stopped(child)
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn peers_are_found_by_name_and_a_lease_that_ends_fails_their_transfers() {
+    let etcd = EtcdServer::start();
+    // Long enough that a busy emulated host (Soft-RoCE under TCG) renews it in time.
+    let ttl = Duration::from_secs(6);
+    let t = target(&etcd.endpoint(), ttl.as_millis() as u64);
+    let dir = Arc::new(
+        EtcdDirectory::connect(&[etcd.endpoint()], DEFAULT_PREFIX, ttl, Duration::from_secs(5))
+            .unwrap(),
+    );
+    let a = agent("finder");
+    // A name nobody published: a typed error within the timeout.
+    let start = Instant::now();
+    let e = a.connect_named(&dir, "nobody", Duration::from_millis(300)).unwrap_err();
+    assert!(matches!(e, Error::UnknownPeer { .. }), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    // Found by name; its segments arrive with the connection (and are in etcd too).
+    let peer = a.connect_named(&dir, "kv-target", Duration::from_secs(10)).unwrap();
+    assert_eq!(peer.name(), "kv-target");
+    let pool = peer.wait_segment_named("kv-pool", Duration::from_secs(10)).unwrap();
+    let listing = dir.list("kv-target/segments/").unwrap();
+    println!("kv-target's keys in etcd: endpoint and {:?}", listing.entries.iter().map(|e| &e.0).collect::<Vec<_>>());
+    assert_eq!(listing.entries.len(), 2, "kv-pool and kv-status are published: {listing:?}");
+    let src = a.alloc_host(1 << 20, "src").unwrap();
+    let one = |i: u64| Desc::new(&src, i * 4096, pool.id, i * 4096, 4096);
+    let opts = TransferOptions::new().timeout(Duration::from_secs(120));
+    let t0 = Instant::now();
+    peer.write(&[one(0)], &opts).unwrap().wait(Duration::from_secs(60)).unwrap();
+    println!("a write to the peer found by name took {:?}", t0.elapsed());
+    // Stop the target: its NIC (the kernel's Soft-RoCE) still answers and its socket stays
+    // open, but its lease is no longer renewed and it no longer reposts notification receives.
+    // Of 100 transfers with a notification, those past its receive slots wait (RNR retries,
+    // forever) until the lease ends.
+    unsafe_free_signal(t.0.id(), "-STOP");
+    let stopped = Instant::now();
+    let pending: Vec<_> = (0..100u64)
+        .map(|i| {
+            peer.write(&[one(i % 256)], &opts.clone().notify(format!("n{i}")))
+                .unwrap()
+        })
+        .collect();
+    let results: Vec<_> = pending.iter().map(|x| x.wait(Duration::from_secs(60))).collect();
+    let took = stopped.elapsed();
+    let done = results.iter().filter(|r| r.is_ok()).count();
+    let lost: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    println!(
+        "target stopped: {done} of 100 transfers finished before its lease ended, {} failed, all settled {took:?} after the stop (ttl {ttl:?}); first error: {:?}",
+        lost.len(),
+        lost.first()
+    );
+    assert!(!lost.is_empty(), "transfers past the receive slots cannot finish");
+    for e in &lost {
+        assert!(
+            matches!(e, Error::PeerLost { reason, .. } if reason.contains("directory record")),
+            "{e}"
+        );
+    }
+    assert!(took < ttl + Duration::from_secs(4), "failed {took:?} after the stop");
+    assert!(pending.iter().all(|x| x.status() != Status::Pending));
+    assert!(!peer.is_connected());
+    let start = Instant::now();
+    while a.peer("kv-target").is_some() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(a.peer("kv-target").is_none(), "the lost peer is forgotten");
+}
