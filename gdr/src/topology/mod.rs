@@ -24,13 +24,9 @@ use std::collections::BTreeMap;
 /// other versions with a typed error.
 pub const SNAPSHOT_FORMAT: u32 = 1;
 
-/// Environment variables that change how NCCL uses the NIC, captured at collect time.
-pub const NCCL_ENV_VARS: &[&str] = &[
-    "NCCL_IB_HCA",
-    "NCCL_IB_GID_INDEX",
-    "NCCL_NET_GDR_LEVEL",
-    "NCCL_SOCKET_IFNAME",
-];
+/// Environment variables that change how NCCL uses the NIC (every variable the doctor checks,
+/// [`crate::doctor::NCCL_VARS`]), captured at collect time.
+pub const NCCL_ENV_VARS: &[&str] = crate::doctor::NCCL_VARS;
 
 /// Everything the doctor looks at, read from one machine at one time.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
