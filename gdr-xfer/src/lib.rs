@@ -1,6 +1,105 @@
 //! # gdr-xfer: a safe transfer engine on gdr
 //!
-//! (crate documentation is written with the engine)
+//! Moves many blocks between machines with one-sided RDMA READ and WRITE: KV-cache blocks,
+//! weights, checkpoints. One [`Agent`] per process owns a device, a completion queue, a progress
+//! thread, its registered [`Segment`]s and its [`Peer`]s. A transfer is a list of descriptors, a
+//! block table (the paged form: block indices, no struct per block) or indices into prepared
+//! lists; it is checked against both segment tables before anything is posted, runs contiguous on
+//! both sides are merged, long runs are cut into slices spread over the peer's queue pairs, and an
+//! optional notification reaches the target only after every byte landed there.
+//!
+//! ## Memory safety without a caller's promise
+//!
+//! The engines this field uses leave buffer lifetimes to the caller ("keep this operation and
+//! its buffers alive"). Here a segment owns (host) or holds (GPU) its memory, every request in
+//! flight holds the registration it uses (gdr's rule), and a [`Transfer`] handle only observes:
+//! drop it, drop the future, deregister the segment, even drop the agent, and the memory is
+//! released exactly when the NIC can no longer touch it, never before and never leaked. Bad
+//! input is a typed [`Error`] before anything is posted; a transfer past its deadline fails with
+//! [`Error::Timeout`]; a peer that dies fails every transfer pending to it with
+//! [`Error::PeerLost`].
+//!
+//! ## Finding a peer directly (no server)
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use gdr_xfer::{Agent, AgentConfig, BlockTable, Op, TransferOptions};
+//!
+//! // The target (prefill side, say): a pool of blocks peers may write.
+//! let target = Agent::new(AgentConfig::new("prefill-0").device("mlx5_0"))?;
+//! let _pool = target.alloc_host(1024 * 65536, "kv-pool")?;
+//! target.listen("0.0.0.0:7100")?;
+//!
+//! // The initiator, in another process: connect, find the pool, write blocks 0..128 of the
+//! // local pool into blocks 512.. of the target's, with a notification after the data.
+//! let agent = Agent::new(AgentConfig::new("decode-0").device("mlx5_0"))?;
+//! let local = agent.alloc_host(128 * 65536, "staging")?;
+//! let peer = agent.connect("10.0.0.1:7100")?;
+//! let pool = peer.wait_segment_named("kv-pool", Duration::from_secs(5))?;
+//! let local_blocks: Vec<u32> = (0..128).collect();
+//! let remote_blocks: Vec<u32> = (512..640).collect();
+//! let table = BlockTable {
+//!     local: &local,
+//!     local_base: 0,
+//!     remote: pool.id,
+//!     remote_base: 0,
+//!     block_len: 65536,
+//!     local_blocks: &local_blocks,
+//!     remote_blocks: &remote_blocks,
+//! };
+//! let opts = TransferOptions::new().timeout(Duration::from_secs(5)).notify("req-42");
+//! let stats = peer.transfer_blocks(Op::Write, &table, &opts)?.wait(Duration::from_secs(5))?;
+//! println!("{} bytes in {} requests, {:?}", stats.bytes, stats.slices, stats.time_to_complete);
+//!
+//! // Back on the target: the notification comes after the data.
+//! if let Some(n) = target.wait_notification(Duration::from_secs(5))? {
+//!     println!("{} says {:?}: its blocks are in the pool", n.peer, n.data);
+//! }
+//! # Ok::<(), gdr_xfer::Error>(())
+//! ```
+//!
+//! A [`Transfer`] is also a [`Future`](std::future::Future): `.await` it on any executor.
+//!
+//! ## Finding a peer through etcd (feature `etcd`)
+//!
+//! Agents publish their address and segments under lease-bound keys; peers are found by name;
+//! when an agent's lease ends (it died or hung, even with its sockets open) every transfer
+//! pending to it fails at once.
+//!
+#![cfg_attr(feature = "etcd", doc = "```no_run")]
+#![cfg_attr(not(feature = "etcd"), doc = "```ignore")]
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use gdr_xfer::directory::{EtcdDirectory, DEFAULT_PREFIX, DEFAULT_TTL};
+//! use gdr_xfer::{Agent, AgentConfig};
+//!
+//! let etcd = vec!["10.0.0.100:2379".to_string()];
+//! let dir = Arc::new(EtcdDirectory::connect(&etcd, DEFAULT_PREFIX, DEFAULT_TTL, Duration::from_secs(5))?);
+//!
+//! // The target publishes itself.
+//! let target = Agent::new(AgentConfig::new("prefill-0"))?;
+//! let addr = target.listen("10.0.0.1:7100")?;
+//! target.publish(dir.clone(), addr)?;
+//!
+//! // A peer finds it by name (in another process, with its own directory).
+//! let agent = Agent::new(AgentConfig::new("decode-0"))?;
+//! let peer = agent.connect_named(&dir, "prefill-0", Duration::from_secs(10))?;
+//! # Ok::<(), gdr_xfer::Error>(())
+//! ```
+//!
+//! ## Progress
+//!
+//! Submitting posts at once, in the caller's thread, what the send queues have room for (one
+//! doorbell per 32 requests); the agent's progress thread reaps completions, posts the rest as
+//! room frees, delivers notifications and fails transfers at their deadline. It polls while
+//! completions come and sleeps on the completion channel otherwise. The caller never waits for
+//! another thread to post.
+//!
+//! ## Memory the engine keeps per transfer
+//!
+//! One run record per descriptor that did not merge ([`TransferStats::runs`]), one record per
+//! chunk of up to 32 posted requests, and gdr's in-flight entry per request; no per-block
+//! allocation.
 
 #![deny(missing_docs)]
 #![warn(unsafe_op_in_unsafe_fn)]
