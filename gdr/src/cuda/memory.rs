@@ -9,7 +9,7 @@ use super::context::PrimaryContext;
 use super::{check, has_symbol, no_hint};
 use crate::error::{Error, Hint, Result};
 
-fn check_len(what: &str, len: usize) -> Result<()> {
+pub(super) fn check_len(what: &str, len: usize) -> Result<()> {
     if len == 0 {
         return Err(Error::invalid(
             format!("{what}: length 0"),
@@ -28,7 +28,7 @@ fn oom_hint(rc: sys::CUresult) -> Hint {
 }
 
 /// Checks `offset..offset+len` against a buffer of `limit` bytes.
-fn check_range(what: &'static str, offset: usize, len: usize, limit: usize) -> Result<()> {
+pub(super) fn check_range(what: &'static str, offset: usize, len: usize, limit: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= limit => Ok(()),
         _ => Err(Error::OutOfBounds {
