@@ -498,10 +498,12 @@ impl<E: CopyEngine> Pipeline<E> {
             self.slots[i].state = SlotState::Free;
             return Ok(());
         }
-        match self
-            .engine
-            .to_device(chunk.bounce_offset, &job.dev, chunk.device_offset, chunk.len)
-        {
+        match self.engine.to_device(
+            chunk.bounce_offset,
+            &job.dev,
+            chunk.device_offset,
+            chunk.len,
+        ) {
             Ok(copy) => {
                 self.slots[i].state = SlotState::ToDevice(copy);
                 job.in_flight += 1;
@@ -733,7 +735,10 @@ fn unknown_ticket(ticket: Ticket) -> Error {
 
 fn lost(ticket: Ticket) -> Error {
     Error::InvalidArgument {
-        what: format!("staging: ticket {} ended without a Finished event", ticket.0),
+        what: format!(
+            "staging: ticket {} ended without a Finished event",
+            ticket.0
+        ),
         hint: Hint::NONE,
     }
 }

@@ -64,9 +64,10 @@ impl CopyEngine for CudaCopies {
         len: usize,
     ) -> Result<AsyncCopy> {
         Ok(match &self.bounce {
-            Bounce::Owned(b) => self
-                .stream
-                .copy_to_device(b, bounce_offset, dev, dev_offset, len)?,
+            Bounce::Owned(b) => {
+                self.stream
+                    .copy_to_device(b, bounce_offset, dev, dev_offset, len)?
+            }
             Bounce::Registered(r) => {
                 self.stream
                     .copy_to_device(r, bounce_offset, dev, dev_offset, len)?
@@ -424,11 +425,11 @@ impl Stager {
 
 /// `8388608` -> `8 MiB`, `1536` -> `1536 B`.
 pub(crate) fn bytes_text(n: usize) -> String {
-    if n >= 1 << 30 && n % (1 << 30) == 0 {
+    if n >= 1 << 30 && n.is_multiple_of(1 << 30) {
         format!("{} GiB", n >> 30)
-    } else if n >= 1 << 20 && n % (1 << 20) == 0 {
+    } else if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{} MiB", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{} KiB", n >> 10)
     } else {
         format!("{n} B")

@@ -273,7 +273,10 @@ fn blocking_d2h_delivers_every_byte_in_order() {
             "{out:?}"
         );
         assert_eq!(Arc::strong_count(&d), 1, "the ticket let go of the device");
-        assert!(p.engine.log.borrow().max_in_flight >= 2, "copies overlapped");
+        assert!(
+            p.engine.log.borrow().max_in_flight >= 2,
+            "copies overlapped"
+        );
         assert_eq!(p.active_tickets(), 0);
     }
 }
@@ -297,8 +300,16 @@ fn blocking_h2d_writes_every_byte() {
         let now = d.bytes.lock().unwrap().clone();
         let before = pattern(5000, 0);
         assert_eq!(&now[500..4821], &src[..]);
-        assert_eq!(&now[..500], &before[..500], "bytes before the range untouched");
-        assert_eq!(&now[4821..], &before[4821..], "bytes after the range untouched");
+        assert_eq!(
+            &now[..500],
+            &before[..500],
+            "bytes before the range untouched"
+        );
+        assert_eq!(
+            &now[4821..],
+            &before[4821..],
+            "bytes after the range untouched"
+        );
         assert!(p.engine.log.borrow().max_in_flight >= 2);
     }
 }
@@ -313,8 +324,12 @@ fn nonblocking_tickets_in_both_directions_share_the_bounce_buffers() {
     let c = dev(1024, 0);
     let src_c = pattern(1000, 5);
     let ta = p.start(Direction::DeviceToHost, a.clone(), 0..777).unwrap();
-    let tb = p.start(Direction::DeviceToHost, b.clone(), 100..300).unwrap();
-    let tc = p.start(Direction::HostToDevice, c.clone(), 24..1024).unwrap();
+    let tb = p
+        .start(Direction::DeviceToHost, b.clone(), 100..300)
+        .unwrap();
+    let tc = p
+        .start(Direction::HostToDevice, c.clone(), 24..1024)
+        .unwrap();
     let mut got_a = vec![0u8; 777];
     let mut got_b = vec![0u8; 300];
     let mut held = Vec::new();
@@ -330,7 +345,11 @@ fn nonblocking_tickets_in_both_directions_share_the_bounce_buffers() {
                     p.read_chunk(&ch, 0, &mut buf).unwrap();
                     let direct = p.chunk_bytes(&ch).unwrap().unwrap();
                     assert_eq!(direct, &buf[..]);
-                    let dst = if ch.ticket() == ta { &mut got_a } else { &mut got_b };
+                    let dst = if ch.ticket() == ta {
+                        &mut got_a
+                    } else {
+                        &mut got_b
+                    };
                     dst[ch.device_offset()..ch.device_offset() + ch.len()].copy_from_slice(&buf);
                     held.push((round + 2, ch));
                 }
@@ -383,7 +402,9 @@ fn hostile_chunks_and_ranges_are_refused() {
     let d = dev(64, 0);
     #[allow(clippy::reversed_empty_ranges)]
     for r in [0..65, 60..70, 10..5, usize::MAX - 1..usize::MAX] {
-        let e = p.start(Direction::DeviceToHost, d.clone(), r.clone()).unwrap_err();
+        let e = p
+            .start(Direction::DeviceToHost, d.clone(), r.clone())
+            .unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { .. }), "{r:?}: {e}");
     }
     let t = p.start(Direction::DeviceToHost, d.clone(), 0..64).unwrap();
@@ -439,7 +460,9 @@ fn hostile_chunks_and_ranges_are_refused() {
 fn cancel_waits_for_copies_and_lent_chunks_then_lets_go_of_the_memory() {
     let mut p = pipeline(8, 3, 2, true);
     let d = dev(1000, 4);
-    let t = p.start(Direction::DeviceToHost, d.clone(), 0..1000).unwrap();
+    let t = p
+        .start(Direction::DeviceToHost, d.clone(), 0..1000)
+        .unwrap();
     let mut ev = Vec::new();
     let mut lent = Vec::new();
     while lent.is_empty() {
@@ -525,7 +548,11 @@ fn failed_copies_fail_the_ticket_and_the_stager_goes_on() {
         got[10..30].iter().all(|&b| b == 7),
         "the copies in flight behind it completed"
     );
-    assert_eq!(&got[30..], &before[30..], "nothing was issued after the failure");
+    assert_eq!(
+        &got[30..],
+        &before[30..],
+        "nothing was issued after the failure"
+    );
 
     // The sink's error ends the copy, cancels the rest, and leaks no bounce buffer.
     let mut p = pipeline(10, 2, 0, true);

@@ -5,9 +5,9 @@ use std::ptr::NonNull;
 
 use gdr_sys::cuda as sys;
 
+use super::check;
 use super::context::PrimaryContext;
 use super::memory::{check_len, check_range};
-use super::check;
 use crate::error::{Hint, Result};
 use crate::mr::{HostMemory, MemoryRegion, Registered};
 
@@ -100,7 +100,9 @@ impl DmaHostBuffer {
                 rc,
                 "cuMemHostAlloc",
                 || format!("bytesize={len}, flags=PORTABLE, ordinal={ordinal}"),
-                |_| Hint::new("pinned memory is limited by RAM (and RLIMIT_MEMLOCK): allocate less"),
+                |_| {
+                    Hint::new("pinned memory is limited by RAM (and RLIMIT_MEMLOCK): allocate less")
+                },
             )?;
         }
         let Some(ptr) = NonNull::new(p.cast::<u8>()) else {

@@ -28,7 +28,12 @@ fn oom_hint(rc: sys::CUresult) -> Hint {
 }
 
 /// Checks `offset..offset+len` against a buffer of `limit` bytes.
-pub(super) fn check_range(what: &'static str, offset: usize, len: usize, limit: usize) -> Result<()> {
+pub(super) fn check_range(
+    what: &'static str,
+    offset: usize,
+    len: usize,
+    limit: usize,
+) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= limit => Ok(()),
         _ => Err(Error::OutOfBounds {

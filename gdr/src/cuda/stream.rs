@@ -249,7 +249,12 @@ impl Stream {
         let mut event: sys::CUevent = std::ptr::null_mut();
         // SAFETY: a context is current; `event` is a valid out-pointer.
         let rc = unsafe { sys::cuEventCreate(&mut event, EVENT_DISABLE_TIMING) };
-        check(rc, "cuEventCreate", || "flags=DISABLE_TIMING".into(), no_hint)?;
+        check(
+            rc,
+            "cuEventCreate",
+            || "flags=DISABLE_TIMING".into(),
+            no_hint,
+        )?;
         // From here on the handle owns the event (destroyed in Drop).
         let mut copy = AsyncCopy {
             stream: self.clone(),
@@ -315,7 +320,11 @@ impl Drop for Stream {
             }
             let rc = sys::cuStreamDestroy_v2(self.raw);
             if rc != sys::CUresult::CUDA_SUCCESS {
-                log::warn!("cuStreamDestroy({:p}) failed: {}", self.raw, result_name(rc));
+                log::warn!(
+                    "cuStreamDestroy({:p}) failed: {}",
+                    self.raw,
+                    result_name(rc)
+                );
             }
         }
     }
