@@ -613,3 +613,15 @@ fn bytes_text_is_human() {
     assert_eq!(bytes_text(1536), "1536 B");
     assert_eq!(bytes_text(4096), "4 KiB");
 }
+
+/// The engine moves its stagers into its progress thread.
+#[test]
+fn stagers_and_chunks_can_move_to_the_progress_thread() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Stager>();
+    send_sync::<super::Chunk>();
+    send_sync::<StagingEvent>();
+    send_sync::<gdr::cuda::AsyncCopy>();
+    send_sync::<gdr::cuda::Stream>();
+    send_sync::<gdr::cuda::DmaHostBuffer>();
+}

@@ -460,3 +460,51 @@ impl Drop for AsyncCopy {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::DmaHostBuffer;
+
+    /// Without a usable driver (the machines the host tier runs on), streams and bounce buffers
+    /// are typed errors, never panics; a zero length is refused before the driver is asked.
+    #[test]
+    fn without_cuda_streams_and_dma_buffers_are_typed_errors() {
+        let e = DmaHostBuffer::alloc(0, 0).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        match super::super::device_count() {
+            Err(Error::CudaUnavailable { .. }) => {
+                let e = Stream::new(0).unwrap_err();
+                assert!(matches!(e, Error::CudaUnavailable { .. }), "{e}");
+                let e = DmaHostBuffer::alloc(0, 4096).unwrap_err();
+                assert!(matches!(e, Error::CudaUnavailable { .. }), "{e}");
+            }
+            Ok(n) => {
+                let e = Stream::new(n + 3).unwrap_err();
+                assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            }
+            Err(other) => panic!("device_count: {other}"),
+        }
+    }
+
+    #[test]
+    fn with_args_fills_only_empty_arguments() {
+        let e = Error::Cuda {
+            call: "cuMemcpyDtoHAsync",
+            args: String::new(),
+            result: sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+            name: "CUDA_ERROR_INVALID_VALUE".into(),
+            hint: crate::Hint::NONE,
+        };
+        let e = with_args(e, "dst=0x1, src=0x2, bytes=3".into());
+        assert!(
+            e.to_string()
+                .starts_with("cuMemcpyDtoHAsync(dst=0x1, src=0x2, bytes=3) failed"),
+            "{e}"
+        );
+        let e = with_args(e, "other".into());
+        assert!(!e.to_string().contains("other"), "{e}");
+        let e = with_args(Error::invalid("x", crate::Hint::NONE), "y".into());
+        assert!(matches!(e, Error::InvalidArgument { .. }));
+    }
+}
