@@ -57,7 +57,10 @@ pub(super) fn check_range(
 /// An implementation must guarantee that `device_ptr()..device_ptr() + len()` lies inside one
 /// live CUDA allocation made by the CUDA driver (`cuMemAlloc`, `cuMemAllocAsync`,
 /// `cuMemAllocManaged`, `cuMemCreate` + map) for as long as `&self` is borrowed: not freed, not
-/// returned to a caching allocator, and its context not destroyed.
+/// returned to a caching allocator, and its context not destroyed. The range and the allocation
+/// must not change while the value lives (asynchronous copies, [`super::Stream`], keep an `Arc`
+/// of the value rather than a borrow, and rely on the memory staying allocated until the value
+/// is dropped). gdr's own implementations free their memory only in `Drop`.
 pub unsafe trait DeviceMemory {
     /// The device virtual address of byte 0.
     fn device_ptr(&self) -> u64;

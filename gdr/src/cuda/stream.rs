@@ -174,12 +174,12 @@ impl Stream {
             dst.len(),
         )?;
         let keep: [Box<dyn Keep>; 2] = [Box::new(src.clone()), Box::new(dst.clone())];
-        let from = src.device_ptr() + src_offset as u64;
+        let from = src.device_ptr().wrapping_add(src_offset as u64);
         // In bounds of the host allocation (checked above), so the add stays inside it.
         let to = dst.host_ptr().as_ptr().wrapping_add(dst_offset);
         self.issue(keep, len, "cuMemcpyDtoHAsync", |stream| {
-            // SAFETY: `from..from+len` lies in a live device allocation (DeviceMemory's contract,
-            // kept alive by the Arc the handle holds); `to..to+len` in live host memory the
+            // SAFETY: `from..from+len` lies in a live device allocation (bounds checked above;
+            // DeviceMemory's contract: allocated while the value lives, kept by the handle's Arc); `to..to+len` in live host memory the
             // engine may write while shared (HostDmaMemory's contract, kept alive likewise).
             unsafe { sys::cuMemcpyDtoHAsync_v2(to.cast(), from, len, stream) }
         })
@@ -219,7 +219,7 @@ impl Stream {
         )?;
         let keep: [Box<dyn Keep>; 2] = [Box::new(src.clone()), Box::new(dst.clone())];
         let from = src.host_ptr().as_ptr().wrapping_add(src_offset);
-        let to = dst.device_ptr() + dst_offset as u64;
+        let to = dst.device_ptr().wrapping_add(dst_offset as u64);
         self.issue(keep, len, "cuMemcpyHtoDAsync", |stream| {
             // SAFETY: as in copy_to_host, with the roles swapped: both ranges lie in live memory
             // kept alive by the Arcs the handle holds until the copy is known complete.
