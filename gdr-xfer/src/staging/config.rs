@@ -16,6 +16,11 @@ pub struct StagingConfig {
     pub chunks: usize,
     /// The most tickets (started, unfinished ranges) at once; more are refused.
     pub max_tickets: usize,
+    /// The smallest piece a range is cut into. A range shorter than `chunks * chunk_size` is cut
+    /// into `chunks` pieces of at least this size (rounded up to 64 KiB), so that even a range of
+    /// two chunk sizes keeps several copies and RDMA requests overlapping; see
+    /// [`piece_size`](Self::piece_size). Set it to `chunk_size` to always cut at `chunk_size`.
+    pub min_piece: usize,
 }
 
 impl Default for StagingConfig {
@@ -24,6 +29,7 @@ impl Default for StagingConfig {
             chunk_size: Self::DEFAULT_CHUNK_SIZE,
             chunks: Self::DEFAULT_CHUNKS,
             max_tickets: Self::DEFAULT_MAX_TICKETS,
+            min_piece: Self::DEFAULT_MIN_PIECE,
         }
     }
 }
@@ -35,6 +41,8 @@ impl StagingConfig {
     pub const DEFAULT_CHUNKS: usize = 4;
     /// 4096 tickets at once.
     pub const DEFAULT_MAX_TICKETS: usize = 4096;
+    /// 1 MiB: copies of that size still run at close to full copy-engine speed.
+    pub const DEFAULT_MIN_PIECE: usize = 1 << 20;
     /// The largest bounce allocation accepted: 16 GiB of pinned memory.
     pub const MAX_TOTAL: usize = 16 << 30;
     /// The most chunks accepted.
@@ -47,6 +55,16 @@ impl StagingConfig {
             chunks,
             ..Self::default()
         }
+    }
+
+    /// The size of the pieces a range of `len` bytes is cut into: `chunk_size`, or for a range
+    /// shorter than `chunks * chunk_size`, `len / chunks` rounded up to 64 KiB, but never less
+    /// than `min_piece` (nor more than `chunk_size`).
+    pub fn piece_size(&self, len: usize) -> usize {
+        let size = self.chunk_size.max(1);
+        let per = len.div_ceil(self.chunks.max(1));
+        let per = per.div_ceil(64 << 10).saturating_mul(64 << 10);
+        per.max(self.min_piece).min(size)
     }
 
     /// The bounce allocation's size: `chunk_size * chunks`.
@@ -103,6 +121,12 @@ impl StagingConfig {
                 );
             }
         }
+        if self.min_piece == 0 {
+            return bad(
+                "staging config: min_piece=0".into(),
+                "use StagingConfig::DEFAULT_MIN_PIECE (1 MiB), or chunk_size to never cut smaller",
+            );
+        }
         if self.max_tickets == 0 {
             return bad(
                 "staging config: max_tickets=0 admits no transfer".into(),
@@ -125,6 +149,45 @@ mod tests {
     }
 
     #[test]
+    fn short_ranges_are_cut_into_as_many_pieces_as_there_are_chunks() {
+        let c = StagingConfig::default(); // 4 x 8 MiB, pieces of at least 1 MiB
+        const MIB: usize = 1 << 20;
+        assert_eq!(
+            c.piece_size(1 << 30),
+            8 * MIB,
+            "long ranges: the chunk size"
+        );
+        assert_eq!(c.piece_size(32 * MIB), 8 * MIB);
+        assert_eq!(
+            c.piece_size(16 * MIB),
+            4 * MIB,
+            "two chunk sizes: four pieces"
+        );
+        assert_eq!(
+            c.piece_size(16 * MIB + 1),
+            4 * MIB + (64 << 10),
+            "rounded up to 64 KiB"
+        );
+        assert_eq!(c.piece_size(3 * MIB), MIB, "never below min_piece");
+        assert_eq!(c.piece_size(1), MIB);
+        assert_eq!(c.piece_size(0), MIB);
+        assert_eq!(c.piece_size(usize::MAX), 8 * MIB);
+        let fixed = StagingConfig {
+            min_piece: 8 * MIB,
+            ..c
+        };
+        assert_eq!(fixed.piece_size(16 * MIB), 8 * MIB);
+        let tiny = StagingConfig::new(4096, 2);
+        assert_eq!(tiny.piece_size(100_000), 4096, "never above chunk_size");
+        for len in [0, 1, 4095, 1 << 20, 123_456_789, usize::MAX] {
+            for cfg in [c, fixed, tiny, StagingConfig::new(1, 1)] {
+                let p = cfg.piece_size(len);
+                assert!(p >= 1 && p <= cfg.chunk_size, "{cfg:?} {len}: {p}");
+            }
+        }
+    }
+
+    #[test]
     fn hostile_sizes_are_typed_errors() {
         for c in [
             StagingConfig::new(0, 4),
@@ -135,6 +198,10 @@ mod tests {
             StagingConfig::new(4096, StagingConfig::MAX_CHUNKS + 1),
             StagingConfig {
                 max_tickets: 0,
+                ..StagingConfig::default()
+            },
+            StagingConfig {
+                min_piece: 0,
                 ..StagingConfig::default()
             },
         ] {

@@ -225,7 +225,7 @@ impl<E: CopyEngine> Pipeline<E> {
             ticket,
             direction,
             dev,
-            plan: ChunkPlan::new(range, self.config.chunk_size),
+            plan: ChunkPlan::new(range.clone(), self.config.piece_size(range.len())),
             in_flight: 0,
             lent: 0,
             bytes_done: 0,

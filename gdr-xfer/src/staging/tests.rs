@@ -625,3 +625,30 @@ fn stagers_and_chunks_can_move_to_the_progress_thread() {
     send_sync::<gdr::cuda::Stream>();
     send_sync::<gdr::cuda::DmaHostBuffer>();
 }
+
+/// A range of two chunk sizes is cut into as many pieces as there are bounce buffers, so its
+/// copies still overlap the caller's work.
+#[test]
+fn short_ranges_use_every_bounce_buffer() {
+    let config = StagingConfig {
+        min_piece: 64 << 10,
+        ..StagingConfig::new(256 << 10, 4)
+    };
+    let mut p = Pipeline::new(FakeEngine::new(config, 1, true), config).unwrap();
+    let d = dev(512 << 10, 6);
+    let mut offsets = Vec::new();
+    let mut got = Vec::new();
+    p.copy_d2h(d, 0..512 << 10, |off, b| {
+        offsets.push((off, b.len()));
+        got.extend_from_slice(b);
+        Ok(())
+    })
+    .unwrap();
+    let piece = 128 << 10;
+    assert_eq!(
+        offsets,
+        (0..4).map(|k| (k * piece, piece)).collect::<Vec<_>>()
+    );
+    assert_eq!(got, pattern(512 << 10, 6));
+    assert_eq!(p.engine.log.borrow().max_in_flight, 4);
+}
