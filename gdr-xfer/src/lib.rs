@@ -122,6 +122,7 @@ mod peer;
 mod plan;
 mod progress;
 mod segment;
+pub mod staging;
 mod transfer;
 pub mod wire;
 

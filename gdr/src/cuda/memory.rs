@@ -9,7 +9,7 @@ use super::context::PrimaryContext;
 use super::{check, has_symbol, no_hint};
 use crate::error::{Error, Hint, Result};
 
-fn check_len(what: &str, len: usize) -> Result<()> {
+pub(super) fn check_len(what: &str, len: usize) -> Result<()> {
     if len == 0 {
         return Err(Error::invalid(
             format!("{what}: length 0"),
@@ -28,7 +28,12 @@ fn oom_hint(rc: sys::CUresult) -> Hint {
 }
 
 /// Checks `offset..offset+len` against a buffer of `limit` bytes.
-fn check_range(what: &'static str, offset: usize, len: usize, limit: usize) -> Result<()> {
+pub(super) fn check_range(
+    what: &'static str,
+    offset: usize,
+    len: usize,
+    limit: usize,
+) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= limit => Ok(()),
         _ => Err(Error::OutOfBounds {
@@ -52,7 +57,10 @@ fn check_range(what: &'static str, offset: usize, len: usize, limit: usize) -> R
 /// An implementation must guarantee that `device_ptr()..device_ptr() + len()` lies inside one
 /// live CUDA allocation made by the CUDA driver (`cuMemAlloc`, `cuMemAllocAsync`,
 /// `cuMemAllocManaged`, `cuMemCreate` + map) for as long as `&self` is borrowed: not freed, not
-/// returned to a caching allocator, and its context not destroyed.
+/// returned to a caching allocator, and its context not destroyed. The range and the allocation
+/// must not change while the value lives (asynchronous copies, [`super::Stream`], keep an `Arc`
+/// of the value rather than a borrow, and rely on the memory staying allocated until the value
+/// is dropped). gdr's own implementations free their memory only in `Drop`.
 pub unsafe trait DeviceMemory {
     /// The device virtual address of byte 0.
     fn device_ptr(&self) -> u64;

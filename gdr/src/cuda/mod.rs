@@ -12,7 +12,13 @@
 //!
 //! Symbols that only newer drivers export (`cuMemGetHandleForAddressRange`, CUDA >= 11.7;
 //! `cuFlushGPUDirectRDMAWrites`, >= 11.3; `cuMemAllocAsync`, >= 11.2) are checked by name before
-//! each use and give [`Error::Unsupported`] when absent.
+//! each use and give [`Error::Unsupported`] when absent; so are the stream, event and
+//! asynchronous-copy symbols [`Stream`] needs (checked when a stream is created).
+//!
+//! Asynchronous copies ([`Stream::copy_to_host`], [`Stream::copy_to_device`]) return an
+//! [`AsyncCopy`] that holds an `Arc` of both buffers until the copy is known complete; host memory
+//! they may write while it is shared implements [`HostDmaMemory`] ([`DmaHostBuffer`], a pinned
+//! bounce buffer, and [`crate::mr::MemoryRegion`]).
 //!
 //! [`driver_version`] needs steps 1-3 only, so it answers on a machine whose driver is installed
 //! but which has no GPU; every other entry point needs all four.
@@ -32,12 +38,16 @@
 //! ```
 
 mod context;
+mod dma;
 mod memory;
 mod pointer;
+mod stream;
 
 pub use context::ContextGuard;
+pub use dma::{DmaHostBuffer, HostDmaMemory};
 pub use memory::{DeviceBuffer, DeviceMemory, ManagedBuffer, PinnedHostBuffer};
 pub use pointer::{classify, set_sync_memops, set_sync_memops_at, PointerInfo, PointerType};
+pub use stream::{AsyncCopy, Stream};
 
 use std::ffi::CStr;
 use std::sync::OnceLock;

@@ -1,0 +1,433 @@
+//! GPU tier for host staging (`gdr_xfer::staging`) and the asynchronous copies under it
+//! (`gdr::cuda::Stream`). Needs a CUDA GPU (no RDMA device): run on the GPU machine with
+//! `--ignored --test-threads=1 --nocapture` (`cargo xtask gpu-bundle`, shared/GPU.md). Without a
+//! GPU each test fails loudly at `gpu()`.
+//!
+//! `gpu_staging_throughput` is the issue's staging target: for 16 MiB, 256 MiB and 1 GiB it
+//! measures plain pinned `cuMemcpy` D2H and H2D (the bandwidth PyTorch's pinned copies reach),
+//! then the staged pipeline through the bounce buffers, and prints the ratios; every byte is
+//! checked.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use gdr::cuda::{self, DeviceBuffer, DmaHostBuffer, PinnedHostBuffer, Stream};
+use gdr_xfer::staging::{Direction, Outcome, Stager, StagingConfig, StagingEvent};
+
+const MIB: usize = 1 << 20;
+
+fn gpu() {
+    let n = cuda::device_count().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+    assert!(n > 0, "this test needs a CUDA GPU: none visible");
+}
+
+/// `len` bytes in which every 4 KiB block differs (its index is written into it), so an offset
+/// error of any multiple of a block shows; built with memcpy (fast in debug builds).
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut block = [0u8; 4096];
+    for (i, b) in block.iter_mut().enumerate() {
+        *b = ((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ seed as u8;
+    }
+    let mut v = vec![0u8; len];
+    for (k, c) in v.chunks_mut(4096).enumerate() {
+        let n = c.len();
+        c.copy_from_slice(&block[..n]);
+        let tag = (k as u64 ^ seed.rotate_left(32)).to_le_bytes();
+        let t = n.min(8);
+        c[..t].copy_from_slice(&tag[..t]);
+    }
+    v
+}
+
+/// Prints `line`, and appends it to `$OUT/gpu-staging.txt` when `$OUT` is set (the GPU machine's
+/// result folder), so the numbers come back even when the harness captures stdout.
+fn report(line: &str) {
+    println!("{line}");
+    if let Some(dir) = std::env::var_os("OUT") {
+        use std::io::Write;
+        let path = std::path::Path::new(&dir).join("gpu-staging.txt");
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
+fn gbps(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+/// The median of `reps` timings of `f`.
+fn median(reps: usize, mut f: impl FnMut() -> Duration) -> Duration {
+    let mut v: Vec<Duration> = (0..reps).map(|_| f()).collect();
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn size_text(n: usize) -> String {
+    if n >= 1 << 30 {
+        format!("{}GiB", n >> 30)
+    } else {
+        format!("{}MiB", n >> 20)
+    }
+}
+
+/// Copies `src` into `dst` with `threads` threads (the host-side step after staging).
+fn par_copy(dst: &mut [u8], src: &[u8], threads: usize) {
+    let per = src.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_async_copies_keep_their_buffers_until_complete() {
+    gpu();
+    let len = 256 * MIB;
+    let stream = Arc::new(Stream::new(0).unwrap());
+    let data = pattern(len, 1);
+    let dev = Arc::new(DeviceBuffer::alloc(0, len).unwrap());
+    dev.copy_from_host(0, &data).unwrap();
+    let host = Arc::new(DmaHostBuffer::alloc(0, len).unwrap());
+    let weak_dev: Weak<DeviceBuffer> = Arc::downgrade(&dev);
+    let weak_host: Weak<DmaHostBuffer> = Arc::downgrade(&host);
+
+    // Issue, then drop our own references at once: the copy keeps both buffers alive.
+    let copy = stream.copy_to_host(&dev, 0, &host, 0, len).unwrap();
+    let host_keep = host.clone();
+    drop(dev);
+    drop(host);
+    assert!(
+        weak_dev.upgrade().is_some(),
+        "the copy holds the device buffer"
+    );
+    copy.wait().unwrap();
+    assert!(weak_dev.upgrade().is_none(), "released once complete");
+    // SAFETY: the only copy into it is complete and no other view exists.
+    let got = unsafe { host_keep.slice(0, len) }.unwrap();
+    assert!(got == &data[..], "D2H bytes differ");
+
+    // A handle dropped mid-copy waits: the buffers outlive the copy engine's use.
+    let dev2 = Arc::new(DeviceBuffer::alloc(0, len).unwrap());
+    let weak2 = Arc::downgrade(&dev2);
+    let up = stream.copy_to_device(&host_keep, 0, &dev2, 0, len).unwrap();
+    drop(dev2);
+    let t = Instant::now();
+    drop(up); // waits for the copy, then releases dev2
+    report(&format!(
+        "drop of an in-flight 256 MiB H2D copy waited {:?}",
+        t.elapsed()
+    ));
+    assert!(weak2.upgrade().is_none());
+    drop(host_keep);
+    assert!(weak_host.upgrade().is_none());
+
+    // A copy issued on one thread may be waited for on another.
+    let dev3 = Arc::new(DeviceBuffer::alloc(0, MIB).unwrap());
+    let host3 = Arc::new(DmaHostBuffer::alloc(0, MIB).unwrap());
+    dev3.copy_from_host(0, &data[..MIB]).unwrap();
+    let copy = stream.copy_to_host(&dev3, 0, &host3, 0, MIB).unwrap();
+    std::thread::spawn(move || copy.wait().unwrap())
+        .join()
+        .unwrap();
+    // SAFETY: the copy is complete (joined) and no other view exists.
+    assert!(unsafe { host3.slice(0, MIB) }.unwrap() == &data[..MIB]);
+
+    // Bounds are checked before anything is issued.
+    let dev = Arc::new(DeviceBuffer::alloc(0, MIB).unwrap());
+    let host = Arc::new(DmaHostBuffer::alloc(0, MIB).unwrap());
+    for (so, dof, n) in [
+        (1, 0, MIB),
+        (0, 1, MIB),
+        (usize::MAX, 0, 2),
+        (0, 0, MIB + 1),
+    ] {
+        let e = stream.copy_to_host(&dev, so, &host, dof, n).unwrap_err();
+        assert!(matches!(e, gdr::Error::OutOfBounds { .. }), "{e}");
+        let e = stream.copy_to_device(&host, dof, &dev, so, n).unwrap_err();
+        assert!(matches!(e, gdr::Error::OutOfBounds { .. }), "{e}");
+    }
+    let mut empty = stream.copy_to_host(&dev, MIB, &host, 0, 0).unwrap();
+    assert!(empty.is_complete().unwrap() && empty.is_empty());
+    assert!(stream.is_idle().unwrap());
+    stream.synchronize().unwrap();
+}
+
+/// The engine's way: `poll` from one thread, chunks held while "RDMA" uses them (a copy out of
+/// the bounce buffer here), D2H and H2D tickets at once; then a stager dropped with copies in
+/// flight.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_stager_nonblocking_flow_moves_every_byte() {
+    gpu();
+    let len = 100 * MIB + 12_345;
+    let src = pattern(len, 2);
+    let a = Arc::new(DeviceBuffer::alloc(0, len).unwrap());
+    a.copy_from_host(0, &src).unwrap();
+    let b = Arc::new(DeviceBuffer::alloc(0, len).unwrap());
+    let up = pattern(len, 3);
+
+    let mut st = Stager::new(0, StagingConfig::new(4 * MIB, 6)).unwrap();
+    report(&st.describe());
+    assert!(st.describe().contains("staged through host"));
+    let ta = st.start_d2h(&a, 0..len).unwrap();
+    let tb = st.start_h2d(&b, 7..len).unwrap();
+    let mut got = vec![0u8; len];
+    let mut events = Vec::new();
+    let mut lent = std::collections::VecDeque::new();
+    let mut finished = 0;
+    let mut max_in_flight_while_lent = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while finished < 2 {
+        assert!(Instant::now() < deadline, "staging did not finish");
+        st.poll(&mut events);
+        for ev in events.drain(..) {
+            match ev {
+                StagingEvent::Ready(c) => {
+                    let o = c.device_offset();
+                    st.read_chunk(&c, 0, &mut got[o..o + c.len()]).unwrap();
+                    lent.push_back(c);
+                }
+                StagingEvent::Fill(c) => {
+                    let o = c.device_offset();
+                    st.write_chunk(&c, 0, &up[o..o + c.len()]).unwrap();
+                    lent.push_back(c);
+                }
+                StagingEvent::Finished { ticket, outcome } => {
+                    assert!(outcome.is_completed(), "{ticket:?}: {outcome:?}");
+                    finished += 1;
+                }
+            }
+        }
+        if !lent.is_empty() {
+            max_in_flight_while_lent = max_in_flight_while_lent.max(st.copies_in_flight());
+        }
+        // "RDMA completions" arrive one per poll, oldest first.
+        if let Some(c) = lent.pop_front() {
+            match c.direction() {
+                Direction::DeviceToHost => st.release(c).unwrap(),
+                Direction::HostToDevice => st.commit(c).unwrap(),
+            }
+        }
+    }
+    let _ = (ta, tb);
+    assert!(got == src, "D2H bytes differ");
+    let on_dev = b.to_vec().unwrap();
+    assert!(on_dev[7..] == up[7..], "H2D bytes differ");
+    assert_eq!(Arc::strong_count(&a), 1);
+    assert_eq!(Arc::strong_count(&b), 1);
+    report(&format!(
+        "copies in flight while chunks were lent: up to {max_in_flight_while_lent}"
+    ));
+    assert!(
+        max_in_flight_while_lent >= 1,
+        "copies overlapped lent chunks"
+    );
+
+    // Dropped with copies in flight: the stager waits for them before the memory goes.
+    let weak = Arc::downgrade(&a);
+    st.start_d2h(&a, 0..len).unwrap();
+    st.poll(&mut events);
+    assert!(st.copies_in_flight() > 0);
+    drop(a);
+    assert!(
+        weak.upgrade().is_some(),
+        "the ticket holds the device memory"
+    );
+    drop(events);
+    drop(st);
+    assert!(weak.upgrade().is_none(), "freed after the stager waited");
+}
+
+/// The engine's loop against a simulated NIC of `nic_gbps`: one RDMA request at a time, each on
+/// one chunk for `len / rate` (spin-timed), started as soon as the NIC is free and a chunk is
+/// ready (D2H: an RDMA WRITE from the chunk, then `release`; H2D: an RDMA READ into the chunk,
+/// then `commit`). With the copies overlapped the time is about `size / min(copy, nic)`; run one
+/// after the other it would be `size / copy + size / nic`.
+fn simulated_nic(
+    st: &mut Stager,
+    dev: &Arc<DeviceBuffer>,
+    size: usize,
+    direction: Direction,
+    nic_gbps: f64,
+) -> Duration {
+    let t = Instant::now();
+    let ticket = match direction {
+        Direction::DeviceToHost => st.start_d2h(dev, 0..size).unwrap(),
+        Direction::HostToDevice => st.start_h2d(dev, 0..size).unwrap(),
+    };
+    let mut events = Vec::new();
+    let mut queue = std::collections::VecDeque::new();
+    let mut on_nic: Option<(Instant, gdr_xfer::staging::Chunk)> = None;
+    loop {
+        st.poll(&mut events);
+        for ev in events.drain(..) {
+            match ev {
+                StagingEvent::Ready(c) | StagingEvent::Fill(c) => queue.push_back(c),
+                StagingEvent::Finished {
+                    ticket: done,
+                    outcome,
+                } => {
+                    assert_eq!(done, ticket);
+                    assert!(outcome.is_completed(), "{outcome:?}");
+                    return t.elapsed();
+                }
+            }
+        }
+        let now = Instant::now();
+        if on_nic.as_ref().is_some_and(|(end, _)| *end <= now) {
+            let (_, c) = on_nic.take().unwrap();
+            match c.direction() {
+                Direction::DeviceToHost => st.release(c).unwrap(),
+                Direction::HostToDevice => st.commit(c).unwrap(),
+            }
+        }
+        if on_nic.is_none() {
+            if let Some(c) = queue.pop_front() {
+                let busy = Duration::from_secs_f64(c.len() as f64 / (nic_gbps * 1e9));
+                on_nic = Some((now + busy, c));
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_staging_throughput() {
+    gpu();
+    let info = cuda::device_info(0).unwrap();
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get().min(8));
+    report(&format!(
+        "GPU 0: {} ({}), host copy threads: {threads}",
+        info.name, info.pci_bus_id
+    ));
+    let configs = [
+        StagingConfig::new(8 * MIB, 4),
+        StagingConfig::new(4 * MIB, 4),
+        StagingConfig::new(16 * MIB, 4),
+        StagingConfig::new(2 * MIB, 8),
+    ];
+    let mut stagers: Vec<Stager> = configs
+        .iter()
+        .map(|c| Stager::new(0, *c).unwrap())
+        .collect();
+    let mut worst_pure = f64::MAX;
+    for size in [16 * MIB, 256 * MIB, 1 << 30] {
+        let reps = if size >= 1 << 30 { 3 } else { 5 };
+        let data = pattern(size, size as u64);
+        let dev = Arc::new(DeviceBuffer::alloc(0, size).unwrap());
+        dev.copy_from_host(0, &data).unwrap();
+        let mut pinned = PinnedHostBuffer::alloc(0, size).unwrap();
+
+        // The baseline: one synchronous cuMemcpy into / out of pinned memory of the full size.
+        let base_d2h = median(reps, || {
+            let t = Instant::now();
+            dev.copy_to_host(0, pinned.as_mut_slice()).unwrap();
+            t.elapsed()
+        });
+        assert!(pinned.as_slice() == &data[..], "baseline D2H bytes differ");
+        let base_h2d = median(reps, || {
+            let t = Instant::now();
+            dev.copy_from_host(0, pinned.as_slice()).unwrap();
+            t.elapsed()
+        });
+        let (bd, bh) = (gbps(size, base_d2h), gbps(size, base_h2d));
+        report(&format!(
+            "baseline size={} pinned cuMemcpy: D2H {bd:.1} GB/s, H2D {bh:.1} GB/s",
+            size_text(size)
+        ));
+
+        let mut out = vec![0u8; size];
+        out.fill(1); // fault the pages in before timing
+        let dev_b = Arc::new(DeviceBuffer::alloc(0, size).unwrap());
+        for st in &mut stagers {
+            let c = st.config();
+            let label = format!("{}x{}MiB", c.chunks, c.chunk_size / MIB);
+            // Pure staging: device -> bounce, the caller's step (the RDMA) takes no time.
+            let pure_d2h = median(reps, || {
+                let t = Instant::now();
+                let o = st.copy_d2h_pipelined(&dev, 0..size, |_, _| Ok(())).unwrap();
+                let e = t.elapsed();
+                assert!(matches!(o, Outcome::Completed { bytes, .. } if bytes == size as u64));
+                e
+            });
+            let pure_h2d = median(reps, || {
+                let t = Instant::now();
+                st.copy_h2d_pipelined(&dev_b, 0..size, |_, _| Ok(()))
+                    .unwrap();
+                t.elapsed()
+            });
+            // End to end: bounce -> pageable host memory (memcpy on `threads` threads), and back.
+            let e2e_d2h = median(reps, || {
+                out.fill(0);
+                let t = Instant::now();
+                st.copy_d2h_pipelined(&dev, 0..size, |off, bytes| {
+                    par_copy(&mut out[off..off + bytes.len()], bytes, threads);
+                    Ok(())
+                })
+                .unwrap();
+                t.elapsed()
+            });
+            assert!(out == data, "staged D2H bytes differ ({label})");
+            let e2e_h2d = median(reps, || {
+                let t = Instant::now();
+                st.copy_h2d_pipelined(&dev_b, 0..size, |off, buf| {
+                    let n = buf.len();
+                    par_copy(buf, &data[off..off + n], threads);
+                    Ok(())
+                })
+                .unwrap();
+                t.elapsed()
+            });
+            let back = dev_b.to_vec().unwrap();
+            assert!(back == data, "staged H2D bytes differ ({label})");
+            let (pd, ph) = (gbps(size, pure_d2h), gbps(size, pure_h2d));
+            let (ed, eh) = (gbps(size, e2e_d2h), gbps(size, e2e_h2d));
+            report(&format!(
+                "staging size={} chunks={label}: D2H staged {pd:.1} GB/s ratio {:.3} | H2D staged {ph:.1} GB/s ratio {:.3} | with memcpy to/from pageable ({threads} threads): D2H {ed:.1} GB/s ({:.3}), H2D {eh:.1} GB/s ({:.3})",
+                size_text(size),
+                pd / bd,
+                ph / bh,
+                ed / bd,
+                eh / bh
+            ));
+            if c == StagingConfig::default() {
+                worst_pure = worst_pure.min(pd / bd).min(ph / bh);
+                for nic in [25.0, 50.0] {
+                    let d = gbps(
+                        size,
+                        simulated_nic(st, &dev, size, Direction::DeviceToHost, nic),
+                    );
+                    let h = gbps(
+                        size,
+                        simulated_nic(st, &dev_b, size, Direction::HostToDevice, nic),
+                    );
+                    let ideal_d = pd.min(nic);
+                    let ideal_h = ph.min(nic);
+                    let serial_d = 1.0 / (1.0 / pd + 1.0 / nic);
+                    report(&format!(
+                        "overlap size={} chunks={label} simulated NIC {nic:.0} GB/s: D2H {d:.1} GB/s = {:.3} of min(staged, NIC) (serial would be {serial_d:.1}) | H2D {h:.1} GB/s = {:.3} of min(staged, NIC)",
+                        size_text(size),
+                        d / ideal_d,
+                        h / ideal_h
+                    ));
+                }
+            }
+        }
+    }
+    report(&format!(
+        "default config (4 x 8 MiB): worst staged/pinned ratio {worst_pure:.3} (target >= 0.9: {})",
+        if worst_pure >= 0.9 { "met" } else { "NOT met" }
+    ));
+    // A floor far below the target, so a broken pipeline fails without making the tier flaky.
+    assert!(
+        worst_pure >= 0.5,
+        "staging reached only {worst_pure:.3} of pinned cuMemcpy"
+    );
+}
