@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Instant;
 
 use gdr::connect::TcpLink;
-use gdr::mr::{LocalSlice, RemoteRegion};
-use gdr::qp::QueuePair;
+use gdr::mr::{LocalSlice, RemoteSlice};
+use gdr::qp::{BatchOp, QueuePair, RdmaPiece};
 use gdr::wr::SendRequest;
 use gdr::{Completion, WcStatus};
 
@@ -70,6 +70,8 @@ pub(crate) struct Queues {
     free_notify_slots: Vec<u16>,
     /// Set when the peer is lost: nothing is posted any more.
     closed: bool,
+    /// The pieces of the batch being posted (kept to post without allocating).
+    scratch: Vec<RdmaPiece>,
 }
 
 /// Everything about one connected peer.
@@ -130,6 +132,7 @@ impl Connection {
                 next_qp: 0,
                 free_notify_slots,
                 closed: false,
+                scratch: Vec::with_capacity(CHUNK),
             }),
         }
     }
@@ -241,9 +244,15 @@ impl Connection {
     }
 
     fn pump_slices(&self, q: &mut Queues) -> Result<(), String> {
+        let mut pieces = std::mem::take(&mut q.scratch);
+        let result = self.pump_slices_with(q, &mut pieces);
+        pieces.clear();
+        q.scratch = pieces;
+        result
+    }
+
+    fn pump_slices_with(&self, q: &mut Queues, pieces: &mut Vec<RdmaPiece>) -> Result<(), String> {
         let nqp = self.qps.len();
-        let mut locals: Vec<LocalSlice> = Vec::with_capacity(CHUNK);
-        let mut remotes: Vec<gdr::mr::RemoteSlice> = Vec::with_capacity(CHUNK);
         while let Some(t) = q.pending.front().cloned() {
             let mut p = t.lock();
             if p.outcome.is_some() || t.all_posted(&p) {
@@ -251,6 +260,10 @@ impl Connection {
                 q.pending.pop_front();
                 continue;
             }
+            let op = match t.op {
+                crate::Op::Write => BatchOp::Write,
+                crate::Op::Read => BatchOp::Read,
+            };
             let mut progressed = false;
             for _ in 0..nqp {
                 let qi = q.next_qp;
@@ -259,51 +272,40 @@ impl Connection {
                 if room == 0 {
                     continue;
                 }
-                locals.clear();
-                remotes.clear();
-                // Cut up to `room` slices from the transfer's cursor.
-                while locals.len() < room && p.next_run < t.runs.len() {
+                // Cut up to `room` slices from the transfer's cursor, all of one local segment
+                // (one batch is one local slice).
+                pieces.clear();
+                let local = t.runs[p.next_run].local;
+                let first = q.tracks[qi].next_seq;
+                while pieces.len() < room && p.next_run < t.runs.len() {
                     let run = &t.runs[p.next_run];
+                    if run.local != local {
+                        break;
+                    }
                     let len = (run.len - p.run_offset).min(self.slice_size);
-                    let lo = run.local_offset + p.run_offset;
-                    let ls = t.locals[run.local as usize]
-                        .sub(lo as usize..(lo + len) as usize)
-                        .map_err(|e| e.to_string())?;
-                    let rs = RemoteRegion::new(run.remote_addr + p.run_offset, len, run.rkey)
-                        .slice(..)
-                        .map_err(|e| e.to_string())?;
-                    locals.push(ls);
-                    remotes.push(rs);
+                    // In range: the plan checked the run against both segments.
+                    let remote = RemoteSlice::new(run.remote_addr + p.run_offset, len, run.rkey)
+                        .ok_or("a remote range overflows")?;
+                    pieces.push(RdmaPiece {
+                        offset: (run.local_offset + p.run_offset) as usize,
+                        remote,
+                        wr_id: first + pieces.len() as u64,
+                    });
                     p.run_offset += len;
                     if p.run_offset == run.len {
                         p.next_run += 1;
                         p.run_offset = 0;
                     }
                 }
-                let n = locals.len();
-                let first = q.tracks[qi].next_seq;
-                let reqs: Vec<SendRequest<'_>> = (0..n)
-                    .map(|i| {
-                        let l = std::slice::from_ref(&locals[i]);
-                        let r = match t.op {
-                            crate::Op::Write => SendRequest::write(l, remotes[i]),
-                            crate::Op::Read => SendRequest::read(l, remotes[i]),
-                        }
-                        .id(first + i as u64);
-                        if i + 1 == n {
-                            r
-                        } else {
-                            r.unsignaled()
-                        }
-                    })
-                    .collect();
-                if let Err(e) = self.qps[qi].post_send_list(&reqs) {
+                let n = pieces.len();
+                if let Err(e) =
+                    self.qps[qi].post_rdma_batch(op, &t.locals[local as usize], pieces)
+                {
                     return Err(format!(
                         "posting {n} requests on QP {:#x}: {e}",
                         self.qps[qi].qp_num()
                     ));
                 }
-                drop(reqs);
                 q.tracks[qi].next_seq += n as u64;
                 q.tracks[qi].posted.push_back(Posted::Slices {
                     first,

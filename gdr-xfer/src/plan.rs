@@ -156,6 +156,7 @@ impl<'t> Planner<'t> {
         let remote_blocks = seg_len.saturating_sub(t.remote_base) / t.block_len;
         let l = self.local(&t.local.inner);
         self.runs.reserve(t.local_blocks.len());
+        let (len, local_base, remote_base) = (t.block_len, t.local_base, addr + t.remote_base);
         for (&lb, &rb) in t.local_blocks.iter().zip(t.remote_blocks) {
             if u64::from(lb) >= local_blocks {
                 return Err(Error::IndexOutOfRange {
@@ -172,14 +173,29 @@ impl<'t> Planner<'t> {
                 });
             }
             // In range, so neither product overflows: both are below the segment lengths.
-            self.push(
-                l,
-                t.local_base + u64::from(lb) * t.block_len,
-                addr + t.remote_base + u64::from(rb) * t.block_len,
+            let local_offset = local_base + u64::from(lb) * len;
+            let remote_addr = remote_base + u64::from(rb) * len;
+            // The same merge rule as `push`, for one segment pair: a block continuing the last
+            // run on both sides extends it.
+            if let Some(last) = self.runs.last_mut() {
+                if last.local == l
+                    && last.rkey == rkey
+                    && last.local_offset + last.len == local_offset
+                    && last.remote_addr + last.len == remote_addr
+                {
+                    last.len += len;
+                    continue;
+                }
+            }
+            self.runs.push(Run {
+                local: l,
+                local_offset,
+                remote_addr,
                 rkey,
-                t.block_len,
-            );
+                len,
+            });
         }
+        self.descriptors += t.local_blocks.len() as u64;
         Ok(())
     }
 

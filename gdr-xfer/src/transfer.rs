@@ -134,7 +134,12 @@ impl TransferState {
         let mut slices_total = 0u64;
         for r in &runs {
             bytes += r.len;
-            slices_total += r.len.div_ceil(slice_size);
+            // Most runs are one block no longer than a slice: no division for them.
+            slices_total += if r.len <= slice_size {
+                1
+            } else {
+                r.len.div_ceil(slice_size)
+            };
         }
         let notify_state = if notify.is_some() {
             NotifyState::Waiting

@@ -182,7 +182,11 @@ impl Ring {
         let slot = &mut self.slots[(seq & self.mask) as usize];
         slot.user_wr_id = user_wr_id;
         slot.user_signaled = user_signaled;
-        slot.regions.clear();
+        // Retired slots are already empty (retire and restart clear them): only a slot that
+        // still holds something is cleared, so staging a request without regions costs nothing.
+        if !slot.regions.is_empty() {
+            slot.regions.clear();
+        }
         slot.regions.extend(regions.cloned());
         seq
     }

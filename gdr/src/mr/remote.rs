@@ -98,6 +98,14 @@ pub struct RemoteSlice {
 }
 
 impl RemoteSlice {
+    /// `len` bytes at the peer's address `addr` under `rkey`; `None` when `addr + len`
+    /// overflows. For engines that keep a peer's region table themselves; bounds against the
+    /// peer's region are theirs to check (the NIC refuses what the key does not cover).
+    pub fn new(addr: u64, len: u64, rkey: u32) -> Option<RemoteSlice> {
+        addr.checked_add(len)?;
+        Some(RemoteSlice { addr, len, rkey })
+    }
+
     /// The peer's address of the first byte.
     pub fn addr(&self) -> u64 {
         self.addr

@@ -29,12 +29,14 @@ use crate::pd::ProtectionDomain;
 use crate::return_code;
 use state::random_psn;
 
+mod batch;
 mod config;
 mod endpoint;
 mod post;
 mod prepared;
 mod state;
 
+pub use batch::{BatchOp, RdmaPiece};
 pub use config::{QpConfig, QueuePairBuilder};
 pub use endpoint::Endpoint;
 pub use prepared::PreparedSend;
