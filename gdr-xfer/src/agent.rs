@@ -199,7 +199,7 @@ impl Agent {
     ) -> Result<Segment> {
         check_name(name)?;
         let (offset, len) = resolve(range, buffer.len())?;
-        let (mr, base) = self.lock_cache().get_or_register(
+        let (mr, base) = self.lock_cache().register_gpu(
             &self.shared.pd,
             buffer,
             offset,
