@@ -150,7 +150,7 @@ fn scatter(i: usize, n: usize) -> usize {
     // A stride coprime with n (an odd prime that does not divide it) permutes 0..n.
     let stride = [7919usize, 7907, 7901]
         .into_iter()
-        .find(|s| n % s != 0)
+        .find(|s| !n.is_multiple_of(*s))
         .unwrap_or(1);
     (i * stride + n / 3) % n
 }
@@ -176,7 +176,11 @@ pub fn run_initiator(
 ) -> gdr_xfer::Result<BenchReport> {
     cfg.qps_per_peer = params.qps;
     cfg.slice_size = params.slice_size;
-    let op = if params.op == "read" { Op::Read } else { Op::Write };
+    let op = if params.op == "read" {
+        Op::Read
+    } else {
+        Op::Write
+    };
     let agent = Agent::new(cfg)?;
     let largest = params.block_sizes.iter().copied().max().unwrap_or(0);
     let need = largest as usize * params.batch * params.threads;
@@ -229,51 +233,55 @@ fn run_size(
         let stop = stop.clone();
         let start_line = start_line.clone();
         let layout = params.layout;
-        handles.push(std::thread::spawn(move || -> gdr_xfer::Result<Vec<Sample>> {
-            let first = (t * batch) as u32;
-            let lb: Vec<u32> = (0..batch as u32)
-                .map(|i| first + if layout == Layout::Repeat { 0 } else { i })
-                .collect();
-            let rb: Vec<u32> = (0..batch)
-                .map(|i| {
-                    first
-                        + match layout {
-                            Layout::Scattered => scatter(i, batch) as u32,
-                            Layout::Contiguous => i as u32,
-                            Layout::Repeat => 0,
-                        }
-                })
-                .collect();
-            let table = BlockTable {
-                local: &local,
-                local_base: 0,
-                remote,
-                remote_base: 0,
-                block_len: bs,
-                local_blocks: &lb,
-                remote_blocks: &rb,
-            };
-            let opts = TransferOptions::new().timeout(Duration::from_secs(60));
-            // Warm-up batch, outside the measurement. Every thread reaches the start line, a
-            // failed one too (the others would wait for it forever).
-            let warm = peer
-                .transfer_blocks(op, &table, &opts)
-                .and_then(|t| t.wait(Duration::from_secs(60)));
-            start_line.wait();
-            warm?;
-            let mut samples = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let s = peer.transfer_blocks(op, &table, &opts)?.wait(Duration::from_secs(60))?;
-                samples.push(Sample {
-                    done: Instant::now(),
-                    prep: s.plan_time.as_secs_f64() * 1e6,
-                    post: s.time_to_post.as_secs_f64() * 1e6,
-                    tx: s.time_to_complete.as_secs_f64() * 1e6,
-                    slices: s.slices,
-                });
-            }
-            Ok(samples)
-        }));
+        handles.push(std::thread::spawn(
+            move || -> gdr_xfer::Result<Vec<Sample>> {
+                let first = (t * batch) as u32;
+                let lb: Vec<u32> = (0..batch as u32)
+                    .map(|i| first + if layout == Layout::Repeat { 0 } else { i })
+                    .collect();
+                let rb: Vec<u32> = (0..batch)
+                    .map(|i| {
+                        first
+                            + match layout {
+                                Layout::Scattered => scatter(i, batch) as u32,
+                                Layout::Contiguous => i as u32,
+                                Layout::Repeat => 0,
+                            }
+                    })
+                    .collect();
+                let table = BlockTable {
+                    local: &local,
+                    local_base: 0,
+                    remote,
+                    remote_base: 0,
+                    block_len: bs,
+                    local_blocks: &lb,
+                    remote_blocks: &rb,
+                };
+                let opts = TransferOptions::new().timeout(Duration::from_secs(60));
+                // Warm-up batch, outside the measurement. Every thread reaches the start line, a
+                // failed one too (the others would wait for it forever).
+                let warm = peer
+                    .transfer_blocks(op, &table, &opts)
+                    .and_then(|t| t.wait(Duration::from_secs(60)));
+                start_line.wait();
+                warm?;
+                let mut samples = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let s = peer
+                        .transfer_blocks(op, &table, &opts)?
+                        .wait(Duration::from_secs(60))?;
+                    samples.push(Sample {
+                        done: Instant::now(),
+                        prep: s.plan_time.as_secs_f64() * 1e6,
+                        post: s.time_to_post.as_secs_f64() * 1e6,
+                        tx: s.time_to_complete.as_secs_f64() * 1e6,
+                        slices: s.slices,
+                    });
+                }
+                Ok(samples)
+            },
+        ));
     }
     start_line.wait();
     let began = Instant::now();
@@ -338,11 +346,25 @@ fn run_size(
 pub fn table(r: &BenchReport) -> String {
     let mut s = format!(
         "gdr xfer-bench: {} threads, {:?} {} layout, {} QPs, slice {} B, device {}\n",
-        r.params.threads, r.params.op, format!("{:?}", r.params.layout).to_lowercase(), r.params.qps, r.params.slice_size, r.device
+        r.params.threads,
+        r.params.op,
+        format!("{:?}", r.params.layout).to_lowercase(),
+        r.params.qps,
+        r.params.slice_size,
+        r.device
     );
     s.push_str(&format!(
         "{:>14} {:>10} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}\n",
-        "Block Size (B)", "Batch Size", "B/W (GB/s)", "Avg Lat (us)", "Avg Prep", "P99 Prep", "Avg Post", "P99 Post", "Avg Tx", "P99 Tx"
+        "Block Size (B)",
+        "Batch Size",
+        "B/W (GB/s)",
+        "Avg Lat (us)",
+        "Avg Prep",
+        "P99 Prep",
+        "Avg Post",
+        "P99 Post",
+        "Avg Tx",
+        "P99 Tx"
     ));
     for row in &r.rows {
         s.push_str(&format!(
@@ -368,7 +390,19 @@ pub fn csv(r: &BenchReport) -> String {
     for x in &r.rows {
         s.push_str(&format!(
             "{},{},{},{:.6},{:.6},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.1}\n",
-            x.block_size, x.batch_size, x.batches, x.gb_s, x.gbit_s, x.avg_lat_us, x.avg_prep_us, x.p99_prep_us, x.avg_post_us, x.p99_post_us, x.avg_tx_us, x.p99_tx_us, x.slices_per_batch
+            x.block_size,
+            x.batch_size,
+            x.batches,
+            x.gb_s,
+            x.gbit_s,
+            x.avg_lat_us,
+            x.avg_prep_us,
+            x.p99_prep_us,
+            x.avg_post_us,
+            x.p99_post_us,
+            x.avg_tx_us,
+            x.p99_tx_us,
+            x.slices_per_batch
         ));
     }
     s

@@ -65,7 +65,7 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    if a.blocks == 0 || a.blocks % 7919 == 0 {
+    if a.blocks == 0 || a.blocks.is_multiple_of(7919) {
         return Err("--blocks must be positive and not a multiple of 7919".into());
     }
     if a.serve == (a.connect.is_some() || a.connect_name.is_some()) {
@@ -102,7 +102,10 @@ fn serve(a: &Args) -> gdr_xfer::Result<()> {
     let status = agent.alloc_host(8, "kv-status")?;
     let addr = agent.listen(&a.listen)?;
     let _directory = publish(&agent, a, addr)?;
-    println!("target: listening on {addr}, pool of {} blocks of {} bytes", a.blocks, a.block_len);
+    println!(
+        "target: listening on {addr}, pool of {} blocks of {} bytes",
+        a.blocks, a.block_len
+    );
     loop {
         let Some(n) = agent.wait_notification(Duration::from_secs(3600))? else {
             continue;
@@ -112,7 +115,10 @@ fn serve(a: &Args) -> gdr_xfer::Result<()> {
             println!("target: done");
             return Ok(());
         }
-        let Some(round) = text.strip_prefix("written round ").and_then(|r| r.parse::<u32>().ok()) else {
+        let Some(round) = text
+            .strip_prefix("written round ")
+            .and_then(|r| r.parse::<u32>().ok())
+        else {
             println!("target: unknown notification {text:?}");
             continue;
         };
@@ -133,7 +139,9 @@ fn serve(a: &Args) -> gdr_xfer::Result<()> {
                 status.write(0, &u64::from(round + 1).to_le_bytes())?;
             }
             Some(i) => {
-                println!("target: round {round}: block {i} is wrong when the notification arrived: FAIL");
+                println!(
+                    "target: round {round}: block {i} is wrong when the notification arrived: FAIL"
+                );
                 std::process::exit(1);
             }
         }
@@ -150,7 +158,7 @@ fn publish(
 ) -> gdr_xfer::Result<Option<std::sync::Arc<gdr_xfer::directory::EtcdDirectory>>> {
     let Some(ep) = &a.etcd else { return Ok(None) };
     let dir = std::sync::Arc::new(gdr_xfer::directory::EtcdDirectory::connect(
-        &[ep.clone()],
+        std::slice::from_ref(ep),
         gdr_xfer::directory::DEFAULT_PREFIX,
         Duration::from_millis(a.ttl_ms),
         Duration::from_secs(5),
@@ -179,7 +187,7 @@ fn connect(agent: &Agent, a: &Args) -> gdr_xfer::Result<gdr_xfer::Peer> {
     #[cfg(feature = "etcd")]
     if let (Some(ep), Some(name)) = (&a.etcd, &a.connect_name) {
         let dir = std::sync::Arc::new(gdr_xfer::directory::EtcdDirectory::connect(
-            &[ep.clone()],
+            std::slice::from_ref(ep),
             gdr_xfer::directory::DEFAULT_PREFIX,
             Duration::from_millis(a.ttl_ms),
             Duration::from_secs(5),
@@ -220,10 +228,19 @@ fn initiate(a: &Args) -> gdr_xfer::Result<()> {
         let opts = TransferOptions::new()
             .timeout(Duration::from_secs(120))
             .notify(format!("written round {round}"));
-        let w = peer.transfer_blocks(Op::Write, &table, &opts)?.wait(Duration::from_secs(120))?;
+        let w = peer
+            .transfer_blocks(Op::Write, &table, &opts)?
+            .wait(Duration::from_secs(120))?;
         // Read the same blocks back into `back`, at the initiator's positions.
         let r = peer
-            .transfer_blocks(Op::Read, &BlockTable { local: &back, ..table }, &TransferOptions::new().timeout(Duration::from_secs(120)))?
+            .transfer_blocks(
+                Op::Read,
+                &BlockTable {
+                    local: &back,
+                    ..table
+                },
+                &TransferOptions::new().timeout(Duration::from_secs(120)),
+            )?
             .wait(Duration::from_secs(120))?;
         let ok = back.to_vec(0, len as usize)? == src.to_vec(0, len as usize)?;
         println!(
@@ -244,8 +261,11 @@ fn initiate(a: &Args) -> gdr_xfer::Result<()> {
         // the next round does not overwrite blocks it is still reading.
         let start = Instant::now();
         loop {
-            peer.read(&[gdr_xfer::Desc::new(&verdict, 0, status.id, 0, 8)], &TransferOptions::new())?
-                .wait(Duration::from_secs(30))?;
+            peer.read(
+                &[gdr_xfer::Desc::new(&verdict, 0, status.id, 0, 8)],
+                &TransferOptions::new(),
+            )?
+            .wait(Duration::from_secs(30))?;
             let mut word = [0u8; 8];
             verdict.read(0, &mut word)?;
             if u64::from_le_bytes(word) > u64::from(round) {
@@ -259,8 +279,11 @@ fn initiate(a: &Args) -> gdr_xfer::Result<()> {
         }
         println!("initiator: round {round}: the target confirmed every byte");
     }
-    peer.write(&[gdr_xfer::Desc::new(&src, 0, pool.id, 0, 1)], &TransferOptions::new().notify("done"))?
-        .wait(Duration::from_secs(30))?;
+    peer.write(
+        &[gdr_xfer::Desc::new(&src, 0, pool.id, 0, 1)],
+        &TransferOptions::new().notify("done"),
+    )?
+    .wait(Duration::from_secs(30))?;
     Ok(())
 }
 

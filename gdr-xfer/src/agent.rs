@@ -182,7 +182,11 @@ impl Agent {
     /// # Errors
     /// As [`Agent::register_host`].
     pub fn alloc_host(&self, len: usize, name: &str) -> Result<Segment> {
-        self.register_host(AlignedBuffer::zeroed(len)?, name, Location::Cpu { numa: None })
+        self.register_host(
+            AlignedBuffer::zeroed(len)?,
+            name,
+            Location::Cpu { numa: None },
+        )
     }
 
     /// Registers `range` of a GPU buffer, through the registration cache: a range an earlier
@@ -419,8 +423,10 @@ impl Agent {
 
     /// Closes the connection to a peer: its pending transfers fail with [`Error::PeerLost`].
     pub fn disconnect(&self, peer: &Peer) {
-        peer.conn
-            .send_control(&Message::Bye(format!("{} closed the connection", self.name())));
+        peer.conn.send_control(&Message::Bye(format!(
+            "{} closed the connection",
+            self.name()
+        )));
         peer.conn.lose(Failure::PeerLost {
             reason: "disconnected by this agent".into(),
         });
@@ -465,7 +471,10 @@ impl Drop for Agent {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Release);
         for c in self.shared.peer_list() {
-            c.send_control(&Message::Bye(format!("{} shut down", self.shared.config.name)));
+            c.send_control(&Message::Bye(format!(
+                "{} shut down",
+                self.shared.config.name
+            )));
             c.lose(Failure::AgentClosed);
             self.shared.remove_peer(&c);
         }

@@ -216,9 +216,7 @@ mod tests {
     fn a_failed_registration_changes_nothing() {
         let mut c: RangeCache<Reg> = RangeCache::default();
         let (a, _) = reg(&mut c, 1, 100, 200);
-        let e = c.get_or_register(1, 150, 300, |_, _| {
-            Err(crate::Error::invalid("no", "test"))
-        });
+        let e = c.get_or_register(1, 150, 300, |_, _| Err(crate::Error::invalid("no", "test")));
         assert!(e.is_err());
         let (again, _) = reg(&mut c, 1, 110, 190);
         assert!(Arc::ptr_eq(&again, &a), "the old entry is still there");

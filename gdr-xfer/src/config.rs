@@ -98,10 +98,16 @@ impl AgentConfig {
             );
         }
         if self.qps_per_peer == 0 || usize::from(self.qps_per_peer) > MAX_QPS {
-            return bad(format!("{} queue pairs per peer", self.qps_per_peer), "use 1..=16");
+            return bad(
+                format!("{} queue pairs per peer", self.qps_per_peer),
+                "use 1..=16",
+            );
         }
         if self.slice_size == 0 || self.slice_size > 1 << 30 {
-            return bad(format!("slice size {}", self.slice_size), "use 4 KiB..1 GiB");
+            return bad(
+                format!("slice size {}", self.slice_size),
+                "use 4 KiB..1 GiB",
+            );
         }
         if self.send_queue_depth < 2 {
             return bad(
@@ -114,7 +120,10 @@ impl AgentConfig {
         }
         if self.notify_slots == 0 || self.notify_max == 0 || self.notify_max > MAX_NOTIFY {
             return bad(
-                format!("{} notification slots of {} bytes", self.notify_slots, self.notify_max),
+                format!(
+                    "{} notification slots of {} bytes",
+                    self.notify_slots, self.notify_max
+                ),
                 "use at least one slot of 1..=4096 bytes",
             );
         }

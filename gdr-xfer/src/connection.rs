@@ -197,7 +197,10 @@ impl Connection {
         if q.closed {
             return;
         }
-        if let Err(detail) = self.pump_notifications(q).and_then(|()| self.pump_slices(q)) {
+        if let Err(detail) = self
+            .pump_notifications(q)
+            .and_then(|()| self.pump_slices(q))
+        {
             self.lose_locked(q, Failure::Post { detail });
         }
     }
@@ -298,8 +301,7 @@ impl Connection {
                     }
                 }
                 let n = pieces.len();
-                if let Err(e) =
-                    self.qps[qi].post_rdma_batch(op, &t.locals[local as usize], pieces)
+                if let Err(e) = self.qps[qi].post_rdma_batch(op, &t.locals[local as usize], pieces)
                 {
                     return Err(format!(
                         "posting {n} requests on QP {:#x}: {e}",
@@ -431,7 +433,10 @@ impl Connection {
         };
         if let Err(e) = self.notify.post_recv(&self.qps[0], slot) {
             if !self.is_lost() {
-                log::error!("peer {}: reposting notification slot {slot}: {e}", self.name);
+                log::error!(
+                    "peer {}: reposting notification slot {slot}: {e}",
+                    self.name
+                );
             }
         }
         Some(Notification {
@@ -494,7 +499,11 @@ impl Connection {
         }
         for qp in &self.qps {
             if let Err(e) = qp.disconnect() {
-                log::debug!("peer {}: moving QP {:#x} to error: {e}", self.name, qp.qp_num());
+                log::debug!(
+                    "peer {}: moving QP {:#x} to error: {e}",
+                    self.name,
+                    qp.qp_num()
+                );
             }
         }
         let _ = self.socket.shutdown(std::net::Shutdown::Both);

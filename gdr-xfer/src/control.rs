@@ -37,7 +37,9 @@ pub(crate) fn dial(addr: &str, timeout: Duration) -> Result<TcpStream> {
         if Instant::now() >= end {
             return Err(match last {
                 Some(e) => Error::io(format!("connecting to {addr} for {timeout:?}"), e),
-                None => Error::invalid(format!("{addr:?} resolves to no address"), "give host:port"),
+                None => {
+                    Error::invalid(format!("{addr:?} resolves to no address"), "give host:port")
+                }
             });
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -53,7 +53,10 @@ impl Published {
         let value = Message::Segments(vec![seg.info().clone()]).encode();
         let r = value.and_then(|v| self.dir.put(&segment_key(agent, seg.id()), &v));
         if let Err(e) = r {
-            log::warn!("{agent}: publishing segment {} in the directory: {e}", seg.id());
+            log::warn!(
+                "{agent}: publishing segment {} in the directory: {e}",
+                seg.id()
+            );
         }
     }
 
@@ -115,7 +118,11 @@ impl Agent {
         // List and watch at one revision: nothing between the lookup and the watch is missed.
         let (listing, watch) = loop {
             let (listing, watch) = dir.list_and_watch(&format!("{name}/"))?;
-            if listing.entries.iter().any(|(k, _)| *k == endpoint_key(name)) {
+            if listing
+                .entries
+                .iter()
+                .any(|(k, _)| *k == endpoint_key(name))
+            {
                 break (listing, watch);
             }
             if Instant::now() >= end {

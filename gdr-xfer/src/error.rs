@@ -53,7 +53,9 @@ pub enum Error {
     },
 
     /// The lengths of a descriptor's two sides differ; nothing was posted.
-    #[error("descriptor {index}: local length {local_len} differs from remote length {remote_len}")]
+    #[error(
+        "descriptor {index}: local length {local_len} differs from remote length {remote_len}"
+    )]
     LengthMismatch {
         /// Position of the descriptor in the list.
         index: usize,

@@ -32,7 +32,11 @@ pub(crate) struct Planner<'t> {
 }
 
 impl<'t> Planner<'t> {
-    pub(crate) fn new(peer: &'t str, table: &'t HashMap<u32, SegmentInfo>, capacity: usize) -> Self {
+    pub(crate) fn new(
+        peer: &'t str,
+        table: &'t HashMap<u32, SegmentInfo>,
+        capacity: usize,
+    ) -> Self {
         Planner {
             peer,
             table,
@@ -79,13 +83,7 @@ impl<'t> Planner<'t> {
         Ok((s.addr, s.len, s.rkey))
     }
 
-    fn check_remote(
-        index: usize,
-        segment: u32,
-        seg_len: u64,
-        offset: u64,
-        len: u64,
-    ) -> Result<()> {
+    fn check_remote(index: usize, segment: u32, seg_len: u64, offset: u64, len: u64) -> Result<()> {
         if offset.checked_add(len).is_none_or(|end| end > seg_len) {
             return Err(Error::OutOfSegment {
                 index,
@@ -94,7 +92,8 @@ impl<'t> Planner<'t> {
                 offset,
                 len,
                 segment_len: seg_len,
-                hint: "check the offset and length against the peer's segment (Peer::segment)".into(),
+                hint: "check the offset and length against the peer's segment (Peer::segment)"
+                    .into(),
             });
         }
         Ok(())
@@ -148,7 +147,10 @@ impl<'t> Planner<'t> {
             ));
         }
         if t.block_len == 0 {
-            return Err(Error::invalid("block table: block length 0", "use the size of one block"));
+            return Err(Error::invalid(
+                "block table: block length 0",
+                "use the size of one block",
+            ));
         }
         // How many whole blocks fit on each side.
         let local_blocks = t.local.len().saturating_sub(t.local_base) / t.block_len;
@@ -227,17 +229,24 @@ impl<'t> Planner<'t> {
             ));
         }
         for (i, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
-            let (seg, loff, llen) = local.entries.get(li as usize).ok_or(Error::IndexOutOfRange {
-                list: "local list",
-                index: u64::from(li),
-                len: local.entries.len() as u64,
-            })?;
+            let (seg, loff, llen) =
+                local
+                    .entries
+                    .get(li as usize)
+                    .ok_or(Error::IndexOutOfRange {
+                        list: "local list",
+                        index: u64::from(li),
+                        len: local.entries.len() as u64,
+                    })?;
             let &(rid, roff, rlen) =
-                remote.entries.get(ri as usize).ok_or(Error::IndexOutOfRange {
-                    list: "remote list",
-                    index: u64::from(ri),
-                    len: remote.entries.len() as u64,
-                })?;
+                remote
+                    .entries
+                    .get(ri as usize)
+                    .ok_or(Error::IndexOutOfRange {
+                        list: "remote list",
+                        index: u64::from(ri),
+                        len: remote.entries.len() as u64,
+                    })?;
             if *llen != rlen {
                 return Err(Error::LengthMismatch {
                     index: i,

@@ -152,7 +152,10 @@ impl Segment {
             Backing::Gpu(m) => {
                 m.flush_rdma_writes()?;
                 let buf = m.buffer().ok_or_else(|| {
-                    Error::invalid("GPU segment without a DeviceBuffer", "register a DeviceBuffer")
+                    Error::invalid(
+                        "GPU segment without a DeviceBuffer",
+                        "register a DeviceBuffer",
+                    )
                 })?;
                 let region_start = (m.device_ptr() - buf.device_ptr()) as usize;
                 Ok(buf.copy_to_host(region_start + at, out)?)
@@ -181,7 +184,10 @@ impl Segment {
             Backing::Host(m) => Ok(m.write(at, data)?),
             Backing::Gpu(m) => {
                 let buf = m.buffer().ok_or_else(|| {
-                    Error::invalid("GPU segment without a DeviceBuffer", "register a DeviceBuffer")
+                    Error::invalid(
+                        "GPU segment without a DeviceBuffer",
+                        "register a DeviceBuffer",
+                    )
                 })?;
                 let region_start = (m.device_ptr() - buf.device_ptr()) as usize;
                 Ok(buf.copy_from_host(region_start + at, data)?)

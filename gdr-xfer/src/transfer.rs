@@ -45,10 +45,20 @@ pub enum Status {
 /// Why a transfer failed, kept so each observer gets a full [`Error`].
 #[derive(Debug, Clone)]
 pub(crate) enum Failure {
-    Timeout { after: Duration },
-    PeerLost { reason: String },
-    Slice { qp_num: u32, status: WcStatus, vendor_err: u32 },
-    Post { detail: String },
+    Timeout {
+        after: Duration,
+    },
+    PeerLost {
+        reason: String,
+    },
+    Slice {
+        qp_num: u32,
+        status: WcStatus,
+        vendor_err: u32,
+    },
+    Post {
+        detail: String,
+    },
     AgentClosed,
 }
 

@@ -133,7 +133,9 @@ impl AgentRecord {
         }
         let version = r.u16("version")?;
         if version != VERSION {
-            return Err(r.err(format!("agent record version {version}, this build reads {VERSION}")));
+            return Err(r.err(format!(
+                "agent record version {version}, this build reads {VERSION}"
+            )));
         }
         let len = r.u16("address length")? as usize;
         if len == 0 || len > MAX_ADDR {
@@ -142,7 +144,10 @@ impl AgentRecord {
         let addr = String::from_utf8(r.take(len, "address")?.to_vec())
             .map_err(|_| r.err("address is not UTF-8".into()))?;
         if r.pos != buf.len() {
-            return Err(r.err(format!("{} trailing bytes after the record", buf.len() - r.pos)));
+            return Err(r.err(format!(
+                "{} trailing bytes after the record",
+                buf.len() - r.pos
+            )));
         }
         Ok(AgentRecord { addr })
     }
@@ -529,7 +534,10 @@ mod tests {
         };
         for (addr, len) in [(u64::MAX, 1), (1, u64::MAX), (0, 0)] {
             let e = Message::decode("evil", &seg(addr, len)).unwrap_err();
-            assert!(matches!(e, Error::Protocol { ref peer, .. } if peer == "evil"), "{e}");
+            assert!(
+                matches!(e, Error::Protocol { ref peer, .. } if peer == "evil"),
+                "{e}"
+            );
         }
         // A count larger than the limit, a location kind nobody knows, a name that is not UTF-8.
         let mut big = seg(0x1000, 1);
@@ -542,7 +550,10 @@ mod tests {
         let mut name = seg(0x1000, 1);
         let last = name.len() - 1;
         name[last] = 0xff;
-        assert!(Message::decode("evil", &name).unwrap_err().to_string().contains("UTF-8"));
+        assert!(Message::decode("evil", &name)
+            .unwrap_err()
+            .to_string()
+            .contains("UTF-8"));
     }
 
     #[test]
@@ -558,21 +569,35 @@ mod tests {
         let mut long = b.clone();
         long.push(b'x');
         assert!(AgentRecord::decode("a", &long).is_err());
-        assert!(AgentRecord { addr: String::new() }.encode().is_err());
-        assert!(AgentRecord { addr: "x".repeat(MAX_ADDR + 1) }.encode().is_err());
+        assert!(AgentRecord {
+            addr: String::new()
+        }
+        .encode()
+        .is_err());
+        assert!(AgentRecord {
+            addr: "x".repeat(MAX_ADDR + 1)
+        }
+        .encode()
+        .is_err());
     }
 
     #[test]
     fn versions_magic_and_kinds_are_checked() {
         let mut m = Message::Ready.encode().unwrap();
         m[5] = 2;
-        assert!(Message::decode("p", &m).unwrap_err().to_string().contains("wire version 2"));
+        assert!(Message::decode("p", &m)
+            .unwrap_err()
+            .to_string()
+            .contains("wire version 2"));
         let mut m = Message::Ready.encode().unwrap();
         m[0] = b'X';
         assert!(Message::decode("p", &m).is_err());
         let mut m = Message::Ready.encode().unwrap();
         m[6] = 99;
-        assert!(Message::decode("p", &m).unwrap_err().to_string().contains("kind 99"));
+        assert!(Message::decode("p", &m)
+            .unwrap_err()
+            .to_string()
+            .contains("kind 99"));
     }
 
     #[test]

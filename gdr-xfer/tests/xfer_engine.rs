@@ -8,11 +8,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use common::{agent, agent_with, connected, pattern};
-use gdr_xfer::{
-    AgentConfig, BlockTable, Desc, Error, LocalList, Op, Status, TransferOptions,
-};
+use gdr_xfer::{AgentConfig, BlockTable, Desc, Error, LocalList, Op, Status, TransferOptions};
 
-const NEEDS: &str = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)";
+const NEEDS: &str =
+    "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)";
 const WAIT: Duration = Duration::from_secs(30);
 
 #[test]
@@ -47,8 +46,16 @@ fn descriptor_lists_are_merged_sliced_and_land_byte_for_byte() {
     assert_eq!(t.status(), Status::Done);
     assert_eq!(stats.bytes, len as u64);
     assert_eq!(stats.descriptors, 128);
-    assert_eq!(stats.runs, 1 + 64, "the first 64 merged, the last 64 did not");
-    assert_eq!(stats.slices, (half / 16384) + 64, "runs cut at the 16 KiB slice size");
+    assert_eq!(
+        stats.runs,
+        1 + 64,
+        "the first 64 merged, the last 64 did not"
+    );
+    assert_eq!(
+        stats.slices,
+        (half / 16384) + 64,
+        "runs cut at the 16 KiB slice size"
+    );
     assert_eq!(stats.qps_used, 2);
     let got = dst.to_vec(0, len).unwrap();
     assert_eq!(&got[..half as usize], &data[..half as usize]);
@@ -83,7 +90,10 @@ fn paged_and_indexed_transfers_move_the_named_blocks_only() {
     let remote = pb.wait_segment_named("pool-b", WAIT).unwrap();
     // Every third block, to reversed positions.
     let local_blocks: Vec<u32> = (0..blocks as u32).step_by(3).collect();
-    let remote_blocks: Vec<u32> = local_blocks.iter().map(|&i| blocks as u32 - 1 - i).collect();
+    let remote_blocks: Vec<u32> = local_blocks
+        .iter()
+        .map(|&i| blocks as u32 - 1 - i)
+        .collect();
     let table = BlockTable {
         local: &src,
         local_base: 0,
@@ -103,24 +113,42 @@ fn paged_and_indexed_transfers_move_the_named_blocks_only() {
     for i in 0..blocks {
         let want_from = blocks - 1 - i;
         let b = block as usize;
-        let moved = want_from % 3 == 0;
+        let moved = want_from.is_multiple_of(3);
         let chunk = &got[i * b..(i + 1) * b];
         if moved {
-            assert_eq!(chunk, &data[want_from * b..(want_from + 1) * b], "block {i}");
+            assert_eq!(
+                chunk,
+                &data[want_from * b..(want_from + 1) * b],
+                "block {i}"
+            );
         } else {
-            assert!(chunk.iter().all(|&x| x == 0), "block {i} was not to be written");
+            assert!(
+                chunk.iter().all(|&x| x == 0),
+                "block {i} was not to be written"
+            );
         }
     }
     // Prepared lists, addressed by index.
     let ranges: Vec<_> = (0..8u64).map(|i| (&src, i * block, block)).collect();
     let local = LocalList::new(&ranges).unwrap();
     let remote_list = pb
-        .prepare_remote(&(0..8u64).map(|i| (remote.id, (100 + i) * block, block)).collect::<Vec<_>>())
+        .prepare_remote(
+            &(0..8u64)
+                .map(|i| (remote.id, (100 + i) * block, block))
+                .collect::<Vec<_>>(),
+        )
         .unwrap();
-    pb.transfer_indexed(Op::Write, &local, &[0, 7], &remote_list, &[3, 4], &TransferOptions::new())
-        .unwrap()
-        .wait(WAIT)
-        .unwrap();
+    pb.transfer_indexed(
+        Op::Write,
+        &local,
+        &[0, 7],
+        &remote_list,
+        &[3, 4],
+        &TransferOptions::new(),
+    )
+    .unwrap()
+    .wait(WAIT)
+    .unwrap();
     let b = block as usize;
     assert_eq!(dst.to_vec(103 * block, b).unwrap(), &data[..b]);
     assert_eq!(dst.to_vec(104 * block, b).unwrap(), &data[7 * b..8 * b]);
@@ -158,7 +186,10 @@ fn a_notification_arrives_only_after_every_byte_of_its_transfer() {
         assert_eq!(n.peer, "na");
         assert_eq!(n.data, key.as_bytes());
         let bad = got.iter().zip(&data).position(|(x, y)| x != y);
-        assert_eq!(bad, None, "round {round}: data not complete when the notification came");
+        assert_eq!(
+            bad, None,
+            "round {round}: data not complete when the notification came"
+        );
     }
     // An empty notification is delivered too.
     pb.write(
@@ -186,14 +217,19 @@ fn dropped_handles_keep_memory_alive_until_completion_then_release_it() {
     // Submit, drop the handle at once, deregister and drop the segment: only the requests in
     // flight hold the memory now.
     let t = pb
-        .write(&[Desc::new(&src, 0, remote.id, 0, len as u64)], &TransferOptions::new().notify("x"))
+        .write(
+            &[Desc::new(&src, 0, remote.id, 0, len as u64)],
+            &TransferOptions::new().notify("x"),
+        )
         .unwrap();
     drop(t);
     a.deregister(&src).unwrap();
     drop(src);
     let alive_while_in_flight = weak.is_alive();
     // The notification comes after the data; then wait for the engine to retire the requests.
-    b.wait_notification(WAIT).unwrap().expect("the dropped transfer still completes");
+    b.wait_notification(WAIT)
+        .unwrap()
+        .expect("the dropped transfer still completes");
     let start = std::time::Instant::now();
     while weak.is_alive() && start.elapsed() < WAIT {
         std::thread::sleep(Duration::from_millis(1));
@@ -212,7 +248,15 @@ fn dropped_handles_keep_memory_alive_until_completion_then_release_it() {
     let src = a.alloc_host(big, "src2").unwrap();
     let weak = src.registration_weak();
     let descs: Vec<_> = (0..(big as u64 / 4096))
-        .map(|i| Desc::new(&src, i * 4096, remote.id, ((i * 7919) % (big as u64 / 4096)) * 4096, 4096))
+        .map(|i| {
+            Desc::new(
+                &src,
+                i * 4096,
+                remote.id,
+                ((i * 7919) % (big as u64 / 4096)) * 4096,
+                4096,
+            )
+        })
         .collect();
     let mut fut = Box::pin(pb.write(&descs, &TransferOptions::new()).unwrap());
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -225,8 +269,13 @@ fn dropped_handles_keep_memory_alive_until_completion_then_release_it() {
     while weak.is_alive() && start.elapsed() < WAIT {
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(!weak.is_alive(), "the registration of a dropped future leaked");
-    println!("future dropped while pending: {polled_once}; its registration released after completion");
+    assert!(
+        !weak.is_alive(),
+        "the registration of a dropped future leaked"
+    );
+    println!(
+        "future dropped while pending: {polled_once}; its registration released after completion"
+    );
 }
 
 #[test]
@@ -236,10 +285,20 @@ fn transfers_are_futures() {
     let src = a.alloc_host(1 << 16, "src").unwrap();
     let _dst = b.alloc_host(1 << 16, "dst").unwrap();
     let remote = pb.wait_segment_named("dst", WAIT).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let stats = rt.block_on(async {
         let ts: Vec<_> = (0..16u64)
-            .map(|i| pb.write(&[Desc::new(&src, i * 4096, remote.id, i * 4096, 4096)], &TransferOptions::new()).unwrap())
+            .map(|i| {
+                pb.write(
+                    &[Desc::new(&src, i * 4096, remote.id, i * 4096, 4096)],
+                    &TransferOptions::new(),
+                )
+                .unwrap()
+            })
             .collect();
         let mut total = 0;
         for t in ts {
@@ -261,20 +320,59 @@ fn bad_input_is_refused_before_anything_is_posted() {
     let err = |res: gdr_xfer::Result<gdr_xfer::Transfer>| res.unwrap_err();
     // Local range outside the segment; remote range outside; unknown remote segment.
     let e = err(pb.write(&[Desc::new(&src, 8000, r.id, 0, 1000)], &o));
-    assert!(matches!(e, Error::OutOfSegment { side: "local", index: 0, .. }), "{e}");
-    let e = err(pb.write(&[Desc::new(&src, 0, r.id, 0, 1), Desc::new(&src, 0, r.id, 4000, 200)], &o));
-    assert!(matches!(e, Error::OutOfSegment { side: "remote", index: 1, segment_len: 4096, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::OutOfSegment {
+                side: "local",
+                index: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = err(pb.write(
+        &[
+            Desc::new(&src, 0, r.id, 0, 1),
+            Desc::new(&src, 0, r.id, 4000, 200),
+        ],
+        &o,
+    ));
+    assert!(
+        matches!(
+            e,
+            Error::OutOfSegment {
+                side: "remote",
+                index: 1,
+                segment_len: 4096,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = err(pb.write(&[Desc::new(&src, 0, 999, 0, 1)], &o));
-    assert!(matches!(e, Error::UnknownSegment { segment: 999, .. }), "{e}");
+    assert!(
+        matches!(e, Error::UnknownSegment { segment: 999, .. }),
+        "{e}"
+    );
     // Overflowing offsets.
     let e = err(pb.write(&[Desc::new(&src, u64::MAX, r.id, 0, 2)], &o));
     assert!(matches!(e, Error::OutOfSegment { .. }), "{e}");
     let e = err(pb.write(&[Desc::new(&src, 0, r.id, u64::MAX - 1, 2)], &o));
     assert!(matches!(e, Error::OutOfSegment { .. }), "{e}");
     // Empty list, empty descriptor, notification too long.
-    assert!(matches!(err(pb.write(&[], &o)), Error::InvalidArgument { .. }));
-    assert!(matches!(err(pb.write(&[Desc::new(&src, 0, r.id, 0, 0)], &o)), Error::InvalidArgument { .. }));
-    let e = err(pb.write(&[Desc::new(&src, 0, r.id, 0, 1)], &TransferOptions::new().notify(vec![0; 5000])));
+    assert!(matches!(
+        err(pb.write(&[], &o)),
+        Error::InvalidArgument { .. }
+    ));
+    assert!(matches!(
+        err(pb.write(&[Desc::new(&src, 0, r.id, 0, 0)], &o)),
+        Error::InvalidArgument { .. }
+    ));
+    let e = err(pb.write(
+        &[Desc::new(&src, 0, r.id, 0, 1)],
+        &TransferOptions::new().notify(vec![0; 5000]),
+    ));
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     // Block tables: an index past the segment, a count mismatch, a zero block length.
     let lb = [0u32, 1];
@@ -283,23 +381,84 @@ fn bad_input_is_refused_before_anything_is_posted() {
         (&lb[..], &rb[..], 4096u64, "remote blocks"),
         (&[0u32, 2][..], &[0u32, 0][..], 4096, "local blocks"),
     ] {
-        let t = BlockTable { local: &src, local_base: 0, remote: r.id, remote_base: 0, block_len: blen, local_blocks: lbs, remote_blocks: rbs };
+        let t = BlockTable {
+            local: &src,
+            local_base: 0,
+            remote: r.id,
+            remote_base: 0,
+            block_len: blen,
+            local_blocks: lbs,
+            remote_blocks: rbs,
+        };
         let e = err(pb.transfer_blocks(Op::Write, &t, &o));
-        assert!(matches!(e, Error::IndexOutOfRange { list, .. } if list == want), "{e}");
+        assert!(
+            matches!(e, Error::IndexOutOfRange { list, .. } if list == want),
+            "{e}"
+        );
     }
-    let t = BlockTable { local: &src, local_base: 0, remote: r.id, remote_base: 0, block_len: 0, local_blocks: &lb, remote_blocks: &rb };
-    assert!(matches!(err(pb.transfer_blocks(Op::Write, &t, &o)), Error::InvalidArgument { .. }));
-    let t = BlockTable { local: &src, local_base: 0, remote: r.id, remote_base: 0, block_len: 1024, local_blocks: &lb, remote_blocks: &rb[..1] };
-    assert!(matches!(err(pb.transfer_blocks(Op::Write, &t, &o)), Error::InvalidArgument { .. }));
+    let t = BlockTable {
+        local: &src,
+        local_base: 0,
+        remote: r.id,
+        remote_base: 0,
+        block_len: 0,
+        local_blocks: &lb,
+        remote_blocks: &rb,
+    };
+    assert!(matches!(
+        err(pb.transfer_blocks(Op::Write, &t, &o)),
+        Error::InvalidArgument { .. }
+    ));
+    let t = BlockTable {
+        local: &src,
+        local_base: 0,
+        remote: r.id,
+        remote_base: 0,
+        block_len: 1024,
+        local_blocks: &lb,
+        remote_blocks: &rb[..1],
+    };
+    assert!(matches!(
+        err(pb.transfer_blocks(Op::Write, &t, &o)),
+        Error::InvalidArgument { .. }
+    ));
     // Prepared lists: an index out of range, lengths that differ, a list of another peer.
     let local = LocalList::new(&[(&src, 0, 100), (&src, 100, 200)]).unwrap();
-    let remote = pb.prepare_remote(&[(r.id, 0, 100), (r.id, 100, 100)]).unwrap();
+    let remote = pb
+        .prepare_remote(&[(r.id, 0, 100), (r.id, 100, 100)])
+        .unwrap();
     let e = err(pb.transfer_indexed(Op::Write, &local, &[2], &remote, &[0], &o));
-    assert!(matches!(e, Error::IndexOutOfRange { list: "local list", index: 2, len: 2 }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::IndexOutOfRange {
+                list: "local list",
+                index: 2,
+                len: 2
+            }
+        ),
+        "{e}"
+    );
     let e = err(pb.transfer_indexed(Op::Write, &local, &[1], &remote, &[1], &o));
-    assert!(matches!(e, Error::LengthMismatch { local_len: 200, remote_len: 100, .. }), "{e}");
-    assert!(matches!(LocalList::new(&[(&src, 8190, 100)]), Err(Error::OutOfSegment { .. })));
-    assert!(matches!(pb.prepare_remote(&[(r.id, 4000, 100)]), Err(Error::OutOfSegment { .. })));
+    assert!(
+        matches!(
+            e,
+            Error::LengthMismatch {
+                local_len: 200,
+                remote_len: 100,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(matches!(
+        LocalList::new(&[(&src, 8190, 100)]),
+        Err(Error::OutOfSegment { .. })
+    ));
+    assert!(matches!(
+        pb.prepare_remote(&[(r.id, 4000, 100)]),
+        Err(Error::OutOfSegment { .. })
+    ));
     // A deregistered remote segment: the peer's table forgets it, a prepared list that names it
     // is refused.
     b.deregister(&dst).unwrap();
@@ -311,12 +470,18 @@ fn bad_input_is_refused_before_anything_is_posted() {
     assert!(matches!(e, Error::UnknownSegment { .. }), "{e}");
     let e = err(pb.transfer_indexed(Op::Write, &local, &[0], &remote, &[0], &o));
     assert!(matches!(e, Error::UnknownSegment { .. }), "{e}");
-    assert!(matches!(b.deregister(&dst), Err(Error::UnknownSegment { .. })));
+    assert!(matches!(
+        b.deregister(&dst),
+        Err(Error::UnknownSegment { .. })
+    ));
     // Nothing of the above broke the connection.
     let dst2 = b.alloc_host(4096, "dst2").unwrap();
     let r2 = pb.wait_segment_named("dst2", WAIT).unwrap();
     src.write(0, b"still fine").unwrap();
-    pb.write(&[Desc::new(&src, 0, r2.id, 0, 10)], &o).unwrap().wait(WAIT).unwrap();
+    pb.write(&[Desc::new(&src, 0, r2.id, 0, 10)], &o)
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
     assert_eq!(dst2.to_vec(0, 10).unwrap(), b"still fine");
     assert!(pb.is_connected());
     println!("every bad input refused with its typed error; the connection still works");
@@ -340,14 +505,19 @@ fn a_closed_peer_fails_pending_transfers_and_new_ones() {
     println!("pending transfer when the peer agent was dropped: {res:?}");
     // It either finished before the peer went away or failed with the peer's loss; it never hangs.
     if let Err(e) = &res {
-        assert!(matches!(e, Error::PeerLost { .. } | Error::SliceFailed { .. }), "{e}");
+        assert!(
+            matches!(e, Error::PeerLost { .. } | Error::SliceFailed { .. }),
+            "{e}"
+        );
     }
     let start = std::time::Instant::now();
     while pb.is_connected() && start.elapsed() < WAIT {
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(!pb.is_connected());
-    let e = pb.write(&[Desc::new(&src, 0, r.id, 0, 1)], &TransferOptions::new()).unwrap_err();
+    let e = pb
+        .write(&[Desc::new(&src, 0, r.id, 0, 1)], &TransferOptions::new())
+        .unwrap_err();
     assert!(matches!(e, Error::PeerLost { .. }), "{e}");
     assert!(a.peer("cb").is_none());
 }

@@ -18,8 +18,18 @@ use gdr_xfer::{Desc, Error, Status, TransferOptions};
 
 fn example() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().parent().unwrap().join("examples").join("kv_transfer");
-    assert!(p.exists(), "{} is missing: build the examples (cargo test builds them)", p.display());
+    let p = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("kv_transfer");
+    assert!(
+        p.exists(),
+        "{} is missing: build the examples (cargo test builds them)",
+        p.display()
+    );
     p
 }
 
@@ -49,7 +59,10 @@ fn target(etcd: &str, ttl_ms: u64) -> Stopped {
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    assert!(line.contains("published as kv-target"), "target said {line:?}");
+    assert!(
+        line.contains("published as kv-target"),
+        "target said {line:?}"
+    );
     std::thread::spawn(move || {
         for l in out.lines().map_while(Result::ok) {
             println!("  | {l}");
@@ -66,27 +79,48 @@ fn peers_are_found_by_name_and_a_lease_that_ends_fails_their_transfers() {
     let ttl = Duration::from_secs(6);
     let t = target(&etcd.endpoint(), ttl.as_millis() as u64);
     let dir = Arc::new(
-        EtcdDirectory::connect(&[etcd.endpoint()], DEFAULT_PREFIX, ttl, Duration::from_secs(5))
-            .unwrap(),
+        EtcdDirectory::connect(
+            &[etcd.endpoint()],
+            DEFAULT_PREFIX,
+            ttl,
+            Duration::from_secs(5),
+        )
+        .unwrap(),
     );
     let a = agent("finder");
     // A name nobody published: a typed error within the timeout.
     let start = Instant::now();
-    let e = a.connect_named(&dir, "nobody", Duration::from_millis(300)).unwrap_err();
+    let e = a
+        .connect_named(&dir, "nobody", Duration::from_millis(300))
+        .unwrap_err();
     assert!(matches!(e, Error::UnknownPeer { .. }), "{e}");
     assert!(start.elapsed() < Duration::from_secs(3));
     // Found by name; its segments arrive with the connection (and are in etcd too).
-    let peer = a.connect_named(&dir, "kv-target", Duration::from_secs(10)).unwrap();
+    let peer = a
+        .connect_named(&dir, "kv-target", Duration::from_secs(10))
+        .unwrap();
     assert_eq!(peer.name(), "kv-target");
-    let pool = peer.wait_segment_named("kv-pool", Duration::from_secs(10)).unwrap();
+    let pool = peer
+        .wait_segment_named("kv-pool", Duration::from_secs(10))
+        .unwrap();
     let listing = dir.list("kv-target/segments/").unwrap();
-    println!("kv-target's keys in etcd: endpoint and {:?}", listing.entries.iter().map(|e| &e.0).collect::<Vec<_>>());
-    assert_eq!(listing.entries.len(), 2, "kv-pool and kv-status are published: {listing:?}");
+    println!(
+        "kv-target's keys in etcd: endpoint and {:?}",
+        listing.entries.iter().map(|e| &e.0).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        listing.entries.len(),
+        2,
+        "kv-pool and kv-status are published: {listing:?}"
+    );
     let src = a.alloc_host(1 << 20, "src").unwrap();
     let one = |i: u64| Desc::new(&src, i * 4096, pool.id, i * 4096, 4096);
     let opts = TransferOptions::new().timeout(Duration::from_secs(120));
     let t0 = Instant::now();
-    peer.write(&[one(0)], &opts).unwrap().wait(Duration::from_secs(60)).unwrap();
+    peer.write(&[one(0)], &opts)
+        .unwrap()
+        .wait(Duration::from_secs(60))
+        .unwrap();
     println!("a write to the peer found by name took {:?}", t0.elapsed());
     // Stop the target: its NIC (the kernel's Soft-RoCE) still answers and its socket stays
     // open, but its lease is no longer renewed and it no longer reposts notification receives.
@@ -100,7 +134,10 @@ fn peers_are_found_by_name_and_a_lease_that_ends_fails_their_transfers() {
                 .unwrap()
         })
         .collect();
-    let results: Vec<_> = pending.iter().map(|x| x.wait(Duration::from_secs(60))).collect();
+    let results: Vec<_> = pending
+        .iter()
+        .map(|x| x.wait(Duration::from_secs(60)))
+        .collect();
     let took = stopped.elapsed();
     let done = results.iter().filter(|r| r.is_ok()).count();
     let lost: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
@@ -109,14 +146,20 @@ fn peers_are_found_by_name_and_a_lease_that_ends_fails_their_transfers() {
         lost.len(),
         lost.first()
     );
-    assert!(!lost.is_empty(), "transfers past the receive slots cannot finish");
+    assert!(
+        !lost.is_empty(),
+        "transfers past the receive slots cannot finish"
+    );
     for e in &lost {
         assert!(
             matches!(e, Error::PeerLost { reason, .. } if reason.contains("directory record")),
             "{e}"
         );
     }
-    assert!(took < ttl + Duration::from_secs(4), "failed {took:?} after the stop");
+    assert!(
+        took < ttl + Duration::from_secs(4),
+        "failed {took:?} after the stop"
+    );
     assert!(pending.iter().all(|x| x.status() != Status::Pending));
     assert!(!peer.is_connected());
     let start = Instant::now();

@@ -16,7 +16,11 @@ fn example() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     let p = dir.join("examples").join("kv_transfer");
-    assert!(p.exists(), "{} is missing: build the examples (cargo test builds them)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: build the examples (cargo test builds them)",
+        p.display()
+    );
     p
 }
 
@@ -24,7 +28,12 @@ fn example() -> PathBuf {
 fn target(blocks: u32, block_len: u64) -> (Child, String) {
     let mut child = Command::new(example())
         .args(["--serve", "--listen", "127.0.0.1:0", "--device", &device()])
-        .args(["--blocks", &blocks.to_string(), "--block-len", &block_len.to_string()])
+        .args([
+            "--blocks",
+            &blocks.to_string(),
+            "--block-len",
+            &block_len.to_string(),
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -51,7 +60,18 @@ fn target(blocks: u32, block_len: u64) -> (Child, String) {
 fn ten_thousand_blocks_written_and_read_back_between_two_processes() {
     let (mut t, addr) = target(10_000, 4096);
     let out = Command::new(example())
-        .args(["--connect", &addr, "--device", &device(), "--blocks", "10000", "--block-len", "4096", "--rounds", "2"])
+        .args([
+            "--connect",
+            &addr,
+            "--device",
+            &device(),
+            "--blocks",
+            "10000",
+            "--block-len",
+            "4096",
+            "--rounds",
+            "2",
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -59,7 +79,11 @@ fn ten_thousand_blocks_written_and_read_back_between_two_processes() {
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "initiator failed");
     assert_eq!(text.matches("every byte verified").count(), 2, "{text}");
-    assert_eq!(text.matches("the target confirmed every byte").count(), 2, "{text}");
+    assert_eq!(
+        text.matches("the target confirmed every byte").count(),
+        2,
+        "{text}"
+    );
     let status = t.wait().unwrap();
     assert!(status.success(), "the target found wrong data: {status}");
 }
@@ -72,7 +96,9 @@ fn a_transfer_to_a_killed_peer_fails_within_its_deadline() {
     let a = agent("killer");
     let src = a.alloc_host(blocks as usize * 4096, "src").unwrap();
     let peer = a.connect(&addr).unwrap();
-    let pool = peer.wait_segment_named("kv-pool", Duration::from_secs(10)).unwrap();
+    let pool = peer
+        .wait_segment_named("kv-pool", Duration::from_secs(10))
+        .unwrap();
     let idx: Vec<u32> = (0..blocks).collect();
     let table = BlockTable {
         local: &src,
@@ -100,10 +126,16 @@ fn a_transfer_to_a_killed_peer_fails_within_its_deadline() {
     println!("transfer to the killed peer: {res:?} after {took:?} (deadline {deadline:?})");
     let e = res.expect_err("a transfer to a dead peer cannot succeed");
     assert!(
-        matches!(e, Error::PeerLost { .. } | Error::Timeout { .. } | Error::SliceFailed { .. }),
+        matches!(
+            e,
+            Error::PeerLost { .. } | Error::Timeout { .. } | Error::SliceFailed { .. }
+        ),
         "{e}"
     );
-    assert!(took <= deadline + Duration::from_millis(500), "took {took:?}");
+    assert!(
+        took <= deadline + Duration::from_millis(500),
+        "took {took:?}"
+    );
     // The agent notices: the peer is gone, and so is it from the agent's list.
     let start = Instant::now();
     while a.peer("kv-target").is_some() && start.elapsed() < Duration::from_secs(10) {

@@ -34,7 +34,8 @@ fn a_batch_lands_piece_by_piece_and_holds_its_region_until_the_last_completion()
     let weak = Arc::downgrade(&src);
     let local = src.slice(..).unwrap();
     drop(src);
-    p.a.post_rdma_batch(BatchOp::Write, &local, &pieces).unwrap();
+    p.a.post_rdma_batch(BatchOp::Write, &local, &pieces)
+        .unwrap();
     drop(local);
     let held = weak.upgrade().is_some();
     // Only the last piece is signalled: one completion, carrying its id.
@@ -42,11 +43,18 @@ fn a_batch_lands_piece_by_piece_and_holds_its_region_until_the_last_completion()
     assert_eq!(done[0].wr_id, 1000 + n as u64 - 1);
     done[0].result().unwrap();
     assert!(held, "the region must be held while the batch is in flight");
-    assert!(weak.upgrade().is_none(), "the region must be released with the last completion");
+    assert!(
+        weak.upgrade().is_none(),
+        "the region must be released with the last completion"
+    );
     let got = dst.to_vec();
     for i in 0..n {
         let at = (n - 1 - i) * piece;
-        assert_eq!(&got[at..at + piece], &data[i * piece..(i + 1) * piece], "piece {i}");
+        assert_eq!(
+            &got[at..at + piece],
+            &data[i * piece..(i + 1) * piece],
+            "piece {i}"
+        );
     }
     assert_eq!(p.a.send_outstanding(), 0);
     println!("{n} pieces in one call: every byte where named; region held until the last completion, then released");
@@ -61,35 +69,63 @@ fn bad_pieces_are_refused_before_anything_is_posted() {
     let r = dst.remote();
     let remote = |off: u64, len: u64| RemoteSlice::new(r.addr + off, len, r.rkey).unwrap();
     let local = src.slice(..).unwrap();
-    let ok = RdmaPiece { offset: 0, remote: remote(0, 64), wr_id: 1 };
+    let ok = RdmaPiece {
+        offset: 0,
+        remote: remote(0, 64),
+        wr_id: 1,
+    };
     let bad = [
-        RdmaPiece { offset: 4090, remote: remote(0, 64), wr_id: 2 },
-        RdmaPiece { offset: usize::MAX - 10, remote: remote(0, 64), wr_id: 3 },
-        RdmaPiece { offset: 0, remote: remote(0, 0), wr_id: 4 },
+        RdmaPiece {
+            offset: 4090,
+            remote: remote(0, 64),
+            wr_id: 2,
+        },
+        RdmaPiece {
+            offset: usize::MAX - 10,
+            remote: remote(0, 64),
+            wr_id: 3,
+        },
+        RdmaPiece {
+            offset: 0,
+            remote: remote(0, 0),
+            wr_id: 4,
+        },
     ];
     for b in bad {
-        let e = p.a.post_rdma_batch(BatchOp::Write, &local, &[ok, b]).unwrap_err();
+        let e =
+            p.a.post_rdma_batch(BatchOp::Write, &local, &[ok, b])
+                .unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     }
     // A READ needs LOCAL_WRITE on the local side.
-    let e = p.a.post_rdma_batch(BatchOp::Read, &local, &[ok]).unwrap_err();
+    let e =
+        p.a.post_rdma_batch(BatchOp::Read, &local, &[ok])
+            .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     // More pieces than the send queue holds.
     let many = vec![ok; 17];
-    let e = p.a.post_rdma_batch(BatchOp::Write, &local, &many).unwrap_err();
+    let e =
+        p.a.post_rdma_batch(BatchOp::Write, &local, &many)
+            .unwrap_err();
     assert!(matches!(e, Error::QueueFull { .. }), "{e}");
     // Another protection domain's region.
     let other = common::pd();
     let foreign = MemoryRegion::new(&other, 4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let e = p.a.post_rdma_batch(BatchOp::Write, &foreign.slice(..).unwrap(), &[ok]).unwrap_err();
+    let e =
+        p.a.post_rdma_batch(BatchOp::Write, &foreign.slice(..).unwrap(), &[ok])
+            .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert_eq!(p.a.send_outstanding(), 0, "nothing was posted");
     // Before connect: refused.
     let q = common::pair_of(false, |b| b);
     let s = MemoryRegion::new(&q.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
-    let e = q.a.post_rdma_batch(BatchOp::Write, &s.slice(..).unwrap(), &[ok]).unwrap_err();
+    let e =
+        q.a.post_rdma_batch(BatchOp::Write, &s.slice(..).unwrap(), &[ok])
+            .unwrap_err();
     assert!(matches!(e, Error::QpNotReady { .. }), "{e}");
     // And a good batch still works.
     p.a.post_rdma_batch(BatchOp::Write, &local, &[ok]).unwrap();
-    p.cq_a.wait_for(1, Duration::from_secs(10)).unwrap()[0].result().unwrap();
+    p.cq_a.wait_for(1, Duration::from_secs(10)).unwrap()[0]
+        .result()
+        .unwrap();
 }

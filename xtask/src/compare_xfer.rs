@@ -86,7 +86,10 @@ pub fn compare(opts: &CompareXferOpts) -> Result<i32> {
         );
         let outcome = vm::boot(&opts.vm, &script)?;
         if outcome.code != 0 {
-            return Err(format!("the comparison script exited with {} in the VM", outcome.code));
+            return Err(format!(
+                "the comparison script exited with {} in the VM",
+                outcome.code
+            ));
         }
         outcome.output
     };
@@ -141,7 +144,12 @@ pub fn parse(text: &str) -> Vec<XRun> {
                 }
             }
             if tool != "done" {
-                cur = Some(XRun { tool, round, gbps: None, rc: (-1, -1) });
+                cur = Some(XRun {
+                    tool,
+                    round,
+                    gbps: None,
+                    rc: (-1, -1),
+                });
             }
             continue;
         }
@@ -167,7 +175,8 @@ pub fn parse(text: &str) -> Vec<XRun> {
 /// The table and the failed runs.
 pub fn summarize(runs: &[XRun], opts: &CompareXferOpts) -> (String, Vec<String>) {
     let mut failures = Vec::new();
-    let mut rounds: std::collections::BTreeMap<u32, (Option<f64>, Option<f64>)> = Default::default();
+    let mut rounds: std::collections::BTreeMap<u32, (Option<f64>, Option<f64>)> =
+        Default::default();
     for r in runs {
         match r.gbps.filter(|_| r.rc == (0, 0)) {
             Some(v) => {
@@ -184,7 +193,11 @@ pub fn summarize(runs: &[XRun], opts: &CompareXferOpts) -> (String, Vec<String>)
                 r.round,
                 r.rc.0,
                 r.rc.1,
-                if r.gbps.is_none() { ", no result line" } else { "" }
+                if r.gbps.is_none() {
+                    ", no result line"
+                } else {
+                    ""
+                }
             )),
         }
     }
@@ -202,7 +215,12 @@ pub fn summarize(runs: &[XRun], opts: &CompareXferOpts) -> (String, Vec<String>)
     s.push_str("round   xfer Gb/s   perftest Gb/s   ratio\n");
     for (r, (x, p)) in &rounds {
         let ratio = x.zip(*p).map(|(x, p)| x / p);
-        s.push_str(&format!("{r:>5}   {:>9}   {:>13}   {:>5}\n", f(*x), f(*p), f(ratio)));
+        s.push_str(&format!(
+            "{r:>5}   {:>9}   {:>13}   {:>5}\n",
+            f(*x),
+            f(*p),
+            f(ratio)
+        ));
     }
     s.push_str(&format!(
         "median  {:>9}   {:>13}   paired {}\n",

@@ -176,7 +176,9 @@ impl QueuePair {
                     BatchOp::Write => crate::wr::Operation::Write,
                     BatchOp::Read => crate::wr::Operation::Read,
                 },
-                chunk.get(failed.min(n - 1)).map_or(0, |p| p.remote.len() as usize),
+                chunk
+                    .get(failed.min(n - 1))
+                    .map_or(0, |p| p.remote.len() as usize),
                 rc,
                 done + failed,
                 pieces.len(),
