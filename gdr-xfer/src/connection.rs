@@ -301,7 +301,7 @@ impl Connection {
                     }
                 }
                 let n = pieces.len();
-                if let Err(e) = self.qps[qi].post_rdma_batch(op, &t.locals[local as usize], pieces)
+                if let Err(e) = self.qps[qi].post_rdma_batch(op, &p.locals[local as usize], pieces)
                 {
                     return Err(format!(
                         "posting {n} requests on QP {:#x}: {e}",

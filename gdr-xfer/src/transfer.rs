@@ -87,6 +87,10 @@ pub struct TransferStats {
 }
 
 pub(crate) struct Progress {
+    /// The local segments the runs name, while there is something left to post: released when
+    /// the transfer finishes (requests in flight hold what they use themselves), so a finished
+    /// transfer's handle keeps no memory registered.
+    pub(crate) locals: Vec<LocalSlice>,
     /// Next run to post, and the offset in it.
     pub(crate) next_run: usize,
     pub(crate) run_offset: u64,
@@ -117,7 +121,6 @@ pub(crate) struct TransferState {
     pub(crate) started: Instant,
     pub(crate) timeout: Duration,
     pub(crate) deadline: Option<Instant>,
-    pub(crate) locals: Vec<LocalSlice>,
     pub(crate) runs: Vec<Run>,
     pub(crate) slices_total: u64,
     pub(crate) bytes: u64,
@@ -162,13 +165,13 @@ impl TransferState {
             started,
             timeout,
             deadline: started.checked_add(timeout),
-            locals,
             runs,
             slices_total,
             bytes,
             descriptors,
             notify,
             progress: Mutex::new(Progress {
+                locals,
                 next_run: 0,
                 run_offset: 0,
                 slices_posted: 0,
@@ -200,6 +203,7 @@ impl TransferState {
         }
         p.outcome = Some(outcome);
         p.done_at = Some(Instant::now());
+        p.locals = Vec::new();
         if let Some(w) = p.waker.take() {
             w.wake();
         }

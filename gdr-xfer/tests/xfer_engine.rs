@@ -558,3 +558,142 @@ fn segments_within_one_registration_cost_no_registration() {
         "1,265 tensors of {size} bytes: one registration of 512 MiB ({whole:?}) + 1,265 segments within it ({within:?}, no verbs call) vs 1,265 registrations ({apart:?})"
     );
 }
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn concurrent_submitters_each_get_their_own_completion_and_notification() {
+    let (a, b, pb, _pa) = connected(
+        agent_with(AgentConfig::new("ta").qps_per_peer(3).slice_size(8192)),
+        agent("tb"),
+    );
+    let threads = 8usize;
+    let per = 30usize;
+    let region = 64 * 1024usize;
+    let src = a.alloc_host(threads * region, "src").unwrap();
+    let dst = b.alloc_host(threads * region, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (pb, src) = (&pb, &src);
+            s.spawn(move || {
+                let base = (t * region) as u64;
+                for k in 0..per {
+                    // Each round a different length and pattern, in this thread's own region.
+                    let len = 4096 + (k * 997) % (region - 4096);
+                    src.write(base, &pattern(len, (t * 1000 + k) as u32))
+                        .unwrap();
+                    let x = pb
+                        .write(
+                            &[Desc::new(src, base, r.id, base, len as u64)],
+                            &TransferOptions::new().notify(format!("{t}:{k}")),
+                        )
+                        .unwrap();
+                    let stats = x.wait(WAIT).unwrap();
+                    assert_eq!(stats.bytes, len as u64);
+                }
+            });
+        }
+    });
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < threads * per {
+        let n = b
+            .wait_notification(WAIT)
+            .unwrap()
+            .expect("every notification arrives");
+        let key = String::from_utf8(n.data).unwrap();
+        assert!(seen.insert(key.clone()), "notification {key} twice");
+    }
+    assert!(b.take_notifications().is_empty(), "no extra notification");
+    // The last round of each thread is what its region holds.
+    for t in 0..threads {
+        let k = per - 1;
+        let len = 4096 + (k * 997) % (region - 4096);
+        let got = dst.to_vec((t * region) as u64, len).unwrap();
+        assert_eq!(got, pattern(len, (t * 1000 + k) as u32), "thread {t}");
+    }
+    println!("{threads} threads x {per} transfers on 3 QPs: every completion and notification once, to its owner");
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_transfer_past_its_deadline_fails_and_its_memory_goes_once_the_nic_is_done() {
+    let (a, b, pb, _pa) = connected(
+        agent_with(AgentConfig::new("dla").slice_size(4096)),
+        agent("dlb"),
+    );
+    let len = 32 << 20;
+    let _dst = b.alloc_host(len, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    let src = a.alloc_host(len, "src").unwrap();
+    let weak = src.registration_weak();
+    let t = pb
+        .write(
+            &[Desc::new(&src, 0, r.id, 0, len as u64)],
+            &TransferOptions::new().timeout(Duration::from_millis(1)),
+        )
+        .unwrap();
+    a.deregister(&src).unwrap();
+    drop(src);
+    let e = t.wait(WAIT).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    drop(t);
+    let alive_at_timeout = weak.is_alive();
+    let start = std::time::Instant::now();
+    while weak.is_alive() && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    println!(
+        "timed out: {e}; registration alive then: {alive_at_timeout}, released {:?} later",
+        start.elapsed()
+    );
+    assert!(
+        !weak.is_alive(),
+        "released once the NIC finished the posted slices"
+    );
+    // The connection is fine: the next transfer works.
+    let s2 = a.alloc_host(4096, "s2").unwrap();
+    pb.write(&[Desc::new(&s2, 0, r.id, 0, 4096)], &TransferOptions::new())
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn dropping_the_agent_fails_its_transfers_and_releases_their_memory_afterwards() {
+    let (a, b, pb, _pa) = connected(
+        agent_with(AgentConfig::new("xa").slice_size(4096)),
+        agent("xb"),
+    );
+    let len = 32 << 20;
+    let _dst = b.alloc_host(len, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    let src = a.alloc_host(len, "src").unwrap();
+    let weak = src.registration_weak();
+    let t = pb
+        .write(
+            &[Desc::new(&src, 0, r.id, 0, len as u64)],
+            &TransferOptions::new(),
+        )
+        .unwrap();
+    drop(src);
+    drop(pb);
+    drop(a);
+    let res = t.wait(WAIT);
+    println!("transfer pending when its agent was dropped: {res:?}");
+    if let Err(e) = &res {
+        assert!(
+            matches!(e, Error::AgentClosed | Error::PeerLost { .. }),
+            "{e}"
+        );
+    }
+    drop(t);
+    // The agent is gone; its queue pairs are destroyed with it (the last holder, a control
+    // thread, lets go when its socket closes): then nothing holds the registration.
+    let start = std::time::Instant::now();
+    while weak.is_alive() && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!weak.is_alive(), "the registration leaked past the agent");
+    println!("released {:?} after the agent was dropped", start.elapsed());
+}
