@@ -12,7 +12,7 @@
 //!            name length u8 (<= MAX_NAME) | name)
 //! removed:  count u16 (<= MAX_SEGMENTS_PER_MESSAGE) | count x id u32
 //! ready:    (empty)
-//! bye:      reason length u16 (<= MAX_REASON) | reason (UTF-8)
+//! bye:      reason length u16 (<= MAX_REASON) | reason (UTF-8, refused otherwise)
 //! ```
 //!
 //! A decoder never trusts a length: every count and size is checked against its limit and the
@@ -355,7 +355,11 @@ impl Message {
                     return Err(r.err(format!("bye reason of {len} bytes (at most {MAX_REASON})")));
                 }
                 let bytes = r.take(len, "reason")?;
-                Message::Bye(String::from_utf8_lossy(bytes).into_owned())
+                // Refused, not repaired: a lossy decode would turn one byte into three and
+                // make the message differ from what was sent.
+                let reason = String::from_utf8(bytes.to_vec())
+                    .map_err(|_| r.err("bye reason is not UTF-8".into()))?;
+                Message::Bye(reason)
             }
             other => return Err(r.err(format!("unknown message kind {other}"))),
         };
