@@ -640,3 +640,46 @@ fn hostile_handshake_cycles() {
     let table = pa.wait_segment_named("table", WAIT).unwrap();
     assert_eq!(table.len, 4096);
 }
+
+/// Connections the listening agent refuses after the hello exchange (it is full, or already
+/// has a peer of that name): each cycle's queue pairs, buffers, sockets and threads on both
+/// sides are given back, and the initiator learns why it was refused (not only that the
+/// connection closed).
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn refused_connection_cycles() {
+    let mut cfg = AgentConfig::new("full")
+        .send_queue_depth(16)
+        .default_timeout(WAIT);
+    cfg.max_peers = 1;
+    let b = agent_with(cfg);
+    let addr = b.listen("127.0.0.1:0").unwrap().to_string();
+    let first = cycle_agent("first");
+    let _pb = first.connect(&addr).unwrap();
+    b.wait_peer("first", WAIT).unwrap();
+    let other = cycle_agent("second");
+    let same_name = cycle_agent("first");
+    run_cycles(
+        "refused connections",
+        cycles(100),
+        &[],
+        &["pd", "cq"],
+        |i, probe| {
+            let (who, why) = if i % 2 == 0 {
+                (&other, "max_peers")
+            } else {
+                (&same_name, "already connected")
+            };
+            let e = who.connect(&addr).unwrap_err();
+            probe();
+            assert!(
+                matches!(e, Error::Protocol { .. }) && e.to_string().contains(why),
+                "{} refused by a full agent: the error does not say {why:?}: {e}",
+                who.name()
+            );
+            assert!(who.peers().is_empty(), "{:?}", who.peers());
+        },
+    );
+    let names: Vec<String> = b.peers().iter().map(|p| p.name().to_string()).collect();
+    assert_eq!(names, ["first"]);
+}
