@@ -24,6 +24,7 @@ pub const TARGETS: &[&str] = &[
     "topology",
     "selection",
     "nccl_log",
+    "xfer_wire",
 ];
 
 /// Seconds each target runs in the smoke run of `cargo xtask test`.
