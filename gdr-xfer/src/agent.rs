@@ -58,6 +58,10 @@ pub(crate) struct AgentShared {
     notified: Condvar,
     peers_changed: Condvar,
     pub(crate) shutdown: AtomicBool,
+    /// Threads to join at drop (control readers, directory watches).
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Handshakes of accepted connections in progress (at most `max_peers`).
+    handshakes: AtomicU32,
     /// The directory this agent published itself in (feature `etcd`).
     #[cfg(feature = "etcd")]
     published: Mutex<Option<crate::discovery::Published>>,
@@ -124,6 +128,8 @@ impl Agent {
             notified: Condvar::new(),
             peers_changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+            handshakes: AtomicU32::new(0),
             #[cfg(feature = "etcd")]
             published: Mutex::new(None),
         });
@@ -469,7 +475,10 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        self.shared.shutdown.store(true, Ordering::Release);
+        {
+            let _peers = self.shared.lock_peers();
+            self.shared.shutdown.store(true, Ordering::Release);
+        }
         for c in self.shared.peer_list() {
             c.send_control(&Message::Bye(format!(
                 "{} shut down",
@@ -487,6 +496,18 @@ impl Drop for Agent {
             let _ = h.join();
         }
         if let Some(h) = self.progress.take() {
+            let _ = h.join();
+        }
+        // The control readers end once their sockets are shut down (lose() did): join them, so
+        // that when drop returns no thread of this agent runs and its queue pairs are gone.
+        let threads = std::mem::take(
+            &mut *self
+                .shared
+                .threads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        for h in threads {
             let _ = h.join();
         }
     }
@@ -531,6 +552,17 @@ fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
                     log::warn!("{}: connection from {from}: {e}", shared.config.name);
                     continue;
                 }
+                // At most max_peers handshakes at once: connections that send nothing cannot
+                // pile up threads, queue pairs and descriptors.
+                if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= shared.config.max_peers {
+                    shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+                    log::warn!(
+                        "{}: connection from {from} dropped: {} handshakes in progress already",
+                        shared.config.name,
+                        shared.config.max_peers
+                    );
+                    continue;
+                }
                 // Each handshake on its own thread: a slow or hostile peer cannot hold up
                 // the others.
                 let s = shared.clone();
@@ -540,8 +572,10 @@ fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
                         if let Err(e) = control::establish(&s, stream, false) {
                             log::warn!("{}: connection from {from} refused: {e}", s.config.name);
                         }
+                        s.handshakes.fetch_sub(1, Ordering::AcqRel);
                     });
                 if let Err(e) = spawned {
+                    shared.handshakes.fetch_sub(1, Ordering::AcqRel);
                     log::warn!("{}: no thread for a handshake: {e}", shared.config.name);
                 }
             }
@@ -574,6 +608,13 @@ impl AgentShared {
         self.notifications.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Keeps a thread to join when the agent is dropped (finished ones are let go).
+    pub(crate) fn keep_thread(&self, h: JoinHandle<()>) {
+        let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
+        threads.retain(|t| !t.is_finished());
+        threads.push(h);
+    }
+
     pub(crate) fn peer_list(&self) -> Vec<Arc<Connection>> {
         self.lock_peers().values().cloned().collect()
     }
@@ -597,11 +638,13 @@ impl AgentShared {
 
     /// Makes a connection known by name and by queue pair number.
     pub(crate) fn add_peer(&self, conn: &Arc<Connection>) -> Result<()> {
-        if self.shutdown.load(Ordering::Acquire) {
-            return Err(Error::AgentClosed);
-        }
         {
             let mut peers = self.lock_peers();
+            // Checked under the lock `Drop` takes its snapshot of the peers under: a handshake
+            // cannot slip a connection in after the snapshot.
+            if self.shutdown.load(Ordering::Acquire) {
+                return Err(Error::AgentClosed);
+            }
             if peers.contains_key(&conn.name) {
                 return Err(Error::invalid(
                     format!("a peer named {:?} is already connected", conn.name),

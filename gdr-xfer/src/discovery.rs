@@ -156,10 +156,11 @@ impl Agent {
         let conn = peer.conn.clone();
         let endpoint = endpoint_key(name);
         let segments = format!("{name}/segments/");
-        std::thread::Builder::new()
+        let h = std::thread::Builder::new()
             .name(format!("xfer-watch-{name}"))
             .spawn(move || watch_peer(weak, conn, watch, endpoint, segments))
             .map_err(|e| Error::io("starting the directory watch thread", e))?;
+        self.shared().keep_thread(h);
         Ok(peer)
     }
 }
