@@ -14,6 +14,37 @@ const NEEDS: &str =
     "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)";
 const WAIT: Duration = Duration::from_secs(30);
 
+/// Waits (up to [`WAIT`]) until nothing holds a registration any more.
+fn wait_released(weak: &gdr_xfer::RegistrationWeak) {
+    let start = std::time::Instant::now();
+    while weak.is_alive() && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Agents `a` (slices of 4 KiB) and `b` connected, `b` with a 32 MiB segment `dst`, and a
+/// 32 MiB segment `src` of `a` with its registration's weak reference.
+fn big_pair(
+    a: &str,
+    b: &str,
+) -> (
+    gdr_xfer::Agent,
+    gdr_xfer::Agent,
+    gdr_xfer::Peer,
+    gdr_xfer::Segment,
+    gdr_xfer::Segment,
+    u32,
+    gdr_xfer::RegistrationWeak,
+) {
+    let (a, b, pb, _pa) = connected(agent_with(AgentConfig::new(a).slice_size(4096)), agent(b));
+    let len = 32 << 20;
+    let dst = b.alloc_host(len, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    let src = a.alloc_host(len, "src").unwrap();
+    let weak = src.registration_weak();
+    (a, b, pb, src, dst, r.id, weak)
+}
+
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn descriptor_lists_are_merged_sliced_and_land_byte_for_byte() {
@@ -231,9 +262,7 @@ fn dropped_handles_keep_memory_alive_until_completion_then_release_it() {
         .unwrap()
         .expect("the dropped transfer still completes");
     let start = std::time::Instant::now();
-    while weak.is_alive() && start.elapsed() < WAIT {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_released(&weak);
     println!(
         "registration alive right after drop: {alive_while_in_flight}; released {:?} after the notification",
         start.elapsed()
@@ -265,10 +294,7 @@ fn dropped_handles_keep_memory_alive_until_completion_then_release_it() {
     let _ = dst;
     a.deregister(&src).unwrap();
     drop(src);
-    let start = std::time::Instant::now();
-    while weak.is_alive() && start.elapsed() < WAIT {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_released(&weak);
     assert!(
         !weak.is_alive(),
         "the registration of a dropped future leaked"
@@ -617,18 +643,10 @@ fn concurrent_submitters_each_get_their_own_completion_and_notification() {
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn a_transfer_past_its_deadline_fails_and_its_memory_goes_once_the_nic_is_done() {
-    let (a, b, pb, _pa) = connected(
-        agent_with(AgentConfig::new("dla").slice_size(4096)),
-        agent("dlb"),
-    );
-    let len = 32 << 20;
-    let _dst = b.alloc_host(len, "dst").unwrap();
-    let r = pb.wait_segment_named("dst", WAIT).unwrap();
-    let src = a.alloc_host(len, "src").unwrap();
-    let weak = src.registration_weak();
+    let (a, _b, pb, src, _dst, rid, weak) = big_pair("dla", "dlb");
     let t = pb
         .write(
-            &[Desc::new(&src, 0, r.id, 0, len as u64)],
+            &[Desc::new(&src, 0, rid, 0, src.len())],
             &TransferOptions::new().timeout(Duration::from_millis(1)),
         )
         .unwrap();
@@ -639,9 +657,7 @@ fn a_transfer_past_its_deadline_fails_and_its_memory_goes_once_the_nic_is_done()
     drop(t);
     let alive_at_timeout = weak.is_alive();
     let start = std::time::Instant::now();
-    while weak.is_alive() && start.elapsed() < WAIT {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_released(&weak);
     println!(
         "timed out: {e}; registration alive then: {alive_at_timeout}, released {:?} later",
         start.elapsed()
@@ -652,7 +668,7 @@ fn a_transfer_past_its_deadline_fails_and_its_memory_goes_once_the_nic_is_done()
     );
     // The connection is fine: the next transfer works.
     let s2 = a.alloc_host(4096, "s2").unwrap();
-    pb.write(&[Desc::new(&s2, 0, r.id, 0, 4096)], &TransferOptions::new())
+    pb.write(&[Desc::new(&s2, 0, rid, 0, 4096)], &TransferOptions::new())
         .unwrap()
         .wait(WAIT)
         .unwrap();
@@ -661,18 +677,10 @@ fn a_transfer_past_its_deadline_fails_and_its_memory_goes_once_the_nic_is_done()
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn dropping_the_agent_fails_its_transfers_and_releases_their_memory_afterwards() {
-    let (a, b, pb, _pa) = connected(
-        agent_with(AgentConfig::new("xa").slice_size(4096)),
-        agent("xb"),
-    );
-    let len = 32 << 20;
-    let _dst = b.alloc_host(len, "dst").unwrap();
-    let r = pb.wait_segment_named("dst", WAIT).unwrap();
-    let src = a.alloc_host(len, "src").unwrap();
-    let weak = src.registration_weak();
+    let (a, _b, pb, src, _dst, rid, weak) = big_pair("xa", "xb");
     let t = pb
         .write(
-            &[Desc::new(&src, 0, r.id, 0, len as u64)],
+            &[Desc::new(&src, 0, rid, 0, src.len())],
             &TransferOptions::new(),
         )
         .unwrap();
@@ -691,9 +699,7 @@ fn dropping_the_agent_fails_its_transfers_and_releases_their_memory_afterwards()
     // The agent is gone; its queue pairs are destroyed with it (the last holder, a control
     // thread, lets go when its socket closes): then nothing holds the registration.
     let start = std::time::Instant::now();
-    while weak.is_alive() && start.elapsed() < WAIT {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_released(&weak);
     assert!(!weak.is_alive(), "the registration leaked past the agent");
     println!("released {:?} after the agent was dropped", start.elapsed());
 }

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::perftest::median;
+use crate::perftest::{median, LocalDevice};
 use crate::vm::{self, shell_quote, VmOpts};
 use crate::{cargo, say, setup, Result};
 
@@ -34,18 +34,8 @@ pub struct CompareXferOpts {
     /// gdr-xfer initiator threads (each keeps one batch in flight).
     #[arg(long, default_value_t = 1)]
     pub threads: u32,
-    /// Run on this host's RDMA device instead of booting the Soft-RoCE VM (real hardware).
-    #[arg(long, requires_all = ["device", "addr"])]
-    pub local: bool,
-    /// RDMA device for --local (e.g. mlx5_0).
-    #[arg(long)]
-    pub device: Option<String>,
-    /// GID index for --local.
-    #[arg(long, default_value_t = 3)]
-    pub gid_index: u32,
-    /// This host's address on the device, for --local.
-    #[arg(long)]
-    pub addr: Option<String>,
+    #[command(flatten)]
+    pub host: LocalDevice,
 }
 
 const SCRIPT: &str = "xtask/src/compare-xfer.sh";
@@ -64,13 +54,13 @@ pub fn compare(opts: &CompareXferOpts) -> Result<i32> {
         opts.seconds.to_string(),
         opts.threads.to_string(),
     ];
-    let output = if opts.local {
+    let output = if opts.host.local {
         let out = Command::new("sh")
             .arg(Path::new(SCRIPT))
             .args([
-                opts.device.as_deref().unwrap_or_default(),
-                &opts.gid_index.to_string(),
-                opts.addr.as_deref().unwrap_or_default(),
+                opts.host.device.as_deref().unwrap_or_default(),
+                &opts.host.gid_index.to_string(),
+                opts.host.addr.as_deref().unwrap_or_default(),
                 gdr.to_string_lossy().as_ref(),
             ])
             .args(&args)
@@ -254,10 +244,7 @@ mod tests {
             qps: 2,
             seconds: 5,
             threads: 1,
-            local: false,
-            device: None,
-            gid_index: 3,
-            addr: None,
+            host: LocalDevice::default(),
         };
         let (t, f) = summarize(&runs, &opts);
         assert!(f.is_empty());

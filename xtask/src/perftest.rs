@@ -33,6 +33,13 @@ pub struct CompareOpts {
     /// like-for-like posting comparison; default: each tool's own default (gdr automatic, perftest 1).
     #[arg(long, value_name = "N")]
     pub post_list: Option<u32>,
+    #[command(flatten)]
+    pub host: LocalDevice,
+}
+
+/// Where a comparison runs instead of the VM: this host's own RDMA device (real hardware).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LocalDevice {
     /// Run on this host's RDMA device instead of booting the Soft-RoCE VM (real hardware).
     #[arg(long, requires_all = ["device", "addr"])]
     pub local: bool,
@@ -70,12 +77,12 @@ pub fn compare(opts: &CompareOpts) -> Result<i32> {
         opts.lat_iters,
         opts.rate_iters
     );
-    let output = if opts.local {
-        let dev = opts.device.as_deref().unwrap_or_default();
-        let addr = opts.addr.as_deref().unwrap_or_default();
+    let output = if opts.host.local {
+        let dev = opts.host.device.as_deref().unwrap_or_default();
+        let addr = opts.host.addr.as_deref().unwrap_or_default();
         let out = Command::new("sh")
             .arg(Path::new(SCRIPT))
-            .args([dev, &opts.gid_index.to_string(), addr])
+            .args([dev, &opts.host.gid_index.to_string(), addr])
             .args([
                 gdr.to_string_lossy().as_ref(),
                 &opts.rounds.to_string(),
