@@ -20,6 +20,8 @@ pub const PACKAGES: &[&str] = &[
     "ibverbs-utils",
     "rdmacm-utils",
     "perftest",
+    // callgrind: gdr-xfer's instructions per block (benches/xfer_post_cost.rs, README).
+    "valgrind",
     // Building rdma-sys: headers and libraries to link, bindgen's libclang (<= 15), pkg-config.
     "libibverbs-dev",
     "librdmacm-dev",
