@@ -552,14 +552,15 @@ fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
                     log::warn!("{}: connection from {from}: {e}", shared.config.name);
                     continue;
                 }
-                // At most max_peers handshakes at once: connections that send nothing cannot
-                // pile up threads, queue pairs and descriptors.
-                if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= shared.config.max_peers {
+                // A bounded number of handshakes at once: connections that send nothing cannot
+                // pile up threads, queue pairs and descriptors. (Refused handshakes linger
+                // half a second to deliver their reason, hence the margin over max_peers.)
+                let cap = shared.config.max_peers.saturating_mul(2).saturating_add(8);
+                if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= cap {
                     shared.handshakes.fetch_sub(1, Ordering::AcqRel);
                     log::warn!(
-                        "{}: connection from {from} dropped: {} handshakes in progress already",
-                        shared.config.name,
-                        shared.config.max_peers
+                        "{}: connection from {from} dropped: {cap} handshakes in progress already",
+                        shared.config.name
                     );
                     continue;
                 }

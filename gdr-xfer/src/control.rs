@@ -86,9 +86,37 @@ fn recv(link: &mut TcpLink, peer: &str) -> Result<Message> {
     Message::decode(peer, &bytes)
 }
 
-fn refuse(link: &mut TcpLink, err: Error) -> Error {
+/// The peer's hello; a bye instead (the peer refused us) is an error with its reason.
+fn expect_hello(reader: &mut TcpLink, addr: &str) -> Result<Hello> {
+    match recv(reader, addr)? {
+        Message::Hello(h) => Ok(h),
+        Message::Bye(reason) => Err(Error::protocol(addr, format!("refused: {reason}"))),
+        _ => Err(Error::protocol(addr, "expected a hello")),
+    }
+}
+
+fn refuse(link: &mut TcpLink, linger: Linger<'_>, err: Error) -> Error {
     let _ = send(link, &Message::Bye(err.to_string()));
+    // Close only after the peer has read the bye: closing a socket with unread bytes in its
+    // receive buffer sends a reset, and a reset discards what the peer has not read yet (the
+    // bye among it). So stop writing, and read what the peer still sends (briefly) until it
+    // closes too.
+    let _ = linger.socket.shutdown(std::net::Shutdown::Write);
+    if linger
+        .reader
+        .set_timeout(Some(Duration::from_millis(500)))
+        .is_ok()
+    {
+        let end = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < end && linger.reader.recv_bytes().is_ok() {}
+    }
     err
+}
+
+/// What [`refuse`] needs to close a refused connection gracefully.
+struct Linger<'a> {
+    socket: &'a TcpStream,
+    reader: &'a mut TcpLink,
 }
 
 /// Runs the handshake on a new TCP connection (`initiator`: we connected) and returns the
@@ -128,12 +156,14 @@ pub(crate) fn establish(
     let (qps, theirs) = if initiator {
         let qps = agent.create_qps(usize::from(cfg.qps_per_peer))?;
         send(&mut writer, &hello(&qps))?;
-        let Message::Hello(theirs) = recv(&mut reader, &addr)? else {
-            return Err(Error::protocol(&addr, "expected a hello"));
-        };
+        let theirs = expect_hello(&mut reader, &addr)?;
         if theirs.endpoints.len() != qps.len() {
             return Err(refuse(
                 &mut writer,
+                Linger {
+                    socket: &socket,
+                    reader: &mut reader,
+                },
                 Error::protocol(
                     &theirs.name,
                     format!(
@@ -146,9 +176,7 @@ pub(crate) fn establish(
         }
         (qps, theirs)
     } else {
-        let Message::Hello(theirs) = recv(&mut reader, &addr)? else {
-            return Err(Error::protocol(&addr, "expected a hello"));
-        };
+        let theirs = expect_hello(&mut reader, &addr)?;
         let n = theirs.endpoints.len().min(MAX_QPS);
         let qps = agent.create_qps(n)?;
         send(&mut writer, &hello(&qps))?;
@@ -157,6 +185,10 @@ pub(crate) fn establish(
     if theirs.name == cfg.name {
         return Err(refuse(
             &mut writer,
+            Linger {
+                socket: &socket,
+                reader: &mut reader,
+            },
             Error::invalid(
                 format!("peer at {addr} is called {:?}, as this agent", theirs.name),
                 "give every agent its own name",
@@ -190,7 +222,14 @@ pub(crate) fn establish(
         if let Err(e) = agent.add_peer(&conn) {
             // Tell the peer why (a full agent, a name taken, a closing agent).
             drop(segments);
-            return Err(refuse(&mut w, e));
+            return Err(refuse(
+                &mut w,
+                Linger {
+                    socket: &conn.socket,
+                    reader: &mut reader,
+                },
+                e,
+            ));
         }
         let infos: Vec<_> = segments.values().map(|s| s.info().clone()).collect();
         drop(segments);
