@@ -50,8 +50,9 @@ pub(crate) struct AgentShared {
     /// queue past the loss (`retiring`), so that completions already queued, a notification
     /// that arrived just before the peer said goodbye among them, are still handled.
     by_qpn: RwLock<HashMap<u32, (Arc<Connection>, usize)>>,
-    /// Connections forgotten by name, with the drain count at that moment.
-    retiring: Mutex<Vec<(Arc<Connection>, u64)>>,
+    /// Connections forgotten by name, with the drain count at that moment, and the failure to
+    /// give what is still in flight on them once the completions queued then were handled.
+    retiring: Mutex<Vec<(Arc<Connection>, u64, Option<Failure>)>>,
     /// How many polls found the completion queue drained (fewer completions than asked for).
     drains: AtomicU64,
     notifications: Mutex<VecDeque<Notification>>,
@@ -670,6 +671,16 @@ impl AgentShared {
     /// Forgets a connection by name (if it is still the one registered under it); the
     /// progress thread lets it go once the completions queued before now are handled.
     pub(crate) fn remove_peer(&self, conn: &Arc<Connection>) {
+        self.retire(conn, None);
+    }
+
+    /// As [`AgentShared::remove_peer`], and fails what is still in flight on it with
+    /// `failure` once the completions queued before now were handled.
+    pub(crate) fn remove_peer_after_drain(&self, conn: &Arc<Connection>, failure: Failure) {
+        self.retire(conn, Some(failure));
+    }
+
+    fn retire(&self, conn: &Arc<Connection>, failure: Option<Failure>) {
         {
             let mut peers = self.lock_peers();
             if peers.get(&conn.name).is_some_and(|c| Arc::ptr_eq(c, conn)) {
@@ -678,8 +689,12 @@ impl AgentShared {
         }
         self.peers_changed.notify_all();
         let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
-        if !retiring.iter().any(|(c, _)| Arc::ptr_eq(c, conn)) {
-            retiring.push((conn.clone(), self.drains.load(Ordering::Acquire)));
+        if !retiring.iter().any(|(c, _, _)| Arc::ptr_eq(c, conn)) {
+            retiring.push((conn.clone(), self.drains.load(Ordering::Acquire), failure));
+        } else if let Some(f) = failure {
+            // Already retiring without a failure to give (a plain removal): lose it now.
+            drop(retiring);
+            conn.lose(f);
         }
     }
 
@@ -694,9 +709,9 @@ impl AgentShared {
             return;
         }
         let mut gone = Vec::new();
-        retiring.retain(|(c, at)| {
-            if now >= at + 2 {
-                gone.push(c.clone());
+        retiring.retain_mut(|(c, at, failure)| {
+            if now >= *at + 2 {
+                gone.push((c.clone(), failure.take()));
                 false
             } else {
                 true
@@ -706,8 +721,14 @@ impl AgentShared {
         if gone.is_empty() {
             return;
         }
+        // What is still in flight on them now will not complete: fail it.
+        for (conn, failure) in &mut gone {
+            if let Some(f) = failure.take() {
+                conn.lose(f);
+            }
+        }
         let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
-        for conn in &gone {
+        for (conn, _) in &gone {
             for qp in &conn.qps {
                 if by_qpn
                     .get(&qp.qp_num())

@@ -89,6 +89,10 @@ pub(crate) struct Connection {
     /// A clone of the control socket, to shut it down (which ends the reader thread).
     pub(crate) socket: TcpStream,
     lost: AtomicBool,
+    /// Set when the peer went away (its goodbye, or its socket closed): new transfers are
+    /// refused at once; those in flight are failed once the completions already queued were
+    /// handled (see `AgentShared::remove_peer_after_drain`).
+    closing: Mutex<Option<String>>,
     /// Set once both sides exchanged their tables: the peer is visible to the application.
     ready: AtomicBool,
     lost_reason: Mutex<Option<String>>,
@@ -122,6 +126,7 @@ impl Connection {
             writer: Mutex::new(writer),
             socket,
             lost: AtomicBool::new(false),
+            closing: Mutex::new(None),
             ready: AtomicBool::new(false),
             lost_reason: Mutex::new(None),
             queues: Mutex::new(Queues {
@@ -164,13 +169,29 @@ impl Connection {
             .clone()
     }
 
+    /// Marks the peer as gone without failing what is in flight yet (see `closing`).
+    pub(crate) fn set_closing(&self, reason: String) {
+        let mut c = self.closing.lock().unwrap_or_else(|p| p.into_inner());
+        c.get_or_insert(reason);
+    }
+
+    /// Why the peer is gone, if it is (closing or lost).
+    pub(crate) fn gone_reason(&self) -> Option<String> {
+        self.lost_reason().or_else(|| {
+            self.closing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        })
+    }
+
     /// Queues a transfer and posts what fits now.
     pub(crate) fn submit(&self, t: Arc<TransferState>) -> Result<(), Failure> {
         let mut q = self.lock();
-        if q.closed {
+        if q.closed || self.gone_reason().is_some() {
             return Err(Failure::PeerLost {
                 reason: self
-                    .lost_reason()
+                    .gone_reason()
                     .unwrap_or_else(|| "connection closed".into()),
             });
         }

@@ -302,8 +302,12 @@ fn read_control(agent: Weak<AgentShared>, conn: Arc<Connection>, mut link: TcpLi
             log::warn!("peer {} lost: {reason}", conn.name);
         }
     }
-    conn.lose(Failure::PeerLost { reason });
-    if let Some(a) = agent.upgrade() {
-        a.remove_peer(&conn);
+    // New transfers are refused from now on; those in flight get their completions already
+    // queued handled first (a peer that read our last notification and said goodbye must not
+    // turn that transfer into a failure), then fail.
+    conn.set_closing(reason.clone());
+    match agent.upgrade() {
+        Some(a) => a.remove_peer_after_drain(&conn, Failure::PeerLost { reason }),
+        None => conn.lose(Failure::PeerLost { reason }),
     }
 }

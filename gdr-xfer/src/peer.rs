@@ -37,12 +37,12 @@ impl Peer {
     /// Whether the connection works (`false` once it was lost: the peer closed it, died, or a
     /// request failed).
     pub fn is_connected(&self) -> bool {
-        !self.conn.is_lost()
+        self.conn.gone_reason().is_none()
     }
 
     /// Why the connection was lost, once it was.
     pub fn lost_reason(&self) -> Option<String> {
-        self.conn.lost_reason()
+        self.conn.gone_reason()
     }
 
     /// The queue pair numbers of the connection (one per queue pair).
@@ -96,7 +96,7 @@ impl Peer {
     }
 
     fn check_connected(&self) -> Result<()> {
-        match self.conn.lost_reason() {
+        match self.conn.gone_reason() {
             Some(reason) => Err(Error::PeerLost {
                 peer: self.conn.name.clone(),
                 reason,
