@@ -34,6 +34,9 @@ const SEGMENT_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);
 
+/// A connection forgotten by name: the drain count then, and what to fail its transfers with.
+type Retiring = (Arc<Connection>, u64, Option<Failure>);
+
 /// What the agent's threads share.
 pub(crate) struct AgentShared {
     pub(crate) config: AgentConfig,
@@ -52,7 +55,7 @@ pub(crate) struct AgentShared {
     by_qpn: RwLock<HashMap<u32, (Arc<Connection>, usize)>>,
     /// Connections forgotten by name, with the drain count at that moment, and the failure to
     /// give what is still in flight on them once the completions queued then were handled.
-    retiring: Mutex<Vec<(Arc<Connection>, u64, Option<Failure>)>>,
+    retiring: Mutex<Vec<Retiring>>,
     /// How many polls found the completion queue drained (fewer completions than asked for).
     drains: AtomicU64,
     notifications: Mutex<VecDeque<Notification>>,
