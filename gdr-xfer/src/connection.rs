@@ -546,31 +546,103 @@ impl Connection {
         }
     }
 
-    /// Applies a control message from the peer (after the handshake). Returns `false` when the
-    /// peer must be dropped.
+    /// Applies a control message from the peer (after the handshake). An error means the peer
+    /// must be dropped.
     pub(crate) fn apply(&self, msg: Message) -> Result<(), String> {
-        match msg {
-            Message::Segments(list) => {
-                let mut table = self.remote.write().unwrap_or_else(|p| p.into_inner());
-                for s in list {
-                    if table.contains_key(&s.id) {
-                        return Err(format!("announced segment {} twice", s.id));
-                    }
-                    table.insert(s.id, s);
+        let mut table = self.remote.write().unwrap_or_else(|p| p.into_inner());
+        apply_to(&mut table, msg)
+    }
+}
+
+/// Most segments a peer may announce: a hostile peer cannot grow our table without bound.
+pub(crate) const MAX_REMOTE_SEGMENTS: usize = 1 << 20;
+
+/// Applies a peer's control message to its segment table: announcements add (an id announced
+/// twice, or past [`MAX_REMOTE_SEGMENTS`], is the peer lying: an error, nothing of that message
+/// is kept), removals remove (unknown ids are ignored: a removal may cross an announcement),
+/// a goodbye or a second handshake message is an error.
+pub(crate) fn apply_to(table: &mut HashMap<u32, SegmentInfo>, msg: Message) -> Result<(), String> {
+    match msg {
+        Message::Segments(list) => {
+            if table.len() + list.len() > MAX_REMOTE_SEGMENTS {
+                return Err(format!(
+                    "announced more than {MAX_REMOTE_SEGMENTS} segments"
+                ));
+            }
+            let mut seen = std::collections::HashSet::with_capacity(list.len());
+            for s in &list {
+                if table.contains_key(&s.id) || !seen.insert(s.id) {
+                    return Err(format!("announced segment {} twice", s.id));
                 }
-                Ok(())
             }
-            Message::Removed(ids) => {
-                let mut table = self.remote.write().unwrap_or_else(|p| p.into_inner());
-                for id in ids {
-                    table.remove(&id);
-                }
-                Ok(())
+            for s in list {
+                table.insert(s.id, s);
             }
-            Message::Bye(reason) => Err(format!("the peer said goodbye: {reason}")),
-            Message::Hello(_) | Message::Ready => {
-                Err("unexpected handshake message after the handshake".into())
-            }
+            Ok(())
         }
+        Message::Removed(ids) => {
+            for id in ids {
+                table.remove(&id);
+            }
+            Ok(())
+        }
+        Message::Bye(reason) => Err(format!("the peer said goodbye: {reason}")),
+        Message::Hello(_) | Message::Ready => {
+            Err("unexpected handshake message after the handshake".into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::location::Location;
+
+    fn seg(id: u32) -> SegmentInfo {
+        SegmentInfo {
+            id,
+            name: format!("s{id}"),
+            addr: 0x1000 * u64::from(id),
+            len: 4096,
+            rkey: id,
+            location: Location::Cpu { numa: None },
+        }
+    }
+
+    #[test]
+    fn a_peer_that_lies_about_its_segments_is_dropped_and_changes_nothing() {
+        let mut t = HashMap::new();
+        apply_to(&mut t, Message::Segments(vec![seg(1), seg(2)])).unwrap();
+        // The same id again, in a later message or twice in one: refused, nothing added.
+        let e = apply_to(&mut t, Message::Segments(vec![seg(3), seg(1)])).unwrap_err();
+        assert!(e.contains("segment 1 twice"), "{e}");
+        let e = apply_to(&mut t, Message::Segments(vec![seg(4), seg(4)])).unwrap_err();
+        assert!(e.contains("segment 4 twice"), "{e}");
+        assert_eq!(t.len(), 2);
+        assert!(!t.contains_key(&3) && !t.contains_key(&4));
+        // Removals of unknown ids are harmless; known ones go.
+        apply_to(&mut t, Message::Removed(vec![2, 99])).unwrap();
+        assert_eq!(t.keys().copied().collect::<Vec<_>>(), [1]);
+        // A removed id announced again is a new segment (ids are never reused by honest peers,
+        // and a dishonest one only redirects its own memory).
+        apply_to(&mut t, Message::Segments(vec![seg(2)])).unwrap();
+        // Goodbye and handshake messages end the connection.
+        assert!(apply_to(&mut t, Message::Bye("x".into())).is_err());
+        assert!(apply_to(&mut t, Message::Ready).is_err());
+    }
+
+    #[test]
+    fn a_peer_cannot_grow_the_table_without_bound() {
+        let mut t: HashMap<u32, SegmentInfo> = (0..MAX_REMOTE_SEGMENTS as u32 - 1)
+            .map(|i| (i, seg(i)))
+            .collect();
+        let e = apply_to(
+            &mut t,
+            Message::Segments(vec![seg(u32::MAX - 1), seg(u32::MAX)]),
+        )
+        .unwrap_err();
+        assert!(e.contains("more than"), "{e}");
+        assert_eq!(t.len(), MAX_REMOTE_SEGMENTS - 1);
+        apply_to(&mut t, Message::Segments(vec![seg(u32::MAX)])).unwrap();
     }
 }

@@ -206,6 +206,31 @@ impl Ring {
         self.slots[(seq & self.mask) as usize].regions.clear();
     }
 
+    /// Settles a list of `signaled.len()` staged requests of which the provider took the first
+    /// `taken`: those are committed, the rest unstaged. When the list's region `holder` was
+    /// among those refused, the last committed request holds it instead (a batch's region
+    /// rides on one request; see `qp::batch`).
+    pub(crate) fn settle(
+        &mut self,
+        signaled: &[bool],
+        taken: usize,
+        holder: Option<&Arc<dyn Registered>>,
+    ) {
+        let taken = taken.min(signaled.len());
+        for &sig in &signaled[..taken] {
+            self.commit(sig);
+        }
+        let head = self.head;
+        for i in taken..signaled.len() {
+            self.unstage(head + (i - taken) as u64);
+        }
+        if let Some(region) = holder {
+            if taken > 0 && taken < signaled.len() {
+                self.adopt(head - 1, std::iter::once(region.clone()));
+            }
+        }
+    }
+
     /// Marks the oldest staged request as posted.
     pub(crate) fn commit(&mut self, signaled: bool) {
         self.head += 1;
@@ -364,6 +389,98 @@ mod tests {
         assert_eq!(r.outstanding(), 0);
         assert_eq!(r.retire(decode(ids[1])), None, "already retired");
         assert_eq!(r.retire(decode(r.provider_id(7))), None, "never posted");
+    }
+
+    /// Something the ring can hold for the holder tests. The ring only stores and drops
+    /// regions; nothing here is posted, so no method is ever called.
+    struct Held;
+
+    // SAFETY: test-only: a `Held` never reaches a device or a work request (the ring stores
+    // and drops it), so nothing relies on the contract's promises about real memory.
+    unsafe impl Registered for Held {
+        fn lkey(&self) -> u32 {
+            0
+        }
+        fn rkey(&self) -> u32 {
+            0
+        }
+        fn iova(&self) -> u64 {
+            0
+        }
+        fn len(&self) -> usize {
+            0
+        }
+        fn pd(&self) -> &Arc<crate::pd::ProtectionDomain> {
+            unreachable!("the ring never asks a region for its protection domain")
+        }
+        fn kind(&self) -> crate::mr::MemoryKind {
+            crate::mr::MemoryKind::Host
+        }
+        fn access(&self) -> crate::mr::AccessFlags {
+            crate::mr::AccessFlags::empty()
+        }
+    }
+
+    fn region() -> Arc<dyn Registered> {
+        Arc::new(Held)
+    }
+
+    #[test]
+    fn a_batch_refused_half_way_moves_its_region_to_the_last_request_taken() {
+        let mut r = ring(8);
+        let reg = region();
+        let weak = Arc::downgrade(&reg);
+        // Four requests staged, the region on the last one only (as post_rdma_batch stages).
+        for i in 0..4u64 {
+            let holds = i == 3;
+            r.stage(i, 100 + i, i == 3, holds.then_some(&reg).into_iter());
+        }
+        drop(reg);
+        // The provider took two: the two others are unstaged, and the second takes the region.
+        let region = weak.upgrade().unwrap();
+        r.settle(&[false, false, false, true], 2, Some(&region));
+        drop(region);
+        assert_eq!(r.outstanding(), 2);
+        assert!(
+            weak.upgrade().is_some(),
+            "held while request 1 is in flight"
+        );
+        let first = r.provider_id(0);
+        assert_eq!(r.retire(decode(first)), Some((100, false)));
+        assert!(
+            weak.upgrade().is_some(),
+            "request 0 retired, request 1 still holds it"
+        );
+        let second = r.provider_id(1);
+        assert_eq!(r.retire(decode(second)), Some((101, false)));
+        assert!(
+            weak.upgrade().is_none(),
+            "released with the last request taken"
+        );
+    }
+
+    #[test]
+    fn a_batch_refused_whole_or_taken_whole_needs_no_new_holder() {
+        for taken in [0usize, 3] {
+            let mut r = ring(8);
+            let reg = region();
+            let weak = Arc::downgrade(&reg);
+            for i in 0..3u64 {
+                r.stage(i, i, i == 2, (i == 2).then_some(&reg).into_iter());
+            }
+            let region = reg.clone();
+            drop(reg);
+            r.settle(&[false, false, true], taken, Some(&region));
+            drop(region);
+            assert_eq!(r.outstanding(), taken as u64);
+            assert_eq!(
+                weak.upgrade().is_some(),
+                taken == 3,
+                "taken {taken}: held exactly while something is in flight"
+            );
+            // A bad count from a confused provider is clamped, never a panic.
+            r.settle(&[], 7, None);
+        }
     }
 
     #[test]

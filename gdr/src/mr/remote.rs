@@ -131,6 +131,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn remote_slices_made_directly_never_wrap() {
+        let r = RemoteSlice::new(0x1000, 64, 7).unwrap();
+        assert_eq!((r.addr(), r.len(), r.rkey()), (0x1000, 64, 7));
+        assert!(RemoteSlice::new(u64::MAX, 1, 7).is_none());
+        assert!(RemoteSlice::new(1, u64::MAX, 7).is_none());
+        assert!(RemoteSlice::new(u64::MAX, 0, 7).is_some_and(|r| r.is_empty()));
+    }
+
+    #[test]
     fn remote_slices_are_checked() {
         let r = RemoteRegion::new(0x1000, 4096, 7);
         let s = r.slice(4000..4096).unwrap();

@@ -159,17 +159,7 @@ impl QueuePair {
             let failed = (0..n)
                 .find(|&i| std::ptr::eq(wrs[i].as_ptr(), bad))
                 .unwrap_or(n);
-            for &sig in &signaled[..failed] {
-                ring.commit(sig);
-            }
-            let head = ring.head;
-            for i in failed..n {
-                ring.unstage(head + (i - failed) as u64);
-            }
-            if failed > 0 && failed < n {
-                // The region's holder was refused: the last posted request holds it instead.
-                ring.adopt(head - 1, std::iter::once(local.region.clone()));
-            }
+            ring.settle(&signaled[..n], failed, Some(&local.region));
             drop(ring);
             let err = self.post_error(
                 match op {
