@@ -9,7 +9,10 @@
 //!
 //! `GDR_BLESS=1 cargo test -p gdr --test doctor_golden` rewrites snapshots and goldens.
 
-use gdr::doctor::{diagnose, PathClass, Report, Severity, VerdictKind};
+use gdr::device::Selection;
+use gdr::doctor::{
+    diagnose, rails_for_host, rank_rails, MemoryLocation, PathClass, Report, Severity, VerdictKind,
+};
 use gdr::topology::pcie::bytes_to_hex;
 use gdr::topology::{
     collect_with, CollectOptions, ConfigSpace, CudaDevice, CudaInfo, GidEntry, Hypervisor, Iommu,
@@ -983,5 +986,237 @@ fn nonroot_tree_acs_is_unknown_never_ok_and_gid_skips_empty_slots() {
     assert_eq!(
         finding(&r, "memlock.limit", "host").severity,
         Severity::Fail
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rails: the ranking the transfer engine uses, on the same fixtures.
+
+/// Every committed snapshot of `snapshots/` (by directory listing, so a new fixture is covered
+/// without editing this list), the fixture tree and the captured machines.
+fn every_fixture() -> Vec<(String, Snapshot)> {
+    let mut out = Vec::new();
+    let dir = fixtures().join("snapshots");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    for p in files {
+        let text = std::fs::read_to_string(&p).unwrap();
+        let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+        out.push((
+            name,
+            Snapshot::from_json(&text, &p.display().to_string()).unwrap(),
+        ));
+    }
+    assert!(out.len() >= built().len(), "{}", dir.display());
+    out.push(("nonroot-roce".into(), tree("nonroot-roce")));
+    for name in CAPTURED {
+        out.push((name.to_string(), captured(name)));
+    }
+    out
+}
+
+fn gpu_location(g: &gdr::doctor::GpuSummary) -> MemoryLocation {
+    match g.cuda_ordinal {
+        Some(o) => MemoryLocation::Gpu {
+            ordinal: u32::try_from(o).unwrap(),
+        },
+        None => MemoryLocation::GpuPci(g.bdf.clone()),
+    }
+}
+
+#[test]
+fn the_best_nic_is_the_first_rail_on_every_fixture() {
+    let mut gpus_seen = 0;
+    for (name, snap) in every_fixture() {
+        let r = diagnose(&snap);
+        for g in &r.gpus {
+            let rails = rank_rails(&r, &gpu_location(g), None);
+            assert_eq!(
+                g.best_nic.as_deref(),
+                rails.first().map(|x| x.nic.as_str()),
+                "{name}: GPU {}: {rails:#?}",
+                g.bdf
+            );
+            // The same by PCI address, and the pair marked best is that rail.
+            let by_pci = rank_rails(&r, &MemoryLocation::GpuPci(g.bdf.clone()), None);
+            assert_eq!(by_pci, rails, "{name}: GPU {}", g.bdf);
+            let best: Vec<&str> = r
+                .pairs
+                .iter()
+                .filter(|p| p.best && p.gpu == g.bdf)
+                .map(|p| p.nic.as_str())
+                .collect();
+            assert_eq!(
+                best,
+                rails
+                    .first()
+                    .map(|x| x.nic.as_str())
+                    .into_iter()
+                    .collect::<Vec<_>>(),
+                "{name}: GPU {}",
+                g.bdf
+            );
+            // One rail per pair of this GPU.
+            assert_eq!(
+                rails.len(),
+                r.pairs.iter().filter(|p| p.gpu == g.bdf).count(),
+                "{name}"
+            );
+            gpus_seen += 1;
+        }
+        // The report's rails are rank_rails's, location by location.
+        for l in &r.rails {
+            assert_eq!(
+                l.rails,
+                rank_rails(&r, &l.location, None),
+                "{name}: {}",
+                l.label
+            );
+        }
+        assert_eq!(
+            r.rails
+                .iter()
+                .filter(|l| matches!(
+                    l.location,
+                    MemoryLocation::Gpu { .. } | MemoryLocation::GpuPci(_)
+                ))
+                .count(),
+            r.gpus.len(),
+            "{name}: one entry per GPU"
+        );
+    }
+    assert!(gpus_seen >= 8, "{gpus_seen}");
+}
+
+#[test]
+fn fixed_dgx_stripes_each_gpu_over_its_pix_nic() {
+    let r = diagnose(&load("dgx-a100-fixed"));
+    for (ordinal, pix_nic, other) in [(0, "mlx5_0", "mlx5_1"), (1, "mlx5_1", "mlx5_0")] {
+        let rails = rank_rails(&r, &MemoryLocation::Gpu { ordinal }, None);
+        let tier0: Vec<&str> = rails
+            .iter()
+            .filter(|x| x.tier == 0)
+            .map(|x| x.nic.as_str())
+            .collect();
+        assert_eq!(tier0, [pix_nic], "GPU {ordinal}: {rails:#?}");
+        assert_eq!(rails[0].path, Some(PathClass::Pix));
+        assert_eq!(rails[0].rate_gbps, Some(200.0));
+        assert!(rails[0].usable && rails[0].active);
+        assert_eq!((rails[1].nic.as_str(), rails[1].tier), (other, 1));
+        assert_eq!(rails[1].path, Some(PathClass::Sys));
+        assert!(rails[1].usable, "the SYS rail is a usable fallback");
+        // An override to the far NIC alone makes it tier 0; excluding both leaves nothing.
+        let only = Selection::parse(&format!("={other}")).unwrap();
+        let rails = rank_rails(&r, &MemoryLocation::Gpu { ordinal }, Some(&only));
+        assert_eq!(
+            (rails.len(), rails[0].nic.as_str(), rails[0].tier),
+            (1, other, 0)
+        );
+        let none = Selection::parse("^mlx5").unwrap();
+        assert!(rank_rails(&r, &MemoryLocation::Gpu { ordinal }, Some(&none)).is_empty());
+    }
+    // Host memory: the NIC of the memory's node first, the other one tier 1.
+    for (node, near) in [(0, "mlx5_0"), (1, "mlx5_1")] {
+        let rails = rank_rails(&r, &MemoryLocation::Numa(node), None);
+        assert_eq!(
+            (rails[0].nic.as_str(), rails[0].tier),
+            (near, 0),
+            "node {node}"
+        );
+        assert_eq!(rails[1].tier, 1, "node {node}");
+    }
+    let table = r.to_table(false);
+    assert!(table.contains("\nRails (* = tier 0"), "{table}");
+    assert!(
+        table.contains("  * 0    mlx5_0     1     PIX   0    200 Gb/s"),
+        "{table}"
+    );
+}
+
+#[test]
+fn failing_dgx_and_port_down_have_no_tier_0_for_gpu_memory() {
+    let r = diagnose(&load("dgx-a100-failing"));
+    for g in &r.gpus {
+        let rails = rank_rails(&r, &gpu_location(g), None);
+        assert!(!rails.is_empty());
+        assert!(rails.iter().all(|x| !x.usable && x.tier >= 1), "{rails:#?}");
+    }
+    // The port-down fixture: its only port is DOWN, read from the doctor's port finding.
+    let r = diagnose(&load("port-down"));
+    for loc in [
+        gpu_location(&r.gpus[0]),
+        MemoryLocation::Any,
+        MemoryLocation::Numa(0),
+    ] {
+        let rails = rank_rails(&r, &loc, None);
+        assert_eq!(rails.len(), 1, "{loc}");
+        assert!(
+            !rails[0].active && !rails[0].usable && rails[0].tier == 1,
+            "{loc}: {rails:#?}"
+        );
+        assert!(rails[0].why.contains("port not active"), "{}", rails[0].why);
+    }
+    // And an active port reads as active.
+    let r = diagnose(&load("healthy-pix"));
+    let rails = rank_rails(&r, &MemoryLocation::Gpu { ordinal: 0 }, None);
+    assert!(
+        rails[0].active && rails[0].usable && rails[0].tier == 0,
+        "{rails:#?}"
+    );
+}
+
+#[test]
+fn rails_for_host_reads_a_tree_through_collect() {
+    let root = fixtures().join("trees/nonroot-roce");
+    let rails = rails_for_host(&root, &MemoryLocation::Any, None).unwrap();
+    assert_eq!(rails.len(), 1, "{rails:#?}");
+    assert_eq!(
+        (rails[0].nic.as_str(), rails[0].port, rails[0].tier),
+        ("mlx5_0", 1, 0)
+    );
+    assert!(rails[0].active, "port 1 is the active one (port 2 is down)");
+    // No CUDA facts below a root other than /: a GPU ordinal falls back, and says so.
+    let rails = rails_for_host(&root, &MemoryLocation::Gpu { ordinal: 0 }, None).unwrap();
+    assert!(
+        rails[0].why.contains("CUDA was not read"),
+        "{}",
+        rails[0].why
+    );
+    // By PCI address the GPU is known: its pair ranks it.
+    let rails =
+        rails_for_host(&root, &MemoryLocation::GpuPci("0000:03:00.0".into()), None).unwrap();
+    assert_eq!(rails[0].path, Some(PathClass::Pix), "{rails:#?}");
+    let none = Selection::parse("^mlx5_0").unwrap();
+    assert!(rails_for_host(&root, &MemoryLocation::Any, Some(&none))
+        .unwrap()
+        .is_empty());
+    let e = rails_for_host(&root.join("no-such-dir"), &MemoryLocation::Any, None).unwrap_err();
+    assert!(e.to_string().contains("no-such-dir"), "{e}");
+}
+
+/// What the engine calls at agent start, on this machine: one rail per RDMA device, and the time
+/// it took (printed with `--nocapture`; not asserted, it depends on the machine).
+#[test]
+fn rails_for_this_host_list_every_device_and_print_the_time() {
+    let t = std::time::Instant::now();
+    let report = gdr::doctor::host_report(Path::new("/")).unwrap();
+    let collect = t.elapsed();
+    let rails = rank_rails(&report, &MemoryLocation::Any, None);
+    assert_eq!(rails.len(), report.nics.len());
+    let t = std::time::Instant::now();
+    let again = rails_for_host(Path::new("/"), &MemoryLocation::Any, None).unwrap();
+    let whole = t.elapsed();
+    assert_eq!(again.len(), rails.len());
+    eprintln!(
+        "host_report(/): {collect:?}; rails_for_host(/): {whole:?}; {} rail(s): {:?}",
+        rails.len(),
+        rails
+            .iter()
+            .map(|x| (&x.nic, x.port, x.tier))
+            .collect::<Vec<_>>()
     );
 }

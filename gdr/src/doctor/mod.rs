@@ -21,6 +21,7 @@ pub mod nccl_log;
 mod nic;
 mod pair;
 pub mod path;
+mod rails;
 mod render;
 
 use crate::topology::Snapshot;
@@ -29,8 +30,12 @@ use std::fmt;
 
 pub use nccl::{nccl_env_from_process, NCCL_VARS};
 pub use path::PathClass;
+pub use rails::{
+    host_report, parse_rate_gbps, rails_for_host, rank_rails, LocationRails, MemoryLocation, Rail,
+};
 
-/// The version of the report's JSON shape.
+/// The version of the report's JSON shape. Fields are only added within one format (`rails`
+/// was added in format 1); a field removed, renamed or changed in meaning bumps it.
 pub const REPORT_FORMAT: u32 = 1;
 
 /// How bad a finding is.
@@ -149,7 +154,7 @@ pub struct GpuSummary {
     pub cuda_ordinal: Option<i32>,
     /// NUMA node (`None`: not reported by the platform).
     pub numa_node: Option<i32>,
-    /// The RDMA device of the best pair for this GPU.
+    /// The RDMA device of the best pair for this GPU: the first of its rails ([`rank_rails`]).
     pub best_nic: Option<String>,
 }
 
@@ -193,7 +198,7 @@ pub struct PairReport {
     pub gpu_numa: Option<i32>,
     /// NIC NUMA node.
     pub nic_numa: Option<i32>,
-    /// Whether this is the best NIC for this GPU.
+    /// Whether this is the best NIC for this GPU (the first of its rails, [`rank_rails`]).
     pub best: bool,
     /// The verdict.
     pub verdict: Verdict,
@@ -213,7 +218,7 @@ pub struct NcclSetting {
 }
 
 /// The doctor's answer for one snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     /// [`REPORT_FORMAT`].
     pub format: u32,
@@ -231,6 +236,9 @@ pub struct Report {
     pub findings: Vec<Finding>,
     /// NCCL settings that fit this host.
     pub nccl: Vec<NcclSetting>,
+    /// The rails the transfer engine ranks for every GPU and for host memory on every NUMA
+    /// node of a GPU or NIC ([`rank_rails`] with no selection).
+    pub rails: Vec<LocationRails>,
 }
 
 impl Report {
@@ -280,7 +288,7 @@ pub fn diagnose(snap: &Snapshot) -> Report {
             pairs.push(pair::check(snap, &host, gpu, nic));
         }
     }
-    pair::mark_best(&mut pairs);
+    pair::mark_best(&mut pairs, &nics, &findings);
     findings.extend(nccl::check_env(snap, &host, &pairs));
     let gpus = host
         .gpus
@@ -300,7 +308,7 @@ pub fn diagnose(snap: &Snapshot) -> Report {
     let gpudirect_usable = pairs
         .iter()
         .any(|p| p.verdict.kind != VerdictKind::NotUsable);
-    Report {
+    let mut report = Report {
         format: REPORT_FORMAT,
         source: snap.source.clone(),
         gpudirect_usable,
@@ -309,5 +317,8 @@ pub fn diagnose(snap: &Snapshot) -> Report {
         pairs,
         findings,
         nccl,
-    }
+        rails: Vec::new(),
+    };
+    report.rails = rails::for_report(&report);
+    report
 }

@@ -5,7 +5,7 @@ use super::host::{dmabuf_readiness, GpuFacts, HostFacts, Tri};
 use super::nccl::{read_level, Level, LevelRead};
 use super::nic::NicFacts;
 use super::path::{PathClass, PciPath};
-use super::{Finding, PairReport, Severity, Verdict, VerdictKind};
+use super::{Finding, NicSummary, PairReport, Severity, Verdict, VerdictKind};
 use crate::gpu_mr::rules::{self, DmaBufBlocker, NicDmaBuf};
 use crate::topology::pcie::{self, Acs};
 use crate::topology::Snapshot;
@@ -464,27 +464,15 @@ fn gdr_level_finding(
     })
 }
 
-/// Mark the best pair of every GPU: best verdict, then nearest path, then fastest port.
-pub(crate) fn mark_best(pairs: &mut [PairReport]) {
+/// Mark the best pair of every GPU: the first of its rails, by the ranking the transfer
+/// engine uses ([`super::rank_rails`]: active port, verdict, path class, port rate, name).
+/// `findings` must hold the per-port findings (`port.state`).
+pub(crate) fn mark_best(pairs: &mut [PairReport], nics: &[NicSummary], findings: &[Finding]) {
     let mut gpus: Vec<String> = pairs.iter().map(|p| p.gpu.clone()).collect();
+    gpus.sort();
     gpus.dedup();
     for g in gpus {
-        let best = pairs
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.gpu == g)
-            .min_by(|(_, a), (_, b)| {
-                let key = |p: &PairReport| {
-                    (
-                        p.verdict.kind,
-                        p.path.map_or(9, |c| c as u8),
-                        p.verdict.reasons.len(),
-                    )
-                };
-                key(a).cmp(&key(b))
-            })
-            .map(|(i, _)| i);
-        if let Some(i) = best {
+        if let Some(i) = super::rails::best_pair(pairs, nics, findings, &g) {
             pairs[i].best = true;
         }
     }

@@ -1,6 +1,6 @@
 //! The report as a table for people.
 
-use super::{Finding, Report, Severity, VerdictKind};
+use super::{Finding, LocationRails, MemoryLocation, Rail, Report, Severity, VerdictKind};
 use std::fmt::Write;
 
 fn paint(s: &str, code: &str, color: bool) -> String {
@@ -51,6 +51,81 @@ fn finding(out: &mut String, f: &Finding, color: bool) {
     }
     if let Some(fix) = &f.fix {
         let _ = writeln!(out, "          fix: {fix}");
+    }
+}
+
+fn rate(r: &Rail) -> String {
+    r.rate_gbps.map_or("?".into(), |g| format!("{g} Gb/s"))
+}
+
+fn state(r: &Rail) -> &'static str {
+    if r.active {
+        "active"
+    } else {
+        "inactive"
+    }
+}
+
+fn rails(out: &mut String, locations: &[LocationRails], color: bool) {
+    let _ = writeln!(
+        out,
+        "\nRails (* = tier 0, the rails the engine stripes over; gdr::doctor::rank_rails)"
+    );
+    for l in locations {
+        let gpu = matches!(
+            l.location,
+            MemoryLocation::Gpu { .. } | MemoryLocation::GpuPci(_)
+        );
+        if !gpu {
+            let list: Vec<String> = l
+                .rails
+                .iter()
+                .map(|x| {
+                    let numa = match x.same_numa {
+                        Some(true) => "same NUMA".to_string(),
+                        _ => format!("NUMA {}", numa(x.nic_numa)),
+                    };
+                    format!(
+                        "{}{}:{} (tier {}, {numa}, {}, {})",
+                        if x.tier == 0 { "*" } else { "" },
+                        x.nic,
+                        x.port,
+                        x.tier,
+                        rate(x),
+                        state(x)
+                    )
+                })
+                .collect();
+            let list = if list.is_empty() {
+                "none".to_string()
+            } else {
+                list.join(", ")
+            };
+            let _ = writeln!(out, "  {}: {list}", l.label);
+            continue;
+        }
+        let _ = writeln!(out, "  {}", l.label);
+        let _ = writeln!(
+            out,
+            "    {:<4} {:<10} {:<5} {:<5} {:<4} {:<11} {:<8} verdict",
+            "tier", "NIC", "port", "path", "NUMA", "rate", "state"
+        );
+        for x in &l.rails {
+            let _ = writeln!(
+                out,
+                "  {} {:<4} {:<10} {:<5} {:<5} {:<4} {:<11} {:<8} {}",
+                if x.tier == 0 { "*" } else { " " },
+                x.tier,
+                x.nic,
+                x.port,
+                x.path.map_or("-", |c| c.name()),
+                numa(x.nic_numa),
+                rate(x),
+                state(x),
+                x.verdict
+                    .map_or("-".to_string(), |v| verdict_text(v, color))
+            );
+        }
     }
 }
 
@@ -119,6 +194,10 @@ pub(crate) fn table(r: &Report, color: bool) -> String {
                 let _ = writeln!(out, "      unverified: {u}");
             }
         }
+    }
+
+    if !r.nics.is_empty() && !r.rails.is_empty() {
+        rails(&mut out, &r.rails, color);
     }
 
     let mut all: Vec<&Finding> = r.all_findings().collect();
