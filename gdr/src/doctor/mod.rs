@@ -236,8 +236,9 @@ pub struct Report {
     pub findings: Vec<Finding>,
     /// NCCL settings that fit this host.
     pub nccl: Vec<NcclSetting>,
-    /// The rails the transfer engine ranks for every GPU and for host memory on every NUMA
-    /// node of a GPU or NIC ([`rank_rails`] with no selection).
+    /// The rails the transfer engine ranks for every GPU, then for host memory on every NUMA
+    /// node of a GPU or NIC (the lowest 64; with no NUMA preference when none is known):
+    /// [`rank_rails`] with no selection.
     pub rails: Vec<LocationRails>,
 }
 

@@ -1,22 +1,5 @@
 //! Rails: the RDMA ports ranked for one memory location, the one ranking both `gdr doctor` and
-//! the transfer engine use.
-//!
-//! A rail is an RDMA device at the port the doctor pairs it on (the first active port, else the
-//! first: [`NicSummary::port`]). [`rank_rails`] orders a [`Report`]'s rails for a
-//! [`MemoryLocation`] by one key, best first:
-//!
-//! 1. port state: active first;
-//! 2. for GPU memory, the pair's verdict ([`VerdictKind`]: usable, usable but slow, not usable);
-//! 3. for GPU memory the PCIe path class (PIX, PXB, PHB, SYS, unknown last); for host memory
-//!    the NUMA match (same node as the memory, unknown, another node);
-//! 4. port rate, fastest first (unknown last);
-//! 5. device name and port, for a stable order (not part of the tier).
-//!
-//! Rails whose keys (1-4) are equal form one tier. Tier 0 is what the engine stripes over by
-//! default: the best key's equals, and only usable rails (an active port and, for GPU memory, a
-//! verdict other than not usable); an unusable rail is never tier 0, even when it is the best
-//! there is. The doctor's best NIC of a GPU ([`GpuSummary::best_nic`]) is the first rail of
-//! that GPU's ranking by construction (`mark_best` uses this ranking).
+//! the transfer engine use ([`rank_rails`]; the key is documented there).
 //!
 //! ```
 //! use gdr::doctor::{diagnose, rank_rails, MemoryLocation};
@@ -34,7 +17,7 @@ use crate::device::Selection;
 use crate::topology::{collect_with, CollectOptions};
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::Path;
 
@@ -199,33 +182,50 @@ fn behind(kind: Kind, best: &Candidate, c: &Candidate) -> &'static str {
     }
 }
 
-/// The `port.state` finding of a port (nic.rs writes one for every port: OK when ACTIVE, FAIL
-/// otherwise).
-fn port_state<'a>(findings: &'a [Finding], nic: &str, port: u32) -> Option<&'a Finding> {
-    let subject = format!("{nic} port {port}");
-    findings
-        .iter()
-        .find(|f| f.id == "port.state" && f.subject == subject)
+/// What the rails of a report are made from, looked up in constant time (a report is input:
+/// a hostile snapshot can hold many devices).
+struct Facts<'a> {
+    /// The first NIC summary of each name.
+    nics: HashMap<&'a str, &'a NicSummary>,
+    /// The `port.state` finding of each port by subject (`mlx5_0 port 1`); nic.rs writes one
+    /// for every port: OK when ACTIVE, FAIL otherwise.
+    states: HashMap<&'a str, &'a Finding>,
 }
 
-fn nic_facts(
-    nics: &[NicSummary],
-    findings: &[Finding],
-    name: &str,
-    port: Option<u32>,
-) -> (u32, bool, String, Option<String>, Option<f64>) {
-    let nic = nics.iter().find(|n| n.name == name);
-    let rate = nic.and_then(|n| n.rate.clone());
-    let rate_gbps = rate.as_deref().and_then(parse_rate_gbps);
-    let Some(port) = port else {
-        return (0, false, "the device has no ports".into(), rate, rate_gbps);
-    };
-    let (active, state) = match port_state(findings, name, port) {
-        Some(f) if f.severity == Severity::Ok => (true, format!("port {port} active")),
-        Some(f) => (false, format!("port {port}: {}", f.message)),
-        None => (false, format!("port {port}: state not known")),
-    };
-    (port, active, state, rate, rate_gbps)
+impl<'a> Facts<'a> {
+    fn new(nics: &'a [NicSummary], findings: &'a [Finding]) -> Self {
+        let mut by_name = HashMap::new();
+        for n in nics {
+            by_name.entry(n.name.as_str()).or_insert(n);
+        }
+        let mut states = HashMap::new();
+        for f in findings.iter().filter(|f| f.id == "port.state") {
+            states.entry(f.subject.as_str()).or_insert(f);
+        }
+        Facts {
+            nics: by_name,
+            states,
+        }
+    }
+
+    /// Port, whether active, the state for people, rate text and rate of a NIC's port.
+    fn port(
+        &self,
+        name: &str,
+        port: Option<u32>,
+    ) -> (u32, bool, String, Option<String>, Option<f64>) {
+        let rate = self.nics.get(name).and_then(|n| n.rate.clone());
+        let rate_gbps = rate.as_deref().and_then(parse_rate_gbps);
+        let Some(port) = port else {
+            return (0, false, "the device has no ports".into(), rate, rate_gbps);
+        };
+        let (active, state) = match self.states.get(format!("{name} port {port}").as_str()) {
+            Some(f) if f.severity == Severity::Ok => (true, format!("port {port} active")),
+            Some(f) => (false, format!("port {port}: {}", f.message)),
+            None => (false, format!("port {port}: state not known")),
+        };
+        (port, active, state, rate, rate_gbps)
+    }
 }
 
 fn rate_text(r: &Rail) -> String {
@@ -239,18 +239,13 @@ fn rate_text(r: &Rail) -> String {
 }
 
 /// The rails of one GPU (by PCI address), unranked, from the pairs.
-fn gpu_candidates(
-    pairs: &[PairReport],
-    nics: &[NicSummary],
-    findings: &[Finding],
-    gpu: &str,
-) -> Vec<Candidate> {
+fn gpu_candidates(pairs: &[PairReport], facts: &Facts<'_>, gpu: &str) -> Vec<Candidate> {
     pairs
         .iter()
         .enumerate()
         .filter(|(_, p)| p.gpu == gpu)
         .map(|(i, p)| {
-            let (port, active, state, rate, rate_gbps) = nic_facts(nics, findings, &p.nic, p.port);
+            let (port, active, state, rate, rate_gbps) = facts.port(&p.nic, p.port);
             let kind = p.verdict.kind;
             let usable = active && kind != VerdictKind::NotUsable;
             let path_txt = match p.path {
@@ -289,11 +284,11 @@ fn gpu_candidates(
 }
 
 /// The rails of host memory on `numa` (`None`: no preference), unranked.
-fn host_candidates(nics: &[NicSummary], findings: &[Finding], numa: Option<i32>) -> Vec<Candidate> {
+fn host_candidates(nics: &[NicSummary], facts: &Facts<'_>, numa: Option<i32>) -> Vec<Candidate> {
     nics.iter()
         .enumerate()
         .map(|(i, n)| {
-            let (port, active, state, rate, rate_gbps) = nic_facts(nics, findings, &n.name, n.port);
+            let (port, active, state, rate, rate_gbps) = facts.port(&n.name, n.port);
             let same_numa = numa.zip(n.numa_node).map(|(m, x)| m == x);
             let numa_txt = match (numa, n.numa_node, same_numa) {
                 (Some(m), _, Some(true)) => format!("NIC on the memory's NUMA node {m}"),
@@ -337,7 +332,7 @@ pub(crate) fn best_pair(
     findings: &[Finding],
     gpu: &str,
 ) -> Option<usize> {
-    gpu_candidates(pairs, nics, findings, gpu)
+    gpu_candidates(pairs, &Facts::new(nics, findings), gpu)
         .into_iter()
         .min_by(full_order)
         .map(|c| c.origin)
@@ -410,31 +405,65 @@ fn resolve_gpu<'a>(report: &'a Report, memory: &MemoryLocation) -> Result<&'a Gp
     }
 }
 
-/// The rails for memory at `memory`, best first, with their tiers (see the module
-/// documentation for the key). `selection` (the `NCCL_IB_HCA` syntax, [`Selection`]) filters
-/// before ranking: an excluded device or port is left out, and when nothing is left the result
-/// is empty (the caller decides what that means). A rail whose port number is above 255 (not a
-/// real RDMA port) never passes a selection.
+/// The rails for memory at `memory`, best first, with their tiers. Pure: reads nothing but
+/// `report`.
 ///
-/// A GPU the report does not know (an unknown CUDA ordinal, or CUDA not read; an unknown PCI
+/// A rail is an RDMA device at the port the doctor pairs it on (the first active port, else the
+/// first: [`NicSummary::port`]). The ranking key, in order:
+///
+/// 1. port state: ACTIVE first;
+/// 2. for GPU memory, the pair's verdict ([`VerdictKind`]: usable, usable but slow, not usable);
+/// 3. for GPU memory the PCIe path class to the GPU (PIX, PXB, PHB, SYS, unknown last); for
+///    host memory the NUMA match (the memory's node, unknown, another node);
+/// 4. port rate, fastest first (unknown last; [`parse_rate_gbps`]);
+///
+/// then device name and port, for a stable order. Rails whose keys are equal form one tier;
+/// tier 0, the best key's equals, is what the engine stripes over by default, and each later
+/// distinct key is the next tier. A rail that is not usable (a port not ACTIVE, or for GPU
+/// memory a verdict of not usable) has `usable: false` and is never tier 0, even when nothing
+/// better exists (then there is no tier 0). The doctor's best NIC of a GPU
+/// ([`GpuSummary::best_nic`], [`PairReport::best`]) is the first rail of that GPU's ranking:
+/// both come from this code.
+///
+/// `selection` (the `NCCL_IB_HCA` syntax of [`Selection`]: `mlx5_0:1,mlx5_1:1`, `^mlx5_2`,
+/// `=mlx5_1`) filters before ranking, so the tiers are numbered over what it leaves; when it
+/// leaves nothing the result is empty (the caller decides what that means). A rail whose port
+/// number is above 255 (no real RDMA port) never passes a selection.
+///
+/// A GPU the report does not know (a CUDA ordinal it lacks, CUDA not read, an unknown PCI
 /// address) is ranked as host memory with no NUMA preference, and each rail's `why` starts by
-/// saying so. Pure: reads nothing but `report`.
+/// saying so.
+///
+/// ```no_run
+/// use gdr::device::Selection;
+/// use gdr::doctor::{host_report, rank_rails, MemoryLocation};
+/// // Collect and diagnose once (at agent start), then rank per memory location.
+/// let report = host_report(std::path::Path::new("/"))?;
+/// let config = Selection::parse("^mlx5_2")?;
+/// let rails = rank_rails(&report, &MemoryLocation::Gpu { ordinal: 0 }, Some(&config));
+/// let stripe: Vec<_> = rails.iter().filter(|r| r.tier == 0).collect();
+/// for r in &rails {
+///     println!("{}:{} tier {} ({})", r.nic, r.port, r.tier, r.why);
+/// }
+/// # Ok::<(), gdr::Error>(())
+/// ```
 pub fn rank_rails(
     report: &Report,
     memory: &MemoryLocation,
     selection: Option<&Selection>,
 ) -> Vec<Rail> {
+    let facts = Facts::new(&report.nics, &report.findings);
     let (kind, mut cands, prefix) = match memory {
         MemoryLocation::Gpu { .. } | MemoryLocation::GpuPci(_) => match resolve_gpu(report, memory)
         {
             Ok(g) => (
                 Kind::Gpu,
-                gpu_candidates(&report.pairs, &report.nics, &report.findings, &g.bdf),
+                gpu_candidates(&report.pairs, &facts, &g.bdf),
                 None,
             ),
             Err(why) => (
                 Kind::Host,
-                host_candidates(&report.nics, &report.findings, None),
+                host_candidates(&report.nics, &facts, None),
                 Some(format!(
                     "{why}: ranked as host memory with no NUMA preference"
                 )),
@@ -442,12 +471,12 @@ pub fn rank_rails(
         },
         MemoryLocation::Numa(n) => (
             Kind::Host,
-            host_candidates(&report.nics, &report.findings, Some(*n).filter(|n| *n >= 0)),
+            host_candidates(&report.nics, &facts, Some(*n).filter(|n| *n >= 0)),
             None,
         ),
         MemoryLocation::Any => (
             Kind::Host,
-            host_candidates(&report.nics, &report.findings, None),
+            host_candidates(&report.nics, &facts, None),
             None,
         ),
     };
@@ -466,6 +495,10 @@ pub fn rank_rails(
         })
         .collect()
 }
+
+/// At most this many NUMA nodes get a host-memory entry in a report (the lowest ones): real
+/// machines have a few, and a hostile snapshot must not make the report quadratic in its devices.
+pub(crate) const MAX_HOST_LOCATIONS: usize = 64;
 
 /// The locations the report lists rails for: every GPU (by CUDA ordinal when known, else by
 /// PCI address), then host memory on every NUMA node of a GPU or NIC (or with no preference
@@ -498,7 +531,11 @@ pub(crate) fn for_report(report: &Report) -> Vec<LocationRails> {
     let hosts: Vec<MemoryLocation> = if nodes.is_empty() {
         vec![MemoryLocation::Any]
     } else {
-        nodes.into_iter().map(MemoryLocation::Numa).collect()
+        nodes
+            .into_iter()
+            .take(MAX_HOST_LOCATIONS)
+            .map(MemoryLocation::Numa)
+            .collect()
     };
     for location in hosts {
         out.push(LocationRails {
@@ -636,7 +673,6 @@ mod tests {
         rails
             .iter()
             .map(|r| (format!("{}:{}", r.nic, r.port), r.tier))
-            .map(|(n, t)| (n, t))
             .collect()
     }
 
@@ -936,6 +972,31 @@ mod tests {
             assert_eq!(rails[0].nic, "mlx5_1", "{bdf}");
             assert_eq!(rails[0].path, Some(PathClass::Pix), "{bdf}");
         }
+    }
+
+    #[test]
+    fn a_report_lists_at_most_64_numa_nodes_of_host_memory() {
+        let nics: Vec<N> = (0..200)
+            .map(|i| {
+                N(
+                    Box::leak(format!("mlx5_{i}").into_boxed_str()),
+                    Some(i),
+                    Some(1),
+                    HDR,
+                    true,
+                )
+            })
+            .collect();
+        let r = report(&nics, pix);
+        let l = for_report(&r);
+        assert_eq!(l.len(), 1 + MAX_HOST_LOCATIONS);
+        assert_eq!(l[0].location, GPU0);
+        assert_eq!(l[0].rails.len(), 200);
+        assert_eq!(l[1].location, MemoryLocation::Numa(0));
+        assert_eq!(l[1].rails[0].nic, "mlx5_0", "its own node's NIC first");
+        assert_eq!(l[1].rails[0].tier, 0);
+        assert!(l[1].rails[1..].iter().all(|x| x.tier == 1));
+        assert_eq!(l[MAX_HOST_LOCATIONS].location, MemoryLocation::Numa(63));
     }
 
     #[test]
