@@ -149,7 +149,7 @@ fn rate_order(a: Option<f64>, b: Option<f64>) -> Ordering {
     }
 }
 
-/// The ranking key (1-4 of the module doc): equal means one tier.
+/// The ranking key (1-4 of [`rank_rails`]'s list): equal means one tier.
 fn key_order(a: &Candidate, b: &Candidate) -> Ordering {
     (!a.rail.active)
         .cmp(&!b.rail.active)
@@ -177,6 +177,8 @@ fn behind(kind: Kind, best: &Candidate, c: &Candidate) -> &'static str {
             Kind::Gpu => "a longer PCIe path",
             Kind::Host => "a farther NUMA node",
         }
+    } else if c.rail.rate_gbps.is_none() {
+        "an unknown port rate"
     } else {
         "a slower port"
     }
@@ -200,7 +202,12 @@ impl<'a> Facts<'a> {
         }
         let mut states = HashMap::new();
         for f in findings.iter().filter(|f| f.id == "port.state") {
-            states.entry(f.subject.as_str()).or_insert(f);
+            // An OK finding wins: a device-level `port.state` (no ports, always FAIL) whose
+            // device is named like another's port (`x port 1`) must not shadow that port.
+            let e = states.entry(f.subject.as_str()).or_insert(f);
+            if f.severity == Severity::Ok {
+                *e = f;
+            }
         }
         Facts {
             nics: by_name,
@@ -378,17 +385,20 @@ fn resolve_gpu<'a>(report: &'a Report, memory: &MemoryLocation) -> Result<&'a Gp
                 .iter()
                 .find(|g| want.is_some() && g.cuda_ordinal == want)
                 .ok_or_else(|| {
-                    let known: Vec<String> = report
-                        .gpus
-                        .iter()
-                        .filter_map(|g| g.cuda_ordinal.map(|o| o.to_string()))
-                        .collect();
+                    // Every rail repeats this: name a few ordinals, not all of a hostile report's.
+                    let known: Vec<i32> =
+                        report.gpus.iter().filter_map(|g| g.cuda_ordinal).collect();
+                    let mut list: Vec<String> =
+                        known.iter().take(16).map(|o| o.to_string()).collect();
+                    if known.len() > 16 {
+                        list.push(format!("and {} more", known.len() - 16));
+                    }
                     format!(
                         "GPU ordinal {ordinal} is not in the report (CUDA ordinals known: {})",
-                        if known.is_empty() {
+                        if list.is_empty() {
                             "none, CUDA was not read".to_string()
                         } else {
-                            known.join(", ")
+                            list.join(", ")
                         }
                     )
                 })
@@ -551,6 +561,11 @@ pub(crate) fn for_report(report: &Report) -> Vec<LocationRails> {
 /// way `gdr doctor` collects it: for `/`, with the CUDA driver's facts and each RDMA device's
 /// dma-buf probe ([`CollectOptions::live`]); below another root without them (so GPUs have no
 /// CUDA ordinal there); with the process's NCCL variables either way.
+///
+/// The pair verdicts, and so the rails, take the process's NCCL variables into account as the
+/// doctor does (a wrong `NCCL_IB_GID_INDEX` makes a RoCE pair not usable, a strict
+/// `NCCL_NET_GDR_LEVEL` makes it slow). A caller that wants them left out collects with its
+/// own options: `diagnose(&collect_with(root, opts)?)`, then [`rank_rails`].
 ///
 /// Fails only when `root` is not a readable directory.
 pub fn host_report(root: &Path) -> crate::Result<Report> {
@@ -966,6 +981,22 @@ mod tests {
         no_cuda.gpus[0].cuda_ordinal = None;
         let why = &rank_rails(&no_cuda, &GPU0, None)[0].why;
         assert!(why.contains("none, CUDA was not read"), "{why}");
+        // Many GPUs: a few ordinals are named, not all.
+        let mut many = r.clone();
+        many.gpus = (0..1000)
+            .map(|o| GpuSummary {
+                bdf: format!("0000:{:02x}:{:02x}.0", o / 32, o % 32),
+                cuda_ordinal: Some(o),
+                ..r.gpus[0].clone()
+            })
+            .collect();
+        let why = &rank_rails(&many, &MemoryLocation::Gpu { ordinal: 5000 }, None)[0].why;
+        assert!(
+            why.contains(
+                "known: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, and 984 more)"
+            ),
+            "{why}"
+        );
         // CUDA's spelling of the address, in upper case, finds the GPU.
         for bdf in ["00000000:07:00.0", "0000:07:00.0", " 0000:07:00.0 "] {
             let rails = rank_rails(&no_cuda, &MemoryLocation::GpuPci(bdf.into()), None);
@@ -997,6 +1028,25 @@ mod tests {
         assert_eq!(l[1].rails[0].tier, 0);
         assert!(l[1].rails[1..].iter().all(|x| x.tier == 1));
         assert_eq!(l[MAX_HOST_LOCATIONS].location, MemoryLocation::Numa(63));
+    }
+
+    #[test]
+    fn a_device_named_like_a_port_does_not_shadow_that_port() {
+        let mut r = report(&[N("x", Some(0), Some(1), HDR, true)], pix);
+        // What nic.rs writes for a device `x port 1` without ports, before x's own finding.
+        r.findings.insert(
+            0,
+            Finding::new(
+                "port.state",
+                Severity::Fail,
+                "x port 1",
+                "device has no ports",
+            ),
+        );
+        for loc in [GPU0, MemoryLocation::Any] {
+            let rails = rank_rails(&r, &loc, None);
+            assert!(rails[0].active && rails[0].tier == 0, "{loc}: {rails:#?}");
+        }
     }
 
     #[test]
@@ -1088,6 +1138,11 @@ mod tests {
                     .iter()
                     .all(|x| x.rate_gbps.is_none() && x.tier >= 1),
                 "{loc}"
+            );
+            assert!(
+                rails[1].why.contains("an unknown port rate"),
+                "{}",
+                rails[1].why
             );
             // Ports above 255 are not RDMA ports: no selection lets them through.
             let kept = rank_rails(&r, &loc, Some(&sel("^c")));
