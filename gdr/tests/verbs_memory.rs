@@ -145,6 +145,59 @@ fn memory_vec_regions_are_the_vecs_bytes_for_the_nic() {
     );
 }
 
+/// One memory, two registrations (`register_again`, one per rail in gdr-xfer): the NIC writes
+/// through the second one's key land in the bytes the first one reads, and the memory lives
+/// until both are gone.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn memory_registered_again_in_another_pd_shares_the_bytes() {
+    let ctx = Context::open(&device()).expect("open the test device");
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let other_pd = ProtectionDomain::new(&ctx).unwrap();
+    let first = MemoryRegion::new(&pd, 8192, AccessFlags::remote_rw()).unwrap();
+    let again = first
+        .register_again(&other_pd, AccessFlags::remote_rw())
+        .unwrap();
+    assert_eq!((again.iova(), again.len()), (first.iova(), first.len()));
+    assert_ne!(again.rkey(), first.rkey());
+    let src = MemoryRegion::with_data(
+        &other_pd,
+        b"through the second key",
+        AccessFlags::LOCAL_WRITE,
+    )
+    .unwrap();
+    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let a = QueuePair::builder(&other_pd, &cq, &cq).build().unwrap();
+    let b = QueuePair::builder(&other_pd, &cq, &cq).build().unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    a.post_send(
+        &SendRequest::write(
+            &[src.slice(..).unwrap()],
+            again.remote().slice(100..122).unwrap(),
+        )
+        .id(7),
+    )
+    .unwrap();
+    cq.wait_for(1, T).unwrap()[0].result().unwrap();
+    let mut got = vec![0u8; 22];
+    first.read(100, &mut got).unwrap();
+    assert_eq!(
+        &got, b"through the second key",
+        "the first region sees the NIC's write"
+    );
+    // The second registration keeps the memory: dropping the first leaves it readable.
+    let weak = Arc::downgrade(&first);
+    drop(first);
+    assert!(weak.upgrade().is_some(), "held by the second registration");
+    assert_eq!(&again.to_vec()[100..122], b"through the second key");
+    drop(again);
+    assert!(
+        weak.upgrade().is_none(),
+        "released with the last registration"
+    );
+}
+
 /// A `Registered` implementation that reports an impossible address (its `iova + len` runs
 /// past 2^64). It is never posted; it exists to show slicing refuses it instead of wrapping.
 struct ImpossibleRegion {

@@ -156,6 +156,22 @@ impl MemoryRegion {
         }))
     }
 
+    /// Registers this region's memory once more, with another protection domain (typically of
+    /// another device: one registration per rail). The new region shares the bytes and keeps
+    /// this one (and so the memory) alive; it is deregistered first when it drops. CPU access
+    /// through either region is atomic, as for every region, so using both at once is never
+    /// a data race.
+    ///
+    /// # Errors
+    /// As [`MemoryRegion::register`] (`ibv_reg_mr` on `pd`'s device).
+    pub fn register_again(
+        self: &Arc<Self>,
+        pd: &Arc<ProtectionDomain>,
+        access: AccessFlags,
+    ) -> Result<Arc<MemoryRegion>> {
+        Self::register(pd, Box::new(Alias { of: self.clone() }), access)
+    }
+
     /// Copies `out.len()` bytes starting at `offset` out of the region (word-wise atomic loads;
     /// see [Concurrent access](Self#concurrent-access)).
     ///
@@ -303,6 +319,28 @@ pub fn memlock_limit_text() -> String {
         "unlimited".into()
     } else {
         format!("{} KiB", r.rlim_cur / 1024)
+    }
+}
+
+/// The memory of a region, registered again ([`MemoryRegion::register_again`]): holds the
+/// original region, which owns the bytes, alive.
+struct Alias {
+    of: Arc<MemoryRegion>,
+}
+
+// SAFETY: the pointer is the original region's, taken from exclusive access to the memory when
+// it was registered (so it carries write permission); it stays valid while `of` lives, which is
+// as long as this value. The memory is reached by the original region and by the alias's region
+// only through their `AtomicBytes` (atomic word copies) and by the NICs, never through a
+// reference: two atomic views of the same bytes are not a data race, which is what the trait's
+// exclusivity rule protects against. `len` is the original's, fixed.
+unsafe impl HostMemory for Alias {
+    fn as_mut_ptr(&mut self) -> NonNull<u8> {
+        // `AtomicBytes` never holds a null pointer (it was built from a `NonNull`).
+        NonNull::new(self.of.bytes.as_ptr()).unwrap_or(NonNull::dangling())
+    }
+    fn len(&self) -> usize {
+        self.of.bytes.len()
     }
 }
 
