@@ -4,7 +4,7 @@
 #![no_main]
 
 use gdr_xfer::wire::{
-    Message, MAX_NAME, MAX_NOTIFY, MAX_QPS, MAX_REASON, MAX_SEGMENTS_PER_MESSAGE,
+    Message, MAX_NAME, MAX_NOTIFY, MAX_QPS, MAX_RAILS, MAX_REASON, MAX_SEGMENTS_PER_MESSAGE,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -18,10 +18,18 @@ fn check_limits(msg: &Message) {
                 h.name
             );
             assert!(
-                (1..=MAX_QPS).contains(&h.endpoints.len()),
-                "{} endpoints",
-                h.endpoints.len()
+                (1..=MAX_RAILS).contains(&h.rails.len()),
+                "{} rails",
+                h.rails.len()
             );
+            for r in &h.rails {
+                assert!(
+                    (1..=MAX_QPS).contains(&r.len()) && r.len() == h.rails[0].len(),
+                    "rails of {} and {} endpoints",
+                    r.len(),
+                    h.rails[0].len()
+                );
+            }
             assert!(h.notify_max <= MAX_NOTIFY, "notify_max {}", h.notify_max);
         }
         Message::Segments(list) => {
@@ -37,6 +45,11 @@ fn check_limits(msg: &Message) {
                     "overflowing segment {s:?}"
                 );
                 assert!(s.name.len() <= MAX_NAME, "segment name {:?}", s.name);
+                assert!(
+                    (1..=MAX_RAILS).contains(&s.rkeys.len()),
+                    "{} remote keys",
+                    s.rkeys.len()
+                );
             }
         }
         Message::Removed(ids) => {
@@ -47,6 +60,14 @@ fn check_limits(msg: &Message) {
             );
         }
         Message::Ready => {}
+        Message::RailRenew(r) | Message::RailRenewed(r) => {
+            assert!(usize::from(r.rail) < MAX_RAILS, "rail {}", r.rail);
+            assert!(
+                (1..=MAX_QPS).contains(&r.endpoints.len()),
+                "{} endpoints",
+                r.endpoints.len()
+            );
+        }
         Message::Bye(reason) => {
             assert!(
                 reason.len() <= MAX_REASON,

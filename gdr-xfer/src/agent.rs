@@ -1,5 +1,5 @@
-//! The agent: one per process, named; owns its device, protection domain, completion queue,
-//! progress thread, segments and peers.
+//! The agent: one per process, named; owns its rails (each a device port with its protection
+//! domain, completion queue and progress thread), segments and peers.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener};
@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use gdr::cuda::DeviceBuffer;
-use gdr::device::{Context, Selection};
+use gdr::device::{Context, DeviceList, PortState, Selection};
 use gdr::gpu_mr::RegistrationPath;
 use gdr::mr::{AccessFlags, AlignedBuffer, HostMemory, MemoryRegion};
 use gdr::pd::ProtectionDomain;
@@ -19,12 +19,13 @@ use gdr::CompletionQueue;
 
 use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;
-use crate::connection::Connection;
+use crate::connection::{Connection, Ids};
 use crate::control;
 use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::notify::Notification;
 use crate::peer::Peer;
+use crate::rail::AgentRail;
 use crate::segment::{Backing, Segment};
 use crate::transfer::Failure;
 use crate::wire::{Message, SegmentInfo, MAX_NAME};
@@ -34,30 +35,34 @@ const SEGMENT_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);
 
-/// A connection forgotten by name: the drain count then, and what to fail its transfers with.
-type Retiring = (Arc<Connection>, u64, Option<Failure>);
+/// A connection forgotten by name: each rail's drain count then, and what to fail its transfers
+/// with.
+type Retiring = (Arc<Connection>, Vec<u64>, Option<Failure>);
 
 /// What the agent's threads share.
 pub(crate) struct AgentShared {
     pub(crate) config: AgentConfig,
-    pub(crate) ctx: Arc<Context>,
-    pub(crate) port: u8,
-    pub(crate) pd: Arc<ProtectionDomain>,
-    pub(crate) cq: Arc<CompletionQueue>,
+    pub(crate) rails: Vec<AgentRail>,
+    pub(crate) ids: Arc<Ids>,
+    /// Per memory location, the rails its transfers stripe over (bit per rail; see
+    /// [`crate::rail::preferred_rails`]).
+    rail_masks: Mutex<HashMap<Location, u32>>,
     segments: Mutex<BTreeMap<u32, Segment>>,
     next_segment: AtomicU32,
     cache: Mutex<RegistrationCache>,
     peers: Mutex<HashMap<String, Arc<Connection>>>,
-    /// Queue pair number -> (connection, index of the queue pair in it). A connection stays
+    /// (rail, queue pair number) -> (connection, its lane); numbers are per device, so two
+    /// rails may have the same ones ([`qp_key`]). A connection stays
     /// here (and alive) after it was lost until the progress thread drained the completion
     /// queue past the loss (`retiring`), so that completions already queued, a notification
     /// that arrived just before the peer said goodbye among them, are still handled.
-    by_qpn: RwLock<HashMap<u32, (Arc<Connection>, usize)>>,
+    by_qpn: RwLock<HashMap<u64, (Arc<Connection>, usize)>>,
     /// Connections forgotten by name, with the drain count at that moment, and the failure to
     /// give what is still in flight on them once the completions queued then were handled.
     retiring: Mutex<Vec<Retiring>>,
-    /// How many polls found the completion queue drained (fewer completions than asked for).
-    drains: AtomicU64,
+    /// Per rail, how many polls found its completion queue drained (fewer completions than
+    /// asked for).
+    drains: Vec<AtomicU64>,
     notifications: Mutex<VecDeque<Notification>>,
     notified: Condvar,
     peers_changed: Condvar,
@@ -78,7 +83,7 @@ pub(crate) struct AgentShared {
 /// gdr only once the queue pairs are destroyed.
 pub struct Agent {
     shared: Arc<AgentShared>,
-    progress: Option<JoinHandle<()>>,
+    progress: Vec<JoinHandle<()>>,
     listeners: Mutex<Vec<(SocketAddr, JoinHandle<()>)>>,
 }
 
@@ -86,48 +91,53 @@ impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent")
             .field("name", &self.shared.config.name)
-            .field("device", &self.shared.ctx.name())
+            .field("rails", &self.rails())
             .finish()
     }
 }
 
 impl Agent {
-    /// Opens the device, creates the completion queue and starts the progress thread.
+    /// Opens the rails (see [`AgentConfig::device`]), creates their completion queues and
+    /// starts their progress threads.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for bad settings; gdr's errors opening the device.
+    /// [`Error::InvalidArgument`] for bad settings; gdr's errors opening the devices.
     pub fn new(config: AgentConfig) -> Result<Agent> {
         config.validate()?;
-        let (ctx, port) = Context::open_selected(&Selection::parse(&config.device)?)?;
-        let pd = ProtectionDomain::new(&ctx)?;
-        let attr = ctx.query_device()?;
-        let per_peer = u64::from(config.qps_per_peer) * u64::from(config.send_queue_depth)
-            + u64::from(config.notify_slots);
-        let want = per_peer * u64::from(config.max_peers);
-        let max_cqe = attr.max_cqe.max(1) as u64;
-        if per_peer > max_cqe {
-            return Err(Error::invalid(
-                format!(
-                    "one peer needs {per_peer} completion queue entries; {} allows {max_cqe}",
-                    ctx.name()
-                ),
-                "lower qps_per_peer, send_queue_depth or notify_slots",
-            ));
+        let ports = select_rails(&config)?;
+        let mut rails = Vec::with_capacity(ports.len());
+        for (ctx, port) in ports {
+            let pd = ProtectionDomain::new(&ctx)?;
+            let attr = ctx.query_device()?;
+            let per_peer = u64::from(config.qps_per_peer) * u64::from(config.send_queue_depth)
+                + u64::from(config.notify_slots);
+            let want = per_peer * u64::from(config.max_peers);
+            let max_cqe = attr.max_cqe.max(1) as u64;
+            if per_peer > max_cqe {
+                return Err(Error::invalid(
+                    format!(
+                        "one peer needs {per_peer} completion queue entries; {} allows {max_cqe}",
+                        ctx.name()
+                    ),
+                    "lower qps_per_peer, send_queue_depth or notify_slots",
+                ));
+            }
+            let cq = CompletionQueue::with_channel(&ctx, want.min(max_cqe) as u32)?;
+            rails.push(AgentRail { ctx, port, pd, cq });
         }
-        let cq = CompletionQueue::with_channel(&ctx, want.min(max_cqe) as u32)?;
+        let nrails = rails.len();
         let shared = Arc::new(AgentShared {
             config,
-            ctx,
-            port,
-            pd,
-            cq,
+            rails,
+            ids: Arc::new(Ids::default()),
+            rail_masks: Mutex::new(HashMap::new()),
             segments: Mutex::new(BTreeMap::new()),
             next_segment: AtomicU32::new(1),
             cache: Mutex::new(RegistrationCache::default()),
             peers: Mutex::new(HashMap::new()),
             by_qpn: RwLock::new(HashMap::new()),
             retiring: Mutex::new(Vec::new()),
-            drains: AtomicU64::new(0),
+            drains: (0..nrails).map(|_| AtomicU64::new(0)).collect(),
             notifications: Mutex::new(VecDeque::new()),
             notified: Condvar::new(),
             peers_changed: Condvar::new(),
@@ -137,16 +147,20 @@ impl Agent {
             #[cfg(feature = "etcd")]
             published: Mutex::new(None),
         });
-        let s = shared.clone();
-        let progress = std::thread::Builder::new()
-            .name(format!("xfer-progress-{}", shared.config.name))
-            .spawn(move || crate::progress::run(s))
-            .map_err(|e| Error::io("starting the progress thread", e))?;
-        Ok(Agent {
+        let mut agent = Agent {
             shared,
-            progress: Some(progress),
+            progress: Vec::with_capacity(nrails),
             listeners: Mutex::new(Vec::new()),
-        })
+        };
+        for rail in 0..nrails {
+            let s = agent.shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("xfer-progress-{}-{rail}", agent.shared.config.name))
+                .spawn(move || crate::progress::run(s, rail))
+                .map_err(|e| Error::io("starting a progress thread", e))?;
+            agent.progress.push(h);
+        }
+        Ok(agent)
     }
 
     #[cfg(feature = "etcd")]
@@ -159,9 +173,14 @@ impl Agent {
         &self.shared.config.name
     }
 
-    /// The RDMA device it uses.
+    /// The RDMA device of its first rail.
     pub fn device(&self) -> &str {
-        self.shared.ctx.name()
+        self.shared.rails[0].ctx.name()
+    }
+
+    /// Its rails: (device, port), rail 0 first.
+    pub fn rails(&self) -> Vec<(String, u8)> {
+        self.shared.rail_names()
     }
 
     /// Its settings.
@@ -182,9 +201,14 @@ impl Agent {
         location: Location,
     ) -> Result<Segment> {
         check_name(name)?;
-        let mr = MemoryRegion::register(&self.shared.pd, Box::new(memory), SEGMENT_ACCESS)?;
-        let len = gdr::mr::Registered::len(&*mr) as u64;
-        self.add_segment(name, location, Backing::Host(mr), 0, len)
+        let first =
+            MemoryRegion::register(&self.shared.rails[0].pd, Box::new(memory), SEGMENT_ACCESS)?;
+        let len = gdr::mr::Registered::len(&*first) as u64;
+        let mut regions = vec![first.clone()];
+        for rail in &self.shared.rails[1..] {
+            regions.push(first.register_again(&rail.pd, SEGMENT_ACCESS)?);
+        }
+        self.add_segment(name, location, Backing::Host(Arc::new(regions)), 0, len)
     }
 
     /// Allocates `len` zeroed, page-aligned bytes of host memory and registers them.
@@ -213,8 +237,9 @@ impl Agent {
     ) -> Result<Segment> {
         check_name(name)?;
         let (offset, len) = resolve(range, buffer.len())?;
+        let pds: Vec<_> = self.shared.rails.iter().map(|r| r.pd.clone()).collect();
         let (mr, base) = self.lock_cache().register_gpu(
-            &self.shared.pd,
+            &pds,
             buffer,
             offset,
             len,
@@ -258,9 +283,9 @@ impl Agent {
         base: usize,
         len: u64,
     ) -> Result<Segment> {
-        let (addr, rkey) = match &backing {
-            Backing::Host(m) => (m.slice(..)?.addr(), m.rkey()),
-            Backing::Gpu(m) => (m.slice(..)?.addr(), m.rkey()),
+        let (addr, rkeys) = match &backing {
+            Backing::Host(m) => (m[0].slice(..)?.addr(), m.iter().map(|r| r.rkey()).collect()),
+            Backing::Gpu(m) => (m[0].slice(..)?.addr(), m.iter().map(|r| r.rkey()).collect()),
         };
         let id = self.shared.next_segment.fetch_add(1, Ordering::Relaxed);
         if id == 0 || id == u32::MAX {
@@ -274,10 +299,12 @@ impl Agent {
             name: name.to_string(),
             addr: addr + base as u64,
             len,
-            rkey,
+            rkeys,
             location,
         };
         let seg = Segment::new(info.clone(), backing, base)?;
+        // Ranked now, so that the first transfer from this memory does not pay for it.
+        self.shared.rail_mask(location);
         let peers = {
             let mut table = self.shared.lock_segments();
             table.insert(id, seg.clone());
@@ -499,7 +526,7 @@ impl Drop for Agent {
         {
             let _ = h.join();
         }
-        if let Some(h) = self.progress.take() {
+        for h in self.progress.drain(..) {
             let _ = h.join();
         }
         // The control readers end once their sockets are shut down (lose() did): join them, so
@@ -624,15 +651,41 @@ impl AgentShared {
         self.lock_peers().values().cloned().collect()
     }
 
-    /// Creates `n` queue pairs for a new peer connection.
-    pub(crate) fn create_qps(&self, n: usize) -> Result<Vec<QueuePair>> {
+    /// The rails transfers from memory at `location` stripe over (bit per rail).
+    pub(crate) fn rail_mask(&self, location: Location) -> u32 {
+        let mut masks = self.rail_masks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&m) = masks.get(&location) {
+            return m;
+        }
+        let m = if self.rails.len() == 1 {
+            1
+        } else {
+            crate::rail::preferred_rails_here(&self.rail_names(), location)
+        };
+        masks.insert(location, m);
+        m
+    }
+
+    /// (device, port) of every rail.
+    pub(crate) fn rail_names(&self) -> Vec<(String, u8)> {
+        self.rails
+            .iter()
+            .map(|r| (r.ctx.name().to_string(), r.port))
+            .collect()
+    }
+
+    /// Creates `n` queue pairs on rail `rail` for a peer connection.
+    pub(crate) fn create_qps(&self, rail: usize, n: usize) -> Result<Vec<QueuePair>> {
         let cfg = &self.config;
+        let r = &self.rails[rail];
         (0..n)
             .map(|_| {
-                let mut b = QueuePair::builder(&self.pd, &self.cq, &self.cq)
-                    .port(self.port)
+                let mut b = QueuePair::builder(&r.pd, &r.cq, &r.cq)
+                    .port(r.port)
                     .max_send_wr(cfg.send_queue_depth)
-                    .max_recv_wr(u32::from(cfg.notify_slots));
+                    .max_recv_wr(u32::from(cfg.notify_slots))
+                    .timeout(cfg.ack_timeout)
+                    .retry_count(cfg.retry_count);
                 if let Some(g) = cfg.gid_index {
                     b = b.gid_index(g);
                 }
@@ -664,11 +717,38 @@ impl AgentShared {
             }
             peers.insert(conn.name.clone(), conn.clone());
         }
-        let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
-        for (i, qp) in conn.qps.iter().enumerate() {
-            by_qpn.insert(qp.qp_num(), (conn.clone(), i));
-        }
+        let q = conn.lock();
+        let nums: Vec<(u32, usize)> = q
+            .lanes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.qp.as_ref().map(|qp| (qp.qp_num(), i)))
+            .collect();
+        drop(q);
+        self.route_qps(conn, &nums);
         Ok(())
+    }
+
+    /// Routes the completions of queue pairs `(number, lane)` to `conn`.
+    pub(crate) fn route_qps(&self, conn: &Arc<Connection>, nums: &[(u32, usize)]) {
+        let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
+        for &(n, lane) in nums {
+            by_qpn.insert(qp_key(lane / conn.qps_per_rail, n), (conn.clone(), lane));
+        }
+    }
+
+    /// Forgets the routes of queue pairs `nums` of rail `rail` of `conn` (replaced ones).
+    pub(crate) fn unroute(&self, rail: usize, nums: &[u32], conn: &Connection) {
+        let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
+        for &n in nums {
+            let key = qp_key(rail, n);
+            if by_qpn
+                .get(&key)
+                .is_some_and(|(c, _)| std::ptr::eq(Arc::as_ptr(c), conn))
+            {
+                by_qpn.remove(&key);
+            }
+        }
     }
 
     /// Forgets a connection by name (if it is still the one registered under it); the
@@ -693,7 +773,12 @@ impl AgentShared {
         self.peers_changed.notify_all();
         let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
         if !retiring.iter().any(|(c, _, _)| Arc::ptr_eq(c, conn)) {
-            retiring.push((conn.clone(), self.drains.load(Ordering::Acquire), failure));
+            let at = self
+                .drains
+                .iter()
+                .map(|d| d.load(Ordering::Acquire))
+                .collect();
+            retiring.push((conn.clone(), at, failure));
         } else if let Some(f) = failure {
             // Already retiring without a failure to give (a plain removal): lose it now.
             drop(retiring);
@@ -701,19 +786,24 @@ impl AgentShared {
         }
     }
 
-    /// Called by the progress thread after a poll that drained the completion queue: lets go
-    /// of the connections forgotten at least two drains ago (the second drain began after the
-    /// first ended, which was after the connection was forgotten: every completion queued
-    /// before that was handled).
-    pub(crate) fn drained(&self) {
-        let now = self.drains.fetch_add(1, Ordering::AcqRel) + 1;
+    /// Called by rail `rail`'s progress thread after a poll that drained its completion
+    /// queue: lets go of the connections forgotten at least two drains ago on every rail (the
+    /// second drain began after the first ended, which was after the connection was forgotten:
+    /// every completion queued before that was handled).
+    pub(crate) fn drained(&self, rail: usize) {
+        self.drains[rail].fetch_add(1, Ordering::AcqRel);
         let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
         if retiring.is_empty() {
             return;
         }
+        let now: Vec<u64> = self
+            .drains
+            .iter()
+            .map(|d| d.load(Ordering::Acquire))
+            .collect();
         let mut gone = Vec::new();
         retiring.retain_mut(|(c, at, failure)| {
-            if now >= *at + 2 {
+            if now.iter().zip(at.iter()).all(|(n, a)| *n >= a + 2) {
                 gone.push((c.clone(), failure.take()));
                 false
             } else {
@@ -731,16 +821,7 @@ impl AgentShared {
             }
         }
         let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
-        for (conn, _) in &gone {
-            for qp in &conn.qps {
-                if by_qpn
-                    .get(&qp.qp_num())
-                    .is_some_and(|(c, _)| Arc::ptr_eq(c, conn))
-                {
-                    by_qpn.remove(&qp.qp_num());
-                }
-            }
-        }
+        by_qpn.retain(|_, (c, _)| !gone.iter().any(|(g, _)| Arc::ptr_eq(c, g)));
         drop(by_qpn);
         // The last references of the connections (and their queue pairs) may go here, outside
         // every lock.
@@ -751,10 +832,10 @@ impl AgentShared {
         self.peers_changed.notify_all();
     }
 
-    /// The connection and queue pair index of a queue pair number.
-    pub(crate) fn route(&self, qp_num: u32) -> Option<(Arc<Connection>, usize)> {
+    /// The connection and lane of a queue pair number.
+    pub(crate) fn route(&self, rail: usize, qp_num: u32) -> Option<(Arc<Connection>, usize)> {
         let by_qpn = self.by_qpn.read().unwrap_or_else(|p| p.into_inner());
-        let (c, i) = by_qpn.get(&qp_num)?;
+        let (c, i) = by_qpn.get(&qp_key(rail, qp_num))?;
         Some((c.clone(), *i))
     }
 
@@ -762,4 +843,70 @@ impl AgentShared {
         self.lock_notifications().push_back(n);
         self.notified.notify_all();
     }
+}
+
+/// The routing key of queue pair `qp_num` of rail `rail` (queue pair numbers are per device).
+fn qp_key(rail: usize, qp_num: u32) -> u64 {
+    ((rail as u64) << 32) | u64::from(qp_num)
+}
+
+/// The rails an agent opens: every port the selection allows, in its order, active ones only
+/// when there are any (else the first allowed), at most `max_rails`.
+fn select_rails(config: &AgentConfig) -> Result<Vec<(Arc<Context>, u8)>> {
+    let selection = Selection::parse(&config.device)?;
+    let list = DeviceList::new()?;
+    let mut ports: Vec<(String, u8, bool)> = Vec::new();
+    let mut contexts: HashMap<String, Arc<Context>> = HashMap::new();
+    for name in list.names() {
+        let Ok(ctx) = list.open(&name) else {
+            continue;
+        };
+        let count = ctx.query_device().map_or(0, |a| a.phys_port_cnt);
+        for port in 1..=count {
+            if selection.allows(&name, port) {
+                let active = ctx
+                    .query_port(port)
+                    .is_ok_and(|p| p.state == PortState::Active);
+                ports.push((name.clone(), port, active));
+            }
+        }
+        contexts.insert(name, ctx);
+    }
+    // The selection's order: repeatedly its first match among the ports left.
+    let mut ordered = Vec::with_capacity(ports.len());
+    while !ports.is_empty() {
+        let pairs: Vec<(&str, u8)> = ports.iter().map(|(n, p, _)| (n.as_str(), *p)).collect();
+        let i = match selection.first_match(&pairs) {
+            Some((n, p)) => ports
+                .iter()
+                .position(|(pn, pp, _)| *pn == n && *pp == p)
+                .unwrap_or(0),
+            None => 0,
+        };
+        ordered.push(ports.remove(i));
+    }
+    let any_active = ordered.iter().any(|(_, _, a)| *a);
+    let chosen: Vec<(String, u8)> = if any_active {
+        ordered
+            .into_iter()
+            .filter(|(_, _, a)| *a)
+            .take(usize::from(config.max_rails))
+            .map(|(n, p, _)| (n, p))
+            .collect()
+    } else {
+        ordered
+            .into_iter()
+            .take(1)
+            .map(|(n, p, _)| (n, p))
+            .collect()
+    };
+    if chosen.is_empty() {
+        // Nothing allowed: gdr's own error names the devices that exist.
+        let (ctx, port) = Context::open_selected(&selection)?;
+        return Ok(vec![(ctx, port)]);
+    }
+    Ok(chosen
+        .into_iter()
+        .filter_map(|(n, p)| contexts.get(&n).map(|c| (c.clone(), p)))
+        .collect())
 }

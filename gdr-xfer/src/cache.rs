@@ -108,22 +108,26 @@ impl<R> RangeCache<R> {
     }
 }
 
-/// The GPU registration cache of an agent.
-pub(crate) type RegistrationCache = RangeCache<GpuMemoryRegion>;
+/// The registrations of one GPU range, one per rail (rail 0 first).
+pub(crate) type GpuRails = Vec<Arc<GpuMemoryRegion>>;
+
+/// The GPU registration cache of an agent: an entry is the range registered on every rail.
+pub(crate) type RegistrationCache = RangeCache<GpuRails>;
 
 impl RegistrationCache {
-    /// A registration covering `offset..offset + len` of `buffer`, and the offset of that range
-    /// in it. The buffer's identity is its address (`Arc::as_ptr`), which cannot be reused
-    /// while a registration of it lives (the registration holds the buffer).
+    /// Registrations (one per rail's protection domain in `pds`) covering
+    /// `offset..offset + len` of `buffer`, and the offset of that range in them. The buffer's
+    /// identity is its address (`Arc::as_ptr`), which cannot be reused while a registration of
+    /// it lives (the registration holds the buffer).
     pub(crate) fn register_gpu(
         &mut self,
-        pd: &Arc<ProtectionDomain>,
+        pds: &[Arc<ProtectionDomain>],
         buffer: &Arc<DeviceBuffer>,
         offset: usize,
         len: usize,
         access: AccessFlags,
         path: RegistrationPath,
-    ) -> Result<(Arc<GpuMemoryRegion>, usize)> {
+    ) -> Result<(Arc<GpuRails>, usize)> {
         let base = buffer.device_ptr();
         let start = base + offset as u64;
         let (region, at) = self.get_or_register(
@@ -131,13 +135,19 @@ impl RegistrationCache {
             start,
             start + len as u64,
             |lo, hi| {
-                Ok(GpuMemoryRegion::register(
-                    pd,
-                    buffer.clone(),
-                    (lo - base) as usize..(hi - base) as usize,
-                    access,
-                    path,
-                )?)
+                let rails = pds
+                    .iter()
+                    .map(|pd| {
+                        GpuMemoryRegion::register(
+                            pd,
+                            buffer.clone(),
+                            (lo - base) as usize..(hi - base) as usize,
+                            access,
+                            path,
+                        )
+                    })
+                    .collect::<gdr::Result<GpuRails>>()?;
+                Ok(Arc::new(rails))
             },
         )?;
         Ok((region, at as usize))

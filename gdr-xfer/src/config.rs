@@ -1,10 +1,10 @@
-//! How an agent is set up: its device, queue pairs per peer, slice size, queue depths,
-//! notification pool, deadlines and polling.
+//! How an agent is set up: its rails, queue pairs per peer, slice size, striping, queue
+//! depths, retries, notification pool, deadlines and polling.
 
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::wire::{MAX_NAME, MAX_NOTIFY, MAX_QPS};
+use crate::wire::{MAX_NAME, MAX_NOTIFY, MAX_QPS, MAX_RAILS};
 
 /// An agent's settings. Start from [`AgentConfig::new`] and change what you need.
 #[derive(Debug, Clone)]
@@ -12,16 +12,30 @@ use crate::wire::{MAX_NAME, MAX_NOTIFY, MAX_QPS};
 pub struct AgentConfig {
     /// The agent's name, unique among the agents that talk to each other.
     pub name: String,
-    /// The RDMA device: `name[:port]` or an NCCL-style list (`gdr::device::Selection`); empty
-    /// for the first device.
+    /// The rails: an NCCL-style device list (`gdr::device::Selection`: `mlx5_0:1,mlx5_1:1`,
+    /// `^mlx5_2`, `=rxe0`). Every port it allows becomes a rail, in the order of the list
+    /// (device order for exclusions), at most `max_rails`; ports that are not active are left
+    /// out when an active one is allowed. Empty: every device's active ports (or the first
+    /// device when none is active).
     pub device: String,
+    /// Most rails (1..=8; default 8).
+    pub max_rails: u8,
     /// GID index (default: gdr's choice, the RoCE v2 IPv4 entry).
     pub gid_index: Option<u32>,
-    /// Queue pairs per peer (1..=16; default 2, as Mooncake). The peer that accepts a
-    /// connection uses the connecting peer's count.
+    /// Queue pairs per peer and rail (1..=16; default 2, as Mooncake). The peer that accepts
+    /// a connection uses the connecting peer's count.
     pub qps_per_peer: u8,
     /// Largest work request: longer runs are cut into slices of this size (default 64 KiB).
     pub slice_size: u64,
+    /// Transfers of at most this many bytes stay on one rail; larger ones are striped over
+    /// every active rail (default 256 KiB).
+    pub stripe_min: u64,
+    /// Local ACK timeout exponent of the queue pairs (4.096 us x 2^n; default 14 = 67 ms).
+    pub ack_timeout: u8,
+    /// Transport retries before a request fails and its rail is failed over (0..=6; default
+    /// 6: about half a second with the default timeout. 7, infinite on some providers such
+    /// as rxe, is refused: failover needs failures).
+    pub retry_count: u8,
     /// Send-queue depth of each queue pair (default 256).
     pub send_queue_depth: u32,
     /// Most peers at once (sizes the completion queue; default 16).
@@ -45,9 +59,13 @@ impl AgentConfig {
         AgentConfig {
             name: name.into(),
             device: String::new(),
+            max_rails: MAX_RAILS as u8,
             gid_index: None,
             qps_per_peer: 2,
             slice_size: 64 * 1024,
+            stripe_min: 256 * 1024,
+            ack_timeout: 14,
+            retry_count: 6,
             send_queue_depth: 256,
             max_peers: 16,
             notify_slots: 64,
@@ -61,6 +79,25 @@ impl AgentConfig {
     /// Sets the device.
     pub fn device(mut self, device: impl Into<String>) -> Self {
         self.device = device.into();
+        self
+    }
+
+    /// Sets the most rails.
+    pub fn max_rails(mut self, n: u8) -> Self {
+        self.max_rails = n;
+        self
+    }
+
+    /// Sets the size up to which a transfer stays on one rail.
+    pub fn stripe_min(mut self, bytes: u64) -> Self {
+        self.stripe_min = bytes;
+        self
+    }
+
+    /// Sets the ACK timeout exponent and the retry count of the queue pairs.
+    pub fn retries(mut self, ack_timeout: u8, retry_count: u8) -> Self {
+        self.ack_timeout = ack_timeout;
+        self.retry_count = retry_count;
         self
     }
 
@@ -101,6 +138,18 @@ impl AgentConfig {
             return bad(
                 format!("{} queue pairs per peer", self.qps_per_peer),
                 "use 1..=16",
+            );
+        }
+        if self.max_rails == 0 || usize::from(self.max_rails) > MAX_RAILS {
+            return bad(format!("{} rails", self.max_rails), "use 1..=8");
+        }
+        if self.retry_count > 6 || self.ack_timeout == 0 || self.ack_timeout > 31 {
+            return bad(
+                format!(
+                    "retry count {} with ACK timeout exponent {}",
+                    self.retry_count, self.ack_timeout
+                ),
+                "use a retry count of 0..=6 and a timeout exponent of 1..=31 (14 = 67 ms)",
             );
         }
         if self.slice_size == 0 || self.slice_size > 1 << 30 {

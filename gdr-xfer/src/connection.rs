@@ -1,90 +1,138 @@
-//! The connection to a peer: its queue pairs, its segment table, the queues of transfers to it,
-//! and the posting and completion accounting behind them.
+//! The connection to a peer: its lanes (queue pairs, per shared rail), its segment table, the
+//! queues of transfers to it, and its lifecycle.
 //!
-//! # Posting and completion accounting
+//! # Lanes, sequence numbers and records
 //!
-//! Transfers to a peer wait in one FIFO. Posting ([`Connection::pump`]) takes slices from the
-//! front transfer and posts them in chunks of up to [`CHUNK`] requests, one `ibv_post_send` per
-//! chunk, to the peer's queue pairs in turn, as far as their send queues have room; only the
-//! last request of a chunk is signalled. The caller's thread pumps when it submits (so nothing
-//! waits for another thread while the queues have room); the progress thread pumps whenever
-//! completions free room.
+//! A connection has `qps_per_peer` queue pairs on each rail it shares with the peer; each is a
+//! *lane*. Every send-queue request gets an agent-wide increasing number as its `wr_id`; a
+//! record per chunk of requests says which transfer (and which range of its runs) the numbers
+//! belong to. A successful completion with number `s` on a lane means every request up to `s`
+//! on that lane completed (RC completes in order), so the records up to `s` are credited.
 //!
-//! Every send-queue request of a queue pair gets the next number of that queue pair's sequence
-//! as its `wr_id`; a record per chunk says which transfer the numbers belong to. A successful
-//! completion with number `s` means every request up to `s` on that queue pair completed (RC
-//! completes in order), so the records up to `s` are credited to their transfers. An error
-//! completion breaks the connection: every transfer pending to the peer fails, and the queue
-//! pairs go to the error state (gdr keeps the memory of their requests until the NIC is done).
+//! A queue pair is replaced when its rail fails ([`crate::failover`]). Its completions still
+//! queued are recognised as stale, and ignored, by the queue pair number and the lane's first
+//! number (a replacement gets numbers above every earlier one); receive completions carry
+//! the queue pair's generation.
+//!
+//! Posting is in [`crate::pump`], completions and failover in [`crate::failover`].
 
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Instant;
 
 use gdr::connect::TcpLink;
-use gdr::mr::{LocalSlice, RemoteSlice};
-use gdr::qp::{BatchOp, QueuePair, RdmaPiece};
-use gdr::wr::SendRequest;
-use gdr::{Completion, WcStatus};
+use gdr::qp::{QueuePair, RdmaPiece};
 
 use crate::agent::AgentShared;
-use crate::notify::{Notification, NotifyPool};
-use crate::transfer::{Failure, NotifyState, TransferState};
+use crate::notify::{NotifyPool, Seen};
+use crate::rail::{RailLink, RailStats};
+use crate::transfer::{Cursor, Failure, NotifyState, TransferState};
 use crate::wire::{Message, SegmentInfo};
 
 /// Most requests per `ibv_post_send` call (one doorbell), and between two signalled ones.
 pub(crate) const CHUNK: usize = 32;
 
-/// What a run of sequence numbers on one queue pair belongs to.
-enum Posted {
+/// Agent-wide numbers: work request ids and queue pair generations, both only increasing.
+#[derive(Default)]
+pub(crate) struct Ids {
+    pub(crate) wr: AtomicU64,
+    pub(crate) gen: AtomicU64,
+}
+
+/// What a run of sequence numbers on one lane belongs to.
+pub(crate) enum Posted {
     Slices {
         first: u64,
         last: u64,
         transfer: Arc<TransferState>,
+        /// The range of the transfer's runs these requests cover (to post again elsewhere).
+        from: Cursor,
+        to: Cursor,
+        bytes: u64,
     },
     Notify {
         seq: u64,
         transfer: Arc<TransferState>,
         slot: u16,
     },
+    Probe {
+        seq: u64,
+        slot: u16,
+    },
 }
 
-#[derive(Default)]
-struct QpTrack {
-    next_seq: u64,
-    posted: VecDeque<Posted>,
+/// One queue pair of a connection, on one rail.
+pub(crate) struct Lane {
+    /// `None` while its rail is down (destroyed at the failure, replaced at the renewal).
+    pub(crate) qp: Option<QueuePair>,
+    /// The queue pair's generation (agent-wide), in its receive wr_ids.
+    pub(crate) gen: u64,
+    /// The lowest wr_id the queue pair can have given: completions below are stale.
+    pub(crate) first_wr: u64,
+    pub(crate) posted: VecDeque<Posted>,
 }
 
-/// The mutable part of a peer: its transfers and what each queue pair carries.
+impl Lane {
+    pub(crate) fn new(qp: QueuePair, ids: &Ids) -> Lane {
+        Lane {
+            qp: Some(qp),
+            gen: ids.gen.fetch_add(1, Ordering::AcqRel),
+            first_wr: ids.wr.load(Ordering::Acquire),
+            posted: VecDeque::new(),
+        }
+    }
+}
+
+/// A renewal we offered the peer for one rail.
+pub(crate) struct Offer {
+    pub(crate) epoch: u32,
+    pub(crate) lanes: Vec<Lane>,
+}
+
+/// The mutable part of a peer: its transfers, lanes and rails.
 pub(crate) struct Queues {
-    /// Transfers with slices not yet posted, in submission order.
-    pending: VecDeque<Arc<TransferState>>,
+    /// Transfers with slices not yet posted, oldest first.
+    pub(crate) pending: VecDeque<Arc<TransferState>>,
     /// Transfers whose data is done and whose notification waits for a send slot.
-    notify_due: VecDeque<Arc<TransferState>>,
+    pub(crate) notify_due: VecDeque<Arc<TransferState>>,
     /// Every unfinished transfer (for deadlines and for failing them all at once).
-    active: Vec<Arc<TransferState>>,
-    tracks: Vec<QpTrack>,
-    next_qp: usize,
-    free_notify_slots: Vec<u16>,
+    pub(crate) active: Vec<Arc<TransferState>>,
+    /// `rails x qps_per_rail` lanes, rail-major.
+    pub(crate) lanes: Vec<Lane>,
+    pub(crate) rails: Vec<RailLink>,
+    pub(crate) offers: Vec<Option<Offer>>,
+    pub(crate) next_notify_id: u64,
+    /// Notification ids delivered from the peer.
+    pub(crate) seen: Seen,
     /// Set when the peer is lost: nothing is posted any more.
-    closed: bool,
+    pub(crate) closed: bool,
     /// The pieces of the batch being posted (kept to post without allocating).
-    scratch: Vec<RdmaPiece>,
+    pub(crate) scratch: Vec<RdmaPiece>,
 }
 
 /// Everything about one connected peer.
 pub(crate) struct Connection {
     pub(crate) name: String,
     pub(crate) agent: Weak<AgentShared>,
-    pub(crate) qps: Vec<QueuePair>,
+    /// Whether we connected (the initiator's renewal wins when both sides renew a rail).
+    pub(crate) initiator: bool,
+    pub(crate) ids: Arc<Ids>,
+    /// Rails shared with the peer.
+    pub(crate) nrails: usize,
+    pub(crate) qps_per_rail: usize,
+    /// (device, port) of each shared rail.
+    pub(crate) rail_names: Vec<(String, u8)>,
     pub(crate) max_send: u64,
     pub(crate) slice_size: u64,
+    /// Transfers up to this many bytes stay on one rail.
+    pub(crate) stripe_min: u64,
     pub(crate) remote: RwLock<HashMap<u32, SegmentInfo>>,
     /// The largest notification the peer accepts.
     pub(crate) peer_notify_max: u32,
-    pub(crate) notify: NotifyPool,
+    /// Notification buffers, one pool per shared rail.
+    pub(crate) notify: Vec<NotifyPool>,
     pub(crate) writer: Mutex<TcpLink>,
     /// A clone of the control socket, to shut it down (which ends the reader thread).
     pub(crate) socket: TcpStream,
@@ -99,32 +147,49 @@ pub(crate) struct Connection {
     queues: Mutex<Queues>,
 }
 
+/// What a new connection is made of.
+pub(crate) struct Parts {
+    pub(crate) name: String,
+    pub(crate) agent: Weak<AgentShared>,
+    pub(crate) initiator: bool,
+    pub(crate) ids: Arc<Ids>,
+    pub(crate) lanes: Vec<Lane>,
+    pub(crate) qps_per_rail: usize,
+    pub(crate) rail_names: Vec<(String, u8)>,
+    pub(crate) slice_size: u64,
+    pub(crate) stripe_min: u64,
+    pub(crate) peer_notify_max: u32,
+    pub(crate) notify: Vec<NotifyPool>,
+    pub(crate) writer: TcpLink,
+    pub(crate) socket: TcpStream,
+}
+
 impl Connection {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        name: String,
-        agent: Weak<AgentShared>,
-        qps: Vec<QueuePair>,
-        slice_size: u64,
-        peer_notify_max: u32,
-        notify: NotifyPool,
-        writer: TcpLink,
-        socket: TcpStream,
-    ) -> Connection {
-        let max_send = qps.first().map_or(1, |q| u64::from(q.config().max_send_wr));
-        let tracks = qps.iter().map(|_| QpTrack::default()).collect();
-        let free_notify_slots = (0..notify.slots).rev().collect();
+    pub(crate) fn new(p: Parts) -> Connection {
+        let max_send = p
+            .lanes
+            .first()
+            .and_then(|l| l.qp.as_ref())
+            .map_or(1, |q| u64::from(q.config().max_send_wr));
+        let nrails = p.rail_names.len();
+        let now = Instant::now();
+        let slots = p.notify.first().map_or(0, |n| n.slots);
         Connection {
-            name,
-            agent,
+            name: p.name,
+            agent: p.agent,
+            initiator: p.initiator,
+            ids: p.ids,
+            nrails,
+            qps_per_rail: p.qps_per_rail,
+            rail_names: p.rail_names,
             max_send,
-            slice_size,
-            qps,
+            slice_size: p.slice_size,
+            stripe_min: p.stripe_min,
             remote: RwLock::new(HashMap::new()),
-            peer_notify_max,
-            notify,
-            writer: Mutex::new(writer),
-            socket,
+            peer_notify_max: p.peer_notify_max,
+            notify: p.notify,
+            writer: Mutex::new(p.writer),
+            socket: p.socket,
             lost: AtomicBool::new(false),
             closing: Mutex::new(None),
             ready: AtomicBool::new(false),
@@ -133,9 +198,11 @@ impl Connection {
                 pending: VecDeque::new(),
                 notify_due: VecDeque::new(),
                 active: Vec::new(),
-                tracks,
-                next_qp: 0,
-                free_notify_slots,
+                lanes: p.lanes,
+                rails: (0..nrails).map(|_| RailLink::new(slots, now)).collect(),
+                offers: (0..nrails).map(|_| None).collect(),
+                next_notify_id: 1,
+                seen: Seen::default(),
                 closed: false,
                 scratch: Vec::with_capacity(CHUNK),
             }),
@@ -185,6 +252,49 @@ impl Connection {
         })
     }
 
+    /// The queue pair numbers of the live lanes, rail-major.
+    pub(crate) fn qp_nums(&self) -> Vec<u32> {
+        let q = self.lock();
+        q.lanes
+            .iter()
+            .filter_map(|l| l.qp.as_ref().map(|qp| qp.qp_num()))
+            .collect()
+    }
+
+    /// Telemetry of every shared rail.
+    pub(crate) fn rail_stats(&self) -> Vec<RailStats> {
+        let q = self.lock();
+        q.rails
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let (dev, port) = self.rail_names[i].clone();
+                r.snapshot(i, dev, port)
+            })
+            .collect()
+    }
+
+    /// Why no rail is usable: each rail's state and last error.
+    pub(crate) fn rails_down_detail(&self, q: &Queues) -> String {
+        q.rails
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                format!(
+                    "rail {i} ({}:{}) {:?}{}",
+                    self.rail_names[i].0,
+                    self.rail_names[i].1,
+                    r.state,
+                    r.stats
+                        .last_error
+                        .as_deref()
+                        .map_or(String::new(), |e| format!(": {e}"))
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     /// Queues a transfer and posts what fits now.
     pub(crate) fn submit(&self, t: Arc<TransferState>) -> Result<(), Failure> {
         let mut q = self.lock();
@@ -193,6 +303,11 @@ impl Connection {
                 reason: self
                     .gone_reason()
                     .unwrap_or_else(|| "connection closed".into()),
+            });
+        }
+        if !q.rails.iter().any(|r| r.is_active()) {
+            return Err(Failure::NoRail {
+                detail: self.rails_down_detail(&q),
             });
         }
         q.active.push(t.clone());
@@ -206,269 +321,18 @@ impl Connection {
                 q.notify_due.push_back(t);
             }
         } else {
+            t.lock().queued = true;
             q.pending.push_back(t);
         }
         self.pump(&mut q);
         Ok(())
     }
 
-    /// Posts notifications that are due, then slices of the pending transfers, as far as the
-    /// send queues have room.
-    pub(crate) fn pump(&self, q: &mut Queues) {
-        if q.closed {
-            return;
-        }
-        if let Err(detail) = self
-            .pump_notifications(q)
-            .and_then(|()| self.pump_slices(q))
-        {
-            self.lose_locked(q, Failure::Post { detail });
-        }
-    }
-
-    fn room(&self, qi: usize) -> u64 {
-        self.max_send
-            .saturating_sub(self.qps[qi].send_outstanding())
-    }
-
-    fn pump_notifications(&self, q: &mut Queues) -> Result<(), String> {
-        while let Some(t) = q.notify_due.front().cloned() {
-            if t.lock().outcome.is_some() {
-                q.notify_due.pop_front();
-                continue;
-            }
-            if self.room(0) == 0 {
-                return Ok(());
-            }
-            let Some(slot) = q.free_notify_slots.pop() else {
-                return Ok(());
-            };
-            let data = t.notify.as_deref().unwrap_or(&[]);
-            let staged = self.notify.stage(slot, data).map_err(|e| e.to_string())?;
-            let seq = q.tracks[0].next_seq;
-            let sges: Vec<LocalSlice> = staged.into_iter().collect();
-            match self.qps[0].post_send(&SendRequest::send(&sges).id(seq)) {
-                Ok(()) => {}
-                Err(gdr::Error::QueueFull { .. }) => {
-                    q.free_notify_slots.push(slot);
-                    return Ok(());
-                }
-                Err(e) => return Err(format!("posting a notification: {e}")),
-            }
-            q.tracks[0].next_seq += 1;
-            q.tracks[0].posted.push_back(Posted::Notify {
-                seq,
-                transfer: t.clone(),
-                slot,
-            });
-            t.lock().notify = NotifyState::Posted;
-            q.notify_due.pop_front();
-        }
-        Ok(())
-    }
-
-    fn pump_slices(&self, q: &mut Queues) -> Result<(), String> {
-        let mut pieces = std::mem::take(&mut q.scratch);
-        let result = self.pump_slices_with(q, &mut pieces);
-        pieces.clear();
-        q.scratch = pieces;
-        result
-    }
-
-    fn pump_slices_with(&self, q: &mut Queues, pieces: &mut Vec<RdmaPiece>) -> Result<(), String> {
-        let nqp = self.qps.len();
-        while let Some(t) = q.pending.front().cloned() {
-            let mut p = t.lock();
-            if p.outcome.is_some() || t.all_posted(&p) {
-                drop(p);
-                q.pending.pop_front();
-                continue;
-            }
-            let op = match t.op {
-                crate::Op::Write => BatchOp::Write,
-                crate::Op::Read => BatchOp::Read,
-            };
-            let mut progressed = false;
-            for _ in 0..nqp {
-                let qi = q.next_qp;
-                q.next_qp = (q.next_qp + 1) % nqp;
-                let room = self.room(qi).min(CHUNK as u64) as usize;
-                if room == 0 {
-                    continue;
-                }
-                // Cut up to `room` slices from the transfer's cursor, all of one local segment
-                // (one batch is one local slice).
-                pieces.clear();
-                let local = t.runs[p.next_run].local;
-                let first = q.tracks[qi].next_seq;
-                while pieces.len() < room && p.next_run < t.runs.len() {
-                    let run = &t.runs[p.next_run];
-                    if run.local != local {
-                        break;
-                    }
-                    let len = (run.len - p.run_offset).min(self.slice_size);
-                    // In range: the plan checked the run against both segments.
-                    let remote = RemoteSlice::new(run.remote_addr + p.run_offset, len, run.rkey)
-                        .ok_or("a remote range overflows")?;
-                    pieces.push(RdmaPiece {
-                        offset: (run.local_offset + p.run_offset) as usize,
-                        remote,
-                        wr_id: first + pieces.len() as u64,
-                    });
-                    p.run_offset += len;
-                    if p.run_offset == run.len {
-                        p.next_run += 1;
-                        p.run_offset = 0;
-                    }
-                }
-                let n = pieces.len();
-                if let Err(e) = self.qps[qi].post_rdma_batch(op, &p.locals[local as usize], pieces)
-                {
-                    return Err(format!(
-                        "posting {n} requests on QP {:#x}: {e}",
-                        self.qps[qi].qp_num()
-                    ));
-                }
-                q.tracks[qi].next_seq += n as u64;
-                q.tracks[qi].posted.push_back(Posted::Slices {
-                    first,
-                    last: first + n as u64 - 1,
-                    transfer: t.clone(),
-                });
-                p.slices_posted += n as u64;
-                p.qps_mask |= 1 << qi;
-                progressed = true;
-                if t.all_posted(&p) {
-                    break;
-                }
-            }
-            if t.all_posted(&p) {
-                p.posted_at = Some(Instant::now());
-                drop(p);
-                q.pending.pop_front();
-                continue;
-            }
-            if !progressed {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// Handles a send-queue completion of queue pair `qi`.
-    pub(crate) fn on_send_completion(&self, qi: usize, c: &Completion) {
-        let mut q = self.lock();
-        if c.status != WcStatus::Success {
-            if !q.closed {
-                log::warn!(
-                    "peer {}: request {} on QP {:#x} completed with {} (vendor error {:#x}): the connection is broken",
-                    self.name,
-                    c.wr_id,
-                    c.qp_num,
-                    c.status,
-                    c.vendor_err
-                );
-            }
-            self.lose_locked(
-                &mut q,
-                Failure::Slice {
-                    qp_num: c.qp_num,
-                    status: c.status,
-                    vendor_err: c.vendor_err,
-                },
-            );
-            return;
-        }
-        let s = c.wr_id;
-        let mut due = Vec::new();
-        let mut freed = Vec::new();
-        let track = &mut q.tracks[qi];
-        while let Some(front) = track.posted.front_mut() {
-            match front {
-                Posted::Slices {
-                    first,
-                    last,
-                    transfer,
-                } if *first <= s => {
-                    let done = (*last).min(s) - *first + 1;
-                    let mut p = transfer.lock();
-                    if transfer.credit(&mut p, done) {
-                        due.push(transfer.clone());
-                    }
-                    drop(p);
-                    if *last <= s {
-                        track.posted.pop_front();
-                    } else {
-                        *first = s + 1;
-                        break;
-                    }
-                }
-                Posted::Notify {
-                    seq,
-                    transfer,
-                    slot,
-                } if *seq <= s => {
-                    let mut p = transfer.lock();
-                    p.notify = NotifyState::Delivered;
-                    transfer.finish(&mut p, Ok(()));
-                    drop(p);
-                    freed.push(*slot);
-                    track.posted.pop_front();
-                }
-                _ => break,
-            }
-        }
-        q.free_notify_slots.extend(freed);
-        q.notify_due.extend(due);
-        self.pump(&mut q);
-    }
-
-    /// Handles a receive completion (a notification) of the first queue pair.
-    pub(crate) fn on_recv_completion(&self, c: &Completion) -> Option<Notification> {
-        if c.status != WcStatus::Success {
-            if !self.is_lost() {
-                let mut q = self.lock();
-                self.lose_locked(
-                    &mut q,
-                    Failure::Slice {
-                        qp_num: c.qp_num,
-                        status: c.status,
-                        vendor_err: c.vendor_err,
-                    },
-                );
-            }
-            return None;
-        }
-        let Ok(slot) = u16::try_from(c.wr_id) else {
-            return None;
-        };
-        if slot >= self.notify.slots {
-            return None;
-        }
-        let data = match self.notify.take(slot, c.byte_len) {
-            Ok(d) => d,
-            Err(e) => {
-                log::error!("peer {}: reading notification slot {slot}: {e}", self.name);
-                Vec::new()
-            }
-        };
-        if let Err(e) = self.notify.post_recv(&self.qps[0], slot) {
-            if !self.is_lost() {
-                log::error!(
-                    "peer {}: reposting notification slot {slot}: {e}",
-                    self.name
-                );
-            }
-        }
-        Some(Notification {
-            peer: self.name.clone(),
-            data,
-        })
-    }
-
-    /// Fails transfers past their deadline, forgets finished ones, and posts what fits (room
-    /// may have been freed by completions gdr consumed on its own).
-    pub(crate) fn tick(&self, now: Instant) -> bool {
+    /// Fails transfers past their deadline, forgets finished ones, samples the rails'
+    /// throughput, starts the renewals that are due, and posts what fits (room may have been
+    /// freed by completions gdr consumed on its own). Returns the control messages to send
+    /// (after the lock is released) and whether transfers remain.
+    pub(crate) fn tick(&self, now: Instant) -> (Vec<Message>, bool) {
         let mut q = self.lock();
         q.active.retain(|t| {
             let mut p = t.lock();
@@ -481,8 +345,16 @@ impl Connection {
             }
             true
         });
+        for r in &mut q.rails {
+            r.sample(now);
+        }
+        let msgs = if q.closed {
+            Vec::new()
+        } else {
+            self.renewals_due(&mut q, now)
+        };
         self.pump(&mut q);
-        !q.active.is_empty()
+        (msgs, !q.active.is_empty())
     }
 
     /// Marks the peer lost: every unfinished transfer fails with `failure`, nothing more is
@@ -493,7 +365,7 @@ impl Connection {
         self.lose_locked(&mut q, failure);
     }
 
-    fn lose_locked(&self, q: &mut Queues, failure: Failure) {
+    pub(crate) fn lose_locked(&self, q: &mut Queues, failure: Failure) {
         if q.closed {
             return;
         }
@@ -503,34 +375,48 @@ impl Connection {
             Failure::Slice { status, qp_num, .. } => {
                 format!("a request on QP {qp_num:#x} completed with {status}")
             }
-            Failure::Post { detail } => detail.clone(),
+            Failure::NoRail { detail } => format!("no rail left: {detail}"),
             Failure::Timeout { after } => format!("timed out after {after:?}"),
             Failure::AgentClosed => "the agent was shut down".into(),
         };
         *self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
         self.lost.store(true, Ordering::Release);
-        for t in q.active.drain(..) {
-            let mut p = t.lock();
-            t.finish(&mut p, Err(failure.clone()));
+        self.fail_all(q, &failure);
+        for lane in &mut q.lanes {
+            lane.posted.clear();
         }
-        q.pending.clear();
-        q.notify_due.clear();
-        for track in &mut q.tracks {
-            track.posted.clear();
-        }
-        for qp in &self.qps {
-            if let Err(e) = qp.disconnect() {
-                log::debug!(
-                    "peer {}: moving QP {:#x} to error: {e}",
-                    self.name,
-                    qp.qp_num()
-                );
+        for lane in q
+            .lanes
+            .iter()
+            .chain(q.offers.iter().flatten().flat_map(|o| o.lanes.iter()))
+        {
+            if let Some(qp) = &lane.qp {
+                if let Err(e) = qp.disconnect() {
+                    log::debug!(
+                        "peer {}: moving QP {:#x} to error: {e}",
+                        self.name,
+                        qp.qp_num()
+                    );
+                }
             }
         }
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
     }
 
-    /// Sends a control message to the peer; a failure loses the peer.
+    /// Fails every unfinished transfer with `failure` and forgets the queues (records of
+    /// requests in flight stay: their completions still free their slots).
+    pub(crate) fn fail_all(&self, q: &mut Queues, failure: &Failure) {
+        for t in q.active.drain(..) {
+            let mut p = t.lock();
+            t.finish(&mut p, Err(failure.clone()));
+            p.queued = false;
+        }
+        q.pending.clear();
+        q.notify_due.clear();
+    }
+
+    /// Sends a control message to the peer; a failure loses the peer. Never call it with the
+    /// queues locked.
     pub(crate) fn send_control(&self, msg: &Message) {
         let result = msg.encode().map_err(|e| e.to_string()).and_then(|bytes| {
             self.writer
@@ -546,11 +432,23 @@ impl Connection {
         }
     }
 
-    /// Applies a control message from the peer (after the handshake). An error means the peer
-    /// must be dropped.
-    pub(crate) fn apply(&self, msg: Message) -> Result<(), String> {
+    /// Applies a control message from the peer (after the handshake); returns the answer to
+    /// send, if any. An error means the peer must be dropped.
+    pub(crate) fn apply(self: &Arc<Self>, msg: Message) -> Result<Option<Message>, String> {
+        match msg {
+            Message::RailRenew(r) => Ok(self.on_rail_renew(r)),
+            Message::RailRenewed(r) => {
+                self.on_rail_renewed(r);
+                Ok(None)
+            }
+            msg => self.apply_table(msg).map(|()| None),
+        }
+    }
+
+    /// Applies a segment-table message (the handshake's; a rail renewal there is an error).
+    pub(crate) fn apply_table(&self, msg: Message) -> Result<(), String> {
         let mut table = self.remote.write().unwrap_or_else(|p| p.into_inner());
-        apply_to(&mut table, msg)
+        apply_to(&mut table, msg, self.nrails)
     }
 }
 
@@ -558,10 +456,15 @@ impl Connection {
 pub(crate) const MAX_REMOTE_SEGMENTS: usize = 1 << 20;
 
 /// Applies a peer's control message to its segment table: announcements add (an id announced
-/// twice, or past [`MAX_REMOTE_SEGMENTS`], is the peer lying: an error, nothing of that message
-/// is kept), removals remove (unknown ids are ignored: a removal may cross an announcement),
-/// a goodbye or a second handshake message is an error.
-pub(crate) fn apply_to(table: &mut HashMap<u32, SegmentInfo>, msg: Message) -> Result<(), String> {
+/// twice, a segment without a key for each of the `rails` shared rails, or more than
+/// [`MAX_REMOTE_SEGMENTS`], is the peer lying: an error, nothing of that message is kept),
+/// removals remove (unknown ids are ignored: a removal may cross an announcement), a goodbye or
+/// a handshake message is an error.
+pub(crate) fn apply_to(
+    table: &mut HashMap<u32, SegmentInfo>,
+    msg: Message,
+    rails: usize,
+) -> Result<(), String> {
     match msg {
         Message::Segments(list) => {
             if table.len() + list.len() > MAX_REMOTE_SEGMENTS {
@@ -573,6 +476,13 @@ pub(crate) fn apply_to(table: &mut HashMap<u32, SegmentInfo>, msg: Message) -> R
             for s in &list {
                 if table.contains_key(&s.id) || !seen.insert(s.id) {
                     return Err(format!("announced segment {} twice", s.id));
+                }
+                if s.rkeys.len() < rails {
+                    return Err(format!(
+                        "announced segment {} with {} remote keys for {rails} shared rails",
+                        s.id,
+                        s.rkeys.len()
+                    ));
                 }
             }
             for s in list {
@@ -590,6 +500,9 @@ pub(crate) fn apply_to(table: &mut HashMap<u32, SegmentInfo>, msg: Message) -> R
         Message::Hello(_) | Message::Ready => {
             Err("unexpected handshake message after the handshake".into())
         }
+        Message::RailRenew(_) | Message::RailRenewed(_) => {
+            Err("a rail renewal during the handshake".into())
+        }
     }
 }
 
@@ -604,7 +517,7 @@ mod tests {
             name: format!("s{id}"),
             addr: 0x1000 * u64::from(id),
             len: 4096,
-            rkey: id,
+            rkeys: vec![id, id + 1],
             location: Location::Cpu { numa: None },
         }
     }
@@ -612,23 +525,28 @@ mod tests {
     #[test]
     fn a_peer_that_lies_about_its_segments_is_dropped_and_changes_nothing() {
         let mut t = HashMap::new();
-        apply_to(&mut t, Message::Segments(vec![seg(1), seg(2)])).unwrap();
+        apply_to(&mut t, Message::Segments(vec![seg(1), seg(2)]), 2).unwrap();
         // The same id again, in a later message or twice in one: refused, nothing added.
-        let e = apply_to(&mut t, Message::Segments(vec![seg(3), seg(1)])).unwrap_err();
+        let e = apply_to(&mut t, Message::Segments(vec![seg(3), seg(1)]), 2).unwrap_err();
         assert!(e.contains("segment 1 twice"), "{e}");
-        let e = apply_to(&mut t, Message::Segments(vec![seg(4), seg(4)])).unwrap_err();
+        let e = apply_to(&mut t, Message::Segments(vec![seg(4), seg(4)]), 2).unwrap_err();
         assert!(e.contains("segment 4 twice"), "{e}");
+        // Fewer keys than shared rails: the second rail could not address it.
+        let mut short = seg(5);
+        short.rkeys.truncate(1);
+        let e = apply_to(&mut t, Message::Segments(vec![seg(6), short]), 2).unwrap_err();
+        assert!(e.contains("1 remote keys for 2 shared rails"), "{e}");
         assert_eq!(t.len(), 2);
-        assert!(!t.contains_key(&3) && !t.contains_key(&4));
+        assert!(!t.contains_key(&3) && !t.contains_key(&4) && !t.contains_key(&6));
         // Removals of unknown ids are harmless; known ones go.
-        apply_to(&mut t, Message::Removed(vec![2, 99])).unwrap();
+        apply_to(&mut t, Message::Removed(vec![2, 99]), 2).unwrap();
         assert_eq!(t.keys().copied().collect::<Vec<_>>(), [1]);
         // A removed id announced again is a new segment (ids are never reused by honest peers,
         // and a dishonest one only redirects its own memory).
-        apply_to(&mut t, Message::Segments(vec![seg(2)])).unwrap();
+        apply_to(&mut t, Message::Segments(vec![seg(2)]), 2).unwrap();
         // Goodbye and handshake messages end the connection.
-        assert!(apply_to(&mut t, Message::Bye("x".into())).is_err());
-        assert!(apply_to(&mut t, Message::Ready).is_err());
+        assert!(apply_to(&mut t, Message::Bye("x".into()), 2).is_err());
+        assert!(apply_to(&mut t, Message::Ready, 2).is_err());
     }
 
     #[test]
@@ -638,11 +556,12 @@ mod tests {
             .collect();
         let e = apply_to(
             &mut t,
-            Message::Segments(vec![seg(u32::MAX - 1), seg(u32::MAX)]),
+            Message::Segments(vec![seg(u32::MAX - 2), seg(u32::MAX - 1)]),
+            1,
         )
         .unwrap_err();
         assert!(e.contains("more than"), "{e}");
         assert_eq!(t.len(), MAX_REMOTE_SEGMENTS - 1);
-        apply_to(&mut t, Message::Segments(vec![seg(u32::MAX)])).unwrap();
+        apply_to(&mut t, Message::Segments(vec![seg(u32::MAX - 1)]), 1).unwrap();
     }
 }

@@ -10,7 +10,7 @@ use gdr::connect::TcpLink;
 use gdr::qp::QueuePair;
 
 use crate::agent::AgentShared;
-use crate::connection::Connection;
+use crate::connection::{Connection, Lane, Parts};
 use crate::error::{Error, Result};
 use crate::notify::NotifyPool;
 use crate::transfer::Failure;
@@ -145,19 +145,26 @@ pub(crate) fn establish(
     writer.set_timeout(Some(timeout))?;
     let cfg = &agent.config;
 
-    let hello = |qps: &[QueuePair]| {
+    let hello = |rails: &[Vec<QueuePair>]| {
         Message::Hello(Hello {
             name: cfg.name.clone(),
-            endpoints: qps.iter().map(|q| q.endpoint()).collect(),
+            rails: rails
+                .iter()
+                .map(|qps| qps.iter().map(|q| q.endpoint()).collect())
+                .collect(),
             notify_slots: cfg.notify_slots,
             notify_max: cfg.notify_max,
         })
     };
-    let (qps, theirs) = if initiator {
-        let qps = agent.create_qps(usize::from(cfg.qps_per_peer))?;
-        send(&mut writer, &hello(&qps))?;
+    let create = |rails: usize, width: usize| -> Result<Vec<Vec<QueuePair>>> {
+        (0..rails).map(|r| agent.create_qps(r, width)).collect()
+    };
+    let (mut rails, theirs) = if initiator {
+        let rails = create(agent.rails.len(), usize::from(cfg.qps_per_peer))?;
+        send(&mut writer, &hello(&rails))?;
         let theirs = expect_hello(&mut reader, &addr)?;
-        if theirs.endpoints.len() != qps.len() {
+        let width = theirs.rails[0].len();
+        if width != rails[0].len() || theirs.rails.len() > rails.len() {
             return Err(refuse(
                 &mut writer,
                 Linger {
@@ -167,21 +174,27 @@ pub(crate) fn establish(
                 Error::protocol(
                     &theirs.name,
                     format!(
-                        "answered with {} queue pairs, we offered {}",
-                        theirs.endpoints.len(),
-                        qps.len()
+                        "answered with {} rails of {width} queue pairs, we offered {} of {}",
+                        theirs.rails.len(),
+                        rails.len(),
+                        rails[0].len()
                     ),
                 ),
             ));
         }
-        (qps, theirs)
+        (rails, theirs)
     } else {
         let theirs = expect_hello(&mut reader, &addr)?;
-        let n = theirs.endpoints.len().min(MAX_QPS);
-        let qps = agent.create_qps(n)?;
-        send(&mut writer, &hello(&qps))?;
-        (qps, theirs)
+        let n = theirs.rails.len().min(agent.rails.len());
+        let width = theirs.rails[0].len().min(MAX_QPS);
+        let rails = create(n, width)?;
+        send(&mut writer, &hello(&rails))?;
+        (rails, theirs)
     };
+    // Rails are paired by position: both use the first `n`.
+    let n = theirs.rails.len().min(rails.len());
+    rails.truncate(n);
+    let qps_per_rail = rails[0].len();
     if theirs.name == cfg.name {
         return Err(refuse(
             &mut writer,
@@ -196,23 +209,39 @@ pub(crate) fn establish(
         ));
     }
 
-    let notify = NotifyPool::new(&agent.pd, cfg.notify_slots, cfg.notify_max)?;
-    for slot in 0..notify.slots {
-        notify.post_recv(&qps[0], slot)?;
+    let mut lanes = Vec::with_capacity(n * qps_per_rail);
+    let mut notify = Vec::with_capacity(n);
+    for (r, qps) in rails.into_iter().enumerate() {
+        let pool = NotifyPool::new(&agent.rails[r].pd, cfg.notify_slots, cfg.notify_max)?;
+        let first = lanes.len();
+        lanes.extend(qps.into_iter().map(|qp| Lane::new(qp, &agent.ids)));
+        if let Some(qp) = &lanes[first].qp {
+            pool.post_all(qp, lanes[first].gen)?;
+        }
+        notify.push(pool);
     }
-    for (qp, e) in qps.iter().zip(&theirs.endpoints) {
-        qp.connect(e)?;
+    for (lane, e) in lanes.iter().zip(theirs.rails.iter().flatten()) {
+        if let Some(qp) = &lane.qp {
+            qp.connect(e)?;
+        }
     }
-    let conn = Arc::new(Connection::new(
-        theirs.name.clone(),
-        Arc::downgrade(agent),
-        qps,
-        cfg.slice_size,
-        theirs.notify_max,
+    let mut rail_names = agent.rail_names();
+    rail_names.truncate(n);
+    let conn = Arc::new(Connection::new(Parts {
+        name: theirs.name.clone(),
+        agent: Arc::downgrade(agent),
+        initiator,
+        ids: agent.ids.clone(),
+        lanes,
+        qps_per_rail,
+        rail_names,
+        slice_size: cfg.slice_size,
+        stripe_min: cfg.stripe_min,
+        peer_notify_max: theirs.notify_max,
         notify,
         writer,
         socket,
-    ));
+    }));
     // Publish the connection (so later registrations reach it) and send our segment table in
     // one step under the segment table's lock, holding the writer across it: any announcement
     // made after the snapshot is sent after it, in order.
@@ -248,7 +277,7 @@ pub(crate) fn establish(
         match recv(&mut reader, &conn.name) {
             Ok(Message::Ready) => break Ok(()),
             Ok(msg) => {
-                if let Err(detail) = conn.apply(msg) {
+                if let Err(detail) = conn.apply_table(msg) {
                     break Err(Error::protocol(&conn.name, detail));
                 }
             }
@@ -273,10 +302,11 @@ pub(crate) fn establish(
     // Joined when the agent is dropped (after its socket is shut down, which ends it).
     agent.keep_thread(reader_thread);
     log::info!(
-        "{}: connected to {} at {addr} ({} queue pairs, {} segments)",
+        "{}: connected to {} at {addr} ({} rails x {} queue pairs, {} segments)",
         cfg.name,
         conn.name,
-        conn.qps.len(),
+        conn.nrails,
+        conn.qps_per_rail,
         conn.remote.read().map_or(0, |t| t.len())
     );
     Ok(conn)
@@ -287,11 +317,11 @@ pub(crate) fn establish(
 fn read_control(agent: Weak<AgentShared>, conn: Arc<Connection>, mut link: TcpLink) {
     let reason = loop {
         match recv(&mut link, &conn.name) {
-            Ok(msg) => {
-                if let Err(detail) = conn.apply(msg) {
-                    break detail;
-                }
-            }
+            Ok(msg) => match conn.apply(msg) {
+                Ok(Some(answer)) => conn.send_control(&answer),
+                Ok(None) => {}
+                Err(detail) => break detail,
+            },
             Err(e) => break format!("control connection: {e}"),
         }
     };

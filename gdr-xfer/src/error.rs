@@ -131,6 +131,19 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// Every rail to the peer failed (link down, retries exceeded) and none was re-admitted
+    /// yet; pending transfers to it failed. The connection stays: rails come back after a
+    /// successful probe.
+    #[error("transfer to {peer:?}: no rail left: {detail}{hint}")]
+    NoRail {
+        /// The peer's name.
+        peer: String,
+        /// The rails and why each is paused.
+        detail: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// The agent was dropped; its transfers were failed and its connections closed.
     #[error("the agent was shut down")]
     AgentClosed,

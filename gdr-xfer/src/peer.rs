@@ -22,7 +22,8 @@ impl std::fmt::Debug for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Peer")
             .field("name", &self.conn.name)
-            .field("qps", &self.conn.qps.len())
+            .field("rails", &self.conn.nrails)
+            .field("qps_per_rail", &self.conn.qps_per_rail)
             .field("lost", &self.conn.is_lost())
             .finish()
     }
@@ -45,9 +46,17 @@ impl Peer {
         self.conn.gone_reason()
     }
 
-    /// The queue pair numbers of the connection (one per queue pair).
+    /// The queue pair numbers of the connection's working lanes (rail-major; a failed
+    /// rail's are missing until it is renewed, with new numbers).
     pub fn qp_nums(&self) -> Vec<u32> {
-        self.conn.qps.iter().map(|q| q.qp_num()).collect()
+        self.conn.qp_nums()
+    }
+
+    /// Per shared rail: its state (active, paused after a failure, renewing, probing), bytes
+    /// and slices completed, errors, slices failed over, renewals, re-admissions, bytes in
+    /// flight, measured throughput, the last error and the last failover time.
+    pub fn rail_stats(&self) -> Vec<crate::RailStats> {
+        self.conn.rail_stats()
     }
 
     /// The peer's segments, as it last announced them.
@@ -229,26 +238,41 @@ impl Peer {
         }
         let plan = {
             let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
-            let mut planner = Planner::new(&self.conn.name, &table, capacity);
+            let mut planner = Planner::new(&self.conn.name, &table, self.conn.nrails, capacity);
             plan(&mut planner)?;
             planner.finish()?
         };
         let plan_time = started.elapsed();
         let timeout = opts.timeout.unwrap_or(agent.config.default_timeout);
-        let state = Arc::new(TransferState::new(
+        let rail_mask = plan
+            .locals
+            .first()
+            .map_or(u32::MAX, |l| agent.rail_mask(l.info.location));
+        let mut state = TransferState::new(
             op,
             self.conn.name.clone(),
             timeout,
             plan.locals,
             plan.runs,
+            plan.rkeys,
+            self.conn.nrails,
             self.conn.slice_size,
             plan.descriptors,
             opts.notify.clone(),
-        ));
+        );
+        state.rail_mask = rail_mask;
+        let state = Arc::new(state);
         self.conn.submit(state.clone()).map_err(|f| match f {
             Failure::PeerLost { reason } => Error::PeerLost {
                 peer: self.conn.name.clone(),
                 reason,
+            },
+            Failure::NoRail { detail } => Error::NoRail {
+                peer: self.conn.name.clone(),
+                detail,
+                hint: crate::Hint::new(
+                    "every rail to the peer failed: check the links (gdr doctor, ibstat); a rail is re-admitted once a probe on it succeeds",
+                ),
             },
             _ => Error::AgentClosed,
         })?;

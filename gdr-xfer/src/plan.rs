@@ -4,8 +4,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use gdr::mr::LocalSlice;
-
 use crate::descriptor::{check_local, BlockTable, Desc, LocalList, RemoteList};
 use crate::error::{Error, Result};
 use crate::segment::SegmentInner;
@@ -14,7 +12,9 @@ use crate::wire::SegmentInfo;
 
 /// The checked, merged form of a transfer.
 pub(crate) struct Plan {
-    pub(crate) locals: Vec<LocalSlice>,
+    pub(crate) locals: Vec<Arc<SegmentInner>>,
+    /// Remote keys of the remote segments the runs name, `rails` per segment.
+    pub(crate) rkeys: Vec<u32>,
     pub(crate) runs: Vec<Run>,
     pub(crate) descriptors: u64,
 }
@@ -23,9 +23,13 @@ pub(crate) struct Plan {
 pub(crate) struct Planner<'t> {
     peer: &'t str,
     table: &'t HashMap<u32, SegmentInfo>,
-    locals: Vec<LocalSlice>,
-    local_ids: Vec<*const SegmentInner>,
+    /// Rails shared with the peer (remote keys kept per remote segment).
+    rails: usize,
+    locals: Vec<Arc<SegmentInner>>,
     last_local: usize,
+    /// Remote segment id -> its index in the plan.
+    remote_ids: HashMap<u32, u32>,
+    rkeys: Vec<u32>,
     last_remote: Option<(u32, u64, u64, u32)>,
     runs: Vec<Run>,
     descriptors: u64,
@@ -35,14 +39,17 @@ impl<'t> Planner<'t> {
     pub(crate) fn new(
         peer: &'t str,
         table: &'t HashMap<u32, SegmentInfo>,
+        rails: usize,
         capacity: usize,
     ) -> Self {
         Planner {
             peer,
             table,
+            rails: rails.max(1),
             locals: Vec::new(),
-            local_ids: Vec::new(),
             last_local: usize::MAX,
+            remote_ids: HashMap::new(),
+            rkeys: Vec::new(),
             last_remote: None,
             runs: Vec::with_capacity(capacity),
             descriptors: 0,
@@ -51,27 +58,25 @@ impl<'t> Planner<'t> {
 
     /// The index of a local segment in the plan (added on first use).
     fn local(&mut self, seg: &Arc<SegmentInner>) -> u32 {
-        let id = Arc::as_ptr(seg);
-        if self.last_local < self.local_ids.len() && self.local_ids[self.last_local] == id {
+        if self.last_local < self.locals.len() && Arc::ptr_eq(&self.locals[self.last_local], seg) {
             return self.last_local as u32;
         }
-        let i = match self.local_ids.iter().position(|&p| p == id) {
+        let i = match self.locals.iter().position(|p| Arc::ptr_eq(p, seg)) {
             Some(i) => i,
             None => {
-                self.local_ids.push(id);
-                self.locals.push(seg.whole.clone());
-                self.local_ids.len() - 1
+                self.locals.push(seg.clone());
+                self.locals.len() - 1
             }
         };
         self.last_local = i;
         i as u32
     }
 
-    /// (address, length, rkey) of a remote segment.
+    /// (address, length, index in the plan's remote segments) of a remote segment.
     fn remote(&mut self, id: u32) -> Result<(u64, u64, u32)> {
-        if let Some((rid, addr, len, rkey)) = self.last_remote {
+        if let Some((rid, addr, len, idx)) = self.last_remote {
             if rid == id {
-                return Ok((addr, len, rkey));
+                return Ok((addr, len, idx));
             }
         }
         let s = self.table.get(&id).ok_or_else(|| Error::UnknownSegment {
@@ -79,8 +84,17 @@ impl<'t> Planner<'t> {
             segment: id,
             hint: "the peer never registered it or deregistered it: list its segments with Peer::segments".into(),
         })?;
-        self.last_remote = Some((id, s.addr, s.len, s.rkey));
-        Ok((s.addr, s.len, s.rkey))
+        let next = self.remote_ids.len() as u32;
+        let idx = *self.remote_ids.entry(id).or_insert(next);
+        if idx == next {
+            // The table holds only segments with a key for every shared rail (checked when
+            // the peer announced them).
+            for r in 0..self.rails {
+                self.rkeys.push(s.rkeys.get(r).copied().unwrap_or(0));
+            }
+        }
+        self.last_remote = Some((id, s.addr, s.len, idx));
+        Ok((s.addr, s.len, idx))
     }
 
     fn check_remote(index: usize, segment: u32, seg_len: u64, offset: u64, len: u64) -> Result<()> {
@@ -101,11 +115,11 @@ impl<'t> Planner<'t> {
 
     /// Appends a checked piece, merging it into the previous run when it continues it on both
     /// sides.
-    fn push(&mut self, local: u32, local_offset: u64, remote_addr: u64, rkey: u32, len: u64) {
+    fn push(&mut self, local: u32, local_offset: u64, remote_addr: u64, remote: u32, len: u64) {
         self.descriptors += 1;
         if let Some(last) = self.runs.last_mut() {
             if last.local == local
-                && last.rkey == rkey
+                && last.remote == remote
                 && last.local_offset + last.len == local_offset
                 && last.remote_addr + last.len == remote_addr
             {
@@ -117,7 +131,7 @@ impl<'t> Planner<'t> {
             local,
             local_offset,
             remote_addr,
-            rkey,
+            remote,
             len,
         });
     }
@@ -126,10 +140,10 @@ impl<'t> Planner<'t> {
     pub(crate) fn descs(&mut self, descs: &[Desc<'_>]) -> Result<()> {
         for (i, d) in descs.iter().enumerate() {
             check_local(i, d.local, d.local_offset, d.len)?;
-            let (addr, seg_len, rkey) = self.remote(d.remote)?;
+            let (addr, seg_len, remote) = self.remote(d.remote)?;
             Self::check_remote(i, d.remote, seg_len, d.remote_offset, d.len)?;
             let l = self.local(&d.local.inner);
-            self.push(l, d.local_offset, addr + d.remote_offset, rkey, d.len);
+            self.push(l, d.local_offset, addr + d.remote_offset, remote, d.len);
         }
         Ok(())
     }
@@ -154,7 +168,7 @@ impl<'t> Planner<'t> {
         }
         // How many whole blocks fit on each side.
         let local_blocks = t.local.len().saturating_sub(t.local_base) / t.block_len;
-        let (addr, seg_len, rkey) = self.remote(t.remote)?;
+        let (addr, seg_len, remote) = self.remote(t.remote)?;
         let remote_blocks = seg_len.saturating_sub(t.remote_base) / t.block_len;
         let l = self.local(&t.local.inner);
         self.runs.reserve(t.local_blocks.len());
@@ -181,7 +195,7 @@ impl<'t> Planner<'t> {
             // run on both sides extends it.
             if let Some(last) = self.runs.last_mut() {
                 if last.local == l
-                    && last.rkey == rkey
+                    && last.remote == remote
                     && last.local_offset + last.len == local_offset
                     && last.remote_addr + last.len == remote_addr
                 {
@@ -193,7 +207,7 @@ impl<'t> Planner<'t> {
                 local: l,
                 local_offset,
                 remote_addr,
-                rkey,
+                remote,
                 len,
             });
         }
@@ -256,10 +270,10 @@ impl<'t> Planner<'t> {
             }
             // The peer may have deregistered (or replaced) the segment since the list was
             // prepared: look it up again.
-            let (addr, seg_len, rkey) = self.remote(rid)?;
+            let (addr, seg_len, remote) = self.remote(rid)?;
             Self::check_remote(i, rid, seg_len, roff, rlen)?;
             let l = self.local(seg);
-            self.push(l, *loff, addr + roff, rkey, rlen);
+            self.push(l, *loff, addr + roff, remote, rlen);
         }
         Ok(())
     }
@@ -273,6 +287,7 @@ impl<'t> Planner<'t> {
         }
         Ok(Plan {
             locals: self.locals,
+            rkeys: self.rkeys,
             runs: self.runs,
             descriptors: self.descriptors,
         })

@@ -1,6 +1,7 @@
-//! The progress thread: one per agent. It reaps the agent's completion queue, credits
-//! completions to transfers, posts what waits for room, delivers notifications, and fails
-//! transfers past their deadline. It polls while work completes and sleeps on the completion
+//! The progress threads: one per rail. Each reaps its rail's completion queue, credits
+//! completions to transfers, posts what waits for room, delivers notifications; rail 0's also
+//! fails transfers past their deadline, samples the rails' throughput and starts rail
+//! renewals. It polls while work completes and sleeps on the completion
 //! channel otherwise (waking at least every [`TICK`] for deadlines), so an idle agent costs no
 //! CPU. The caller's thread never waits for it: submitting posts what fits at once.
 
@@ -15,13 +16,14 @@ use crate::agent::AgentShared;
 /// Longest sleep, and the period of deadline checks.
 pub(crate) const TICK: Duration = Duration::from_millis(5);
 
-pub(crate) fn run(agent: Arc<AgentShared>) {
+pub(crate) fn run(agent: Arc<AgentShared>, rail: usize) {
+    let cq = agent.rails[rail].cq.clone();
     let mut wcs = vec![Completion::default(); 64];
     let mut last_work = Instant::now();
     let mut last_tick = Instant::now();
     let mut armed = false;
     while !agent.shutdown.load(Ordering::Acquire) {
-        let n = match agent.cq.poll(&mut wcs) {
+        let n = match cq.poll(&mut wcs) {
             Ok(n) => n,
             Err(e) => {
                 log::error!("{}: polling the completion queue: {e}", agent.config.name);
@@ -30,32 +32,35 @@ pub(crate) fn run(agent: Arc<AgentShared>) {
             }
         };
         for c in &wcs[..n] {
-            handle(&agent, c);
+            handle(&agent, rail, c);
         }
         if n < wcs.len() {
-            agent.drained();
+            agent.drained(rail);
         }
         let now = Instant::now();
         if n > 0 {
             last_work = now;
             armed = false;
         }
-        if now.duration_since(last_tick) >= TICK {
+        if rail == 0 && now.duration_since(last_tick) >= TICK {
             last_tick = now;
             for conn in agent.peer_list() {
-                conn.tick(now);
+                let (msgs, _) = conn.tick(now);
+                for m in &msgs {
+                    conn.send_control(m);
+                }
             }
         }
         if n == 0 && now.duration_since(last_work) >= agent.config.busy_poll {
             if !armed {
-                if let Err(e) = agent.cq.arm() {
+                if let Err(e) = cq.arm() {
                     log::error!("{}: arming the completion queue: {e}", agent.config.name);
                 }
                 armed = true;
                 // A completion may have arrived before the arm: poll once more first.
                 continue;
             }
-            match agent.cq.wait(TICK) {
+            match cq.wait(TICK) {
                 Ok(true) => armed = false,
                 Ok(false) => {}
                 Err(e) => {
@@ -67,16 +72,16 @@ pub(crate) fn run(agent: Arc<AgentShared>) {
     }
 }
 
-fn handle(agent: &AgentShared, c: &Completion) {
-    let Some((conn, qi)) = agent.route(c.qp_num) else {
+fn handle(agent: &AgentShared, rail: usize, c: &Completion) {
+    let Some((conn, lane)) = agent.route(rail, c.qp_num) else {
         log::debug!("completion for QP {:#x} of no live peer dropped", c.qp_num);
         return;
     };
     if c.is_recv {
-        if let Some(n) = conn.on_recv_completion(c) {
+        if let Some(n) = conn.on_recv_completion(lane, c) {
             agent.deliver(n);
         }
     } else {
-        conn.on_send_completion(qi, c);
+        conn.on_send_completion(lane, c);
     }
 }

@@ -17,20 +17,21 @@ use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::wire::SegmentInfo;
 
-/// The registration under a segment.
+/// The registrations under a segment: one per rail of the agent (rail 0 first), all of the
+/// same memory at the same address.
 #[derive(Clone)]
 pub(crate) enum Backing {
-    /// Host memory the registration owns.
-    Host(Arc<MemoryRegion>),
-    /// GPU memory registered for the NIC.
-    Gpu(Arc<GpuMemoryRegion>),
+    /// Host memory the first registration owns (the others are `register_again` of it).
+    Host(Arc<Vec<Arc<MemoryRegion>>>),
+    /// GPU memory registered for each rail's NIC.
+    Gpu(Arc<Vec<Arc<GpuMemoryRegion>>>),
 }
 
 pub(crate) struct SegmentInner {
     pub(crate) info: SegmentInfo,
-    /// The segment's bytes as a local slice: holds the registration alive, and every slice a
-    /// transfer posts is cut from it.
-    pub(crate) whole: LocalSlice,
+    /// The segment's bytes as a local slice, per rail: holds the registrations alive, and
+    /// every slice a transfer posts on a rail is cut from that rail's.
+    pub(crate) whole: Vec<LocalSlice>,
     /// Offset of the segment's byte 0 in its registration.
     pub(crate) base: usize,
     pub(crate) backing: Backing,
@@ -62,8 +63,14 @@ impl Segment {
     pub(crate) fn new(info: SegmentInfo, backing: Backing, base: usize) -> Result<Segment> {
         let end = base + info.len as usize;
         let whole = match &backing {
-            Backing::Host(m) => m.slice(base..end)?,
-            Backing::Gpu(m) => m.slice(base..end)?,
+            Backing::Host(m) => m
+                .iter()
+                .map(|r| r.slice(base..end))
+                .collect::<gdr::Result<Vec<_>>>()?,
+            Backing::Gpu(m) => m
+                .iter()
+                .map(|r| r.slice(base..end))
+                .collect::<gdr::Result<Vec<_>>>()?,
         };
         Ok(Segment {
             inner: Arc::new(SegmentInner {
@@ -118,8 +125,14 @@ impl Segment {
     /// checks): it upgrades while the segment or any request in flight still uses it.
     pub fn registration_weak(&self) -> RegistrationWeak {
         match &self.inner.backing {
-            Backing::Host(m) => RegistrationWeak::Host(Arc::downgrade(m)),
-            Backing::Gpu(m) => RegistrationWeak::Gpu(Arc::downgrade(m)),
+            Backing::Host(m) => RegistrationWeak {
+                host: m.iter().map(Arc::downgrade).collect(),
+                gpu: Vec::new(),
+            },
+            Backing::Gpu(m) => RegistrationWeak {
+                host: Vec::new(),
+                gpu: m.iter().map(Arc::downgrade).collect(),
+            },
         }
     }
 
@@ -148,8 +161,9 @@ impl Segment {
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let at = self.check_range("local", offset, out.len())?;
         match &self.inner.backing {
-            Backing::Host(m) => Ok(m.read(at, out)?),
+            Backing::Host(m) => Ok(m[0].read(at, out)?),
             Backing::Gpu(m) => {
+                let m = &m[0];
                 m.flush_rdma_writes()?;
                 let buf = m.buffer().ok_or_else(|| {
                     Error::invalid(
@@ -181,8 +195,9 @@ impl Segment {
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         let at = self.check_range("local", offset, data.len())?;
         match &self.inner.backing {
-            Backing::Host(m) => Ok(m.write(at, data)?),
+            Backing::Host(m) => Ok(m[0].write(at, data)?),
             Backing::Gpu(m) => {
+                let m = &m[0];
                 let buf = m.buffer().ok_or_else(|| {
                     Error::invalid(
                         "GPU segment without a DeviceBuffer",
@@ -196,21 +211,24 @@ impl Segment {
     }
 }
 
-/// A weak reference to a segment's registration ([`Segment::registration_weak`]).
+/// Weak references to a segment's registrations, one per rail
+/// ([`Segment::registration_weak`]).
 #[derive(Debug, Clone)]
-pub enum RegistrationWeak {
-    /// A host registration.
-    Host(std::sync::Weak<MemoryRegion>),
-    /// A GPU registration.
-    Gpu(std::sync::Weak<GpuMemoryRegion>),
+pub struct RegistrationWeak {
+    host: Vec<std::sync::Weak<MemoryRegion>>,
+    gpu: Vec<std::sync::Weak<GpuMemoryRegion>>,
 }
 
 impl RegistrationWeak {
-    /// Whether the registration still exists (something still holds it).
+    /// Whether a registration still exists on any rail (something still holds it).
     pub fn is_alive(&self) -> bool {
-        match self {
-            RegistrationWeak::Host(w) => w.strong_count() > 0,
-            RegistrationWeak::Gpu(w) => w.strong_count() > 0,
-        }
+        self.host.iter().any(|w| w.strong_count() > 0)
+            || self.gpu.iter().any(|w| w.strong_count() > 0)
+    }
+
+    /// Rails whose registration still exists.
+    pub fn alive_rails(&self) -> usize {
+        self.host.iter().filter(|w| w.strong_count() > 0).count()
+            + self.gpu.iter().filter(|w| w.strong_count() > 0).count()
     }
 }

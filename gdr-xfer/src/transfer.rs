@@ -12,11 +12,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use gdr::mr::LocalSlice;
 use gdr::WcStatus;
 
 use crate::descriptor::Op;
 use crate::error::{Error, Hint, Result};
+use crate::segment::SegmentInner;
 
 /// A run: bytes contiguous on both sides, after merging adjacent descriptors.
 #[derive(Debug, Clone, Copy)]
@@ -25,10 +25,17 @@ pub(crate) struct Run {
     pub(crate) local: u32,
     /// Offset in that segment.
     pub(crate) local_offset: u64,
-    /// Remote address and key.
+    /// Remote address, and the index of the remote segment in the transfer's key table.
     pub(crate) remote_addr: u64,
-    pub(crate) rkey: u32,
+    pub(crate) remote: u32,
     pub(crate) len: u64,
+}
+
+/// A position in a transfer's runs: run index and byte offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Cursor {
+    pub(crate) run: usize,
+    pub(crate) offset: u64,
 }
 
 /// Where a transfer stands.
@@ -56,7 +63,8 @@ pub(crate) enum Failure {
         status: WcStatus,
         vendor_err: u32,
     },
-    Post {
+    /// Every rail to the peer is paused (failed and not yet re-admitted).
+    NoRail {
         detail: String,
     },
     AgentClosed,
@@ -75,6 +83,11 @@ pub struct TransferStats {
     pub slices: u64,
     /// Queue pairs that carried slices.
     pub qps_used: u32,
+    /// Rails that carried slices.
+    pub rails_used: u32,
+    /// Slices posted again on another rail after their rail failed (each landed once in the
+    /// end: retries write or read the same bytes).
+    pub retried_slices: u64,
     /// From submission until the last slice was posted.
     pub time_to_post: Duration,
     /// From submission until the transfer finished.
@@ -90,10 +103,21 @@ pub(crate) struct Progress {
     /// The local segments the runs name, while there is something left to post: released when
     /// the transfer finishes (requests in flight hold what they use themselves), so a finished
     /// transfer's handle keeps no memory registered.
-    pub(crate) locals: Vec<LocalSlice>,
+    pub(crate) locals: Vec<Arc<SegmentInner>>,
     /// Next run to post, and the offset in it.
     pub(crate) next_run: usize,
     pub(crate) run_offset: u64,
+    /// Ranges posted on a rail that failed before they completed, to post again.
+    pub(crate) retry: Vec<(Cursor, Cursor)>,
+    /// Whether the transfer is in its connection's pending queue.
+    pub(crate) queued: bool,
+    /// The rail a small transfer keeps to (chosen at its first post).
+    pub(crate) rail_pin: Option<usize>,
+    pub(crate) retried_slices: u64,
+    pub(crate) rails_mask: u32,
+    /// The notification's number on its connection (for the target to drop a repeat sent
+    /// again after a rail failed).
+    pub(crate) notify_id: u64,
     pub(crate) slices_posted: u64,
     pub(crate) slices_done: u64,
     /// Notification: not needed / waiting for the data / posted / delivered.
@@ -122,6 +146,11 @@ pub(crate) struct TransferState {
     pub(crate) timeout: Duration,
     pub(crate) deadline: Option<Instant>,
     pub(crate) runs: Vec<Run>,
+    /// Remote keys: `rails` per remote segment of the runs.
+    pub(crate) rkeys: Vec<u32>,
+    pub(crate) rails: usize,
+    /// The rails it prefers (nearest its memory; bit per rail).
+    pub(crate) rail_mask: u32,
     pub(crate) slices_total: u64,
     pub(crate) bytes: u64,
     pub(crate) descriptors: u64,
@@ -136,8 +165,10 @@ impl TransferState {
         op: Op,
         peer: String,
         timeout: Duration,
-        locals: Vec<LocalSlice>,
+        locals: Vec<Arc<SegmentInner>>,
         runs: Vec<Run>,
+        rkeys: Vec<u32>,
+        rails: usize,
         slice_size: u64,
         descriptors: u64,
         notify: Option<Vec<u8>>,
@@ -166,6 +197,9 @@ impl TransferState {
             timeout,
             deadline: started.checked_add(timeout),
             runs,
+            rkeys,
+            rails: rails.max(1),
+            rail_mask: u32::MAX,
             slices_total,
             bytes,
             descriptors,
@@ -174,6 +208,12 @@ impl TransferState {
                 locals,
                 next_run: 0,
                 run_offset: 0,
+                retry: Vec::new(),
+                queued: false,
+                rail_pin: None,
+                retried_slices: 0,
+                rails_mask: 0,
+                notify_id: 0,
                 slices_posted: 0,
                 slices_done: 0,
                 notify: notify_state,
@@ -228,7 +268,12 @@ impl TransferState {
     }
 
     pub(crate) fn all_posted(&self, p: &Progress) -> bool {
-        p.next_run >= self.runs.len()
+        p.next_run >= self.runs.len() && p.retry.is_empty()
+    }
+
+    /// The remote key of run `run` on rail `rail`.
+    pub(crate) fn rkey(&self, run: &Run, rail: usize) -> u32 {
+        self.rkeys[run.remote as usize * self.rails + rail]
     }
 
     fn stats(&self, p: &Progress) -> TransferStats {
@@ -238,6 +283,8 @@ impl TransferState {
             runs: self.runs.len() as u64,
             slices: self.slices_total,
             qps_used: p.qps_mask.count_ones(),
+            rails_used: p.rails_mask.count_ones(),
+            retried_slices: p.retried_slices,
             time_to_post: p
                 .posted_at
                 .map_or(Duration::ZERO, |t| t.duration_since(self.started)),
@@ -279,9 +326,12 @@ impl TransferState {
                     _ => "the connection to the peer is broken: connect again",
                 }),
             },
-            Failure::Post { detail } => Error::PeerLost {
+            Failure::NoRail { detail } => Error::NoRail {
                 peer: self.peer.clone(),
-                reason: format!("posting failed: {detail}"),
+                detail: detail.clone(),
+                hint: Hint::new(
+                    "every rail to the peer failed: check the links (gdr doctor, ibstat); the agent re-admits a rail once a probe on it succeeds",
+                ),
             },
             Failure::AgentClosed => Error::AgentClosed,
         }

@@ -1,19 +1,27 @@
-//! The control messages agents exchange over their TCP link, version 1. Everything is
+//! The control messages agents exchange over their TCP link, version 2. Everything is
 //! big-endian; each message travels in one gdr frame ([`gdr::connect::TcpLink::send_bytes`],
 //! at most [`gdr::connect::wire::MAX_BODY`] bytes).
 //!
 //! ```text
 //! header:   magic "GXF1" | version u16 | kind u8 | reserved u8
 //! hello:    name length u8 (1..=MAX_NAME) | name (UTF-8)
-//!           queue pair count u8 (1..=MAX_QPS) | count x (length u16 | gdr hello body: the endpoint)
+//!           rail count u8 (1..=MAX_RAILS) | rail count x endpoints
 //!           notification slots u16 | largest notification u32 (<= MAX_NOTIFY)
+//! endpoints: queue pair count u8 (1..=MAX_QPS, the same on every rail) |
+//!           count x (length u16 | gdr hello body: the endpoint)
 //! segments: count u16 (<= MAX_SEGMENTS_PER_MESSAGE) | count x
-//!           (id u32 | addr u64 | len u64 | rkey u32 | location kind u8 | location index u32 |
-//!            name length u8 (<= MAX_NAME) | name)
+//!           (id u32 | addr u64 | len u64 | rkey count u8 (1..=MAX_RAILS) | count x rkey u32 |
+//!            location kind u8 | location index u32 | name length u8 (<= MAX_NAME) | name)
 //! removed:  count u16 (<= MAX_SEGMENTS_PER_MESSAGE) | count x id u32
 //! ready:    (empty)
 //! bye:      reason length u16 (<= MAX_REASON) | reason (UTF-8, refused otherwise)
+//! renew:    rail u8 (< MAX_RAILS) | epoch u32 | endpoints   (new queue pairs for one rail)
+//! renewed:  rail u8 (< MAX_RAILS) | epoch u32 | endpoints   (the answer: the peer's new ones)
 //! ```
+//!
+//! Rails are paired by position: rail `r` of one agent talks to rail `r` of the other (NIC `r`
+//! of every host on the same network plane, as in rail-optimized fabrics); a segment carries one
+//! remote key per rail of its owner.
 //!
 //! A decoder never trusts a length: every count and size is checked against its limit and the
 //! bytes present; trailing bytes, bad UTF-8, a zero-length segment, an address range that
@@ -28,7 +36,11 @@ use crate::location::Location;
 /// Magic bytes that open every message.
 pub const MAGIC: [u8; 4] = *b"GXF1";
 /// The version this build speaks.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
+/// The version of [`AgentRecord`]s this build writes and reads.
+pub const RECORD_VERSION: u16 = 1;
+/// Most rails (RDMA ports) an agent uses.
+pub const MAX_RAILS: usize = 8;
 /// Longest agent or segment name, in bytes.
 pub const MAX_NAME: usize = 64;
 /// Most queue pairs per peer.
@@ -45,14 +57,17 @@ const KIND_SEGMENTS: u8 = 2;
 const KIND_REMOVED: u8 = 3;
 const KIND_READY: u8 = 4;
 const KIND_BYE: u8 = 5;
+const KIND_RAIL_RENEW: u8 = 6;
+const KIND_RAIL_RENEWED: u8 = 7;
 
 /// What one agent tells another when they connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     /// The agent's name.
     pub name: String,
-    /// One endpoint per queue pair the agent created for this peer.
-    pub endpoints: Vec<Endpoint>,
+    /// Per rail, one endpoint per queue pair the agent created for this peer (the same count
+    /// on every rail).
+    pub rails: Vec<Vec<Endpoint>>,
     /// How many notifications the agent can receive before it reposts receives.
     pub notify_slots: u16,
     /// The largest notification it accepts.
@@ -70,8 +85,8 @@ pub struct SegmentInfo {
     pub addr: u64,
     /// Length in bytes (non-zero).
     pub len: u64,
-    /// Remote key.
-    pub rkey: u32,
+    /// Remote key on each of the owner's rails (rail 0 first).
+    pub rkeys: Vec<u32>,
     /// Where the memory lives.
     pub location: Location,
 }
@@ -89,6 +104,22 @@ pub enum Message {
     Ready,
     /// The sender is going away.
     Bye(String),
+    /// The sender replaced its queue pairs of one rail (after a failure) and asks the peer to
+    /// do the same and connect them.
+    RailRenew(RailRenew),
+    /// The answer to a [`Message::RailRenew`]: the peer's new queue pairs, connected.
+    RailRenewed(RailRenew),
+}
+
+/// New queue pairs for one rail ([`Message::RailRenew`], [`Message::RailRenewed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RailRenew {
+    /// The rail (its position in both agents' rail lists).
+    pub rail: u8,
+    /// Which renewal this is (an answer names the request it answers).
+    pub epoch: u32,
+    /// One endpoint per queue pair.
+    pub endpoints: Vec<Endpoint>,
 }
 
 /// What an agent publishes in a directory about itself (the `<agent>/endpoint` record):
@@ -115,7 +146,7 @@ impl AgentRecord {
         }
         let mut v = Vec::with_capacity(8 + self.addr.len());
         v.extend_from_slice(&RECORD_MAGIC);
-        v.extend_from_slice(&VERSION.to_be_bytes());
+        v.extend_from_slice(&RECORD_VERSION.to_be_bytes());
         v.extend_from_slice(&(self.addr.len() as u16).to_be_bytes());
         v.extend_from_slice(self.addr.as_bytes());
         Ok(v)
@@ -132,9 +163,9 @@ impl AgentRecord {
             return Err(r.err("not a gdr-xfer agent record (bad magic)".into()));
         }
         let version = r.u16("version")?;
-        if version != VERSION {
+        if version != RECORD_VERSION {
             return Err(r.err(format!(
-                "agent record version {version}, this build reads {VERSION}"
+                "agent record version {version}, this build reads {RECORD_VERSION}"
             )));
         }
         let len = r.u16("address length")? as usize;
@@ -189,17 +220,21 @@ impl Message {
                 }
                 v.push(h.name.len() as u8);
                 v.extend_from_slice(h.name.as_bytes());
-                if h.endpoints.is_empty() || h.endpoints.len() > MAX_QPS {
+                if h.rails.is_empty() || h.rails.len() > MAX_RAILS {
                     return Err(Error::invalid(
-                        format!("{} queue pairs per peer", h.endpoints.len()),
-                        format!("use 1..={MAX_QPS}"),
+                        format!("{} rails", h.rails.len()),
+                        format!("use 1..={MAX_RAILS}"),
                     ));
                 }
-                v.push(h.endpoints.len() as u8);
-                for e in &h.endpoints {
-                    let body = PeerInfo::new(*e).encode_body()?;
-                    v.extend_from_slice(&(body.len() as u16).to_be_bytes());
-                    v.extend_from_slice(&body);
+                v.push(h.rails.len() as u8);
+                for r in &h.rails {
+                    if r.len() != h.rails[0].len() {
+                        return Err(Error::invalid(
+                            "rails with different queue pair counts",
+                            "create the same number of queue pairs on every rail",
+                        ));
+                    }
+                    encode_endpoints(&mut v, r)?;
                 }
                 if h.notify_max > MAX_NOTIFY {
                     return Err(Error::invalid(
@@ -220,7 +255,16 @@ impl Message {
                     v.extend_from_slice(&s.id.to_be_bytes());
                     v.extend_from_slice(&s.addr.to_be_bytes());
                     v.extend_from_slice(&s.len.to_be_bytes());
-                    v.extend_from_slice(&s.rkey.to_be_bytes());
+                    if s.rkeys.is_empty() || s.rkeys.len() > MAX_RAILS {
+                        return Err(Error::invalid(
+                            format!("segment {} with {} remote keys", s.id, s.rkeys.len()),
+                            format!("one per rail, 1..={MAX_RAILS}"),
+                        ));
+                    }
+                    v.push(s.rkeys.len() as u8);
+                    for k in &s.rkeys {
+                        v.extend_from_slice(&k.to_be_bytes());
+                    }
                     let (kind, index) = s.location.to_wire();
                     v.push(kind);
                     v.extend_from_slice(&index.to_be_bytes());
@@ -252,6 +296,23 @@ impl Message {
                 v.extend_from_slice(&(end as u16).to_be_bytes());
                 v.extend_from_slice(&reason.as_bytes()[..end]);
             }
+            Message::RailRenew(r) | Message::RailRenewed(r) => {
+                v.push(if matches!(self, Message::RailRenew(_)) {
+                    KIND_RAIL_RENEW
+                } else {
+                    KIND_RAIL_RENEWED
+                });
+                v.push(0);
+                if usize::from(r.rail) >= MAX_RAILS {
+                    return Err(Error::invalid(
+                        format!("rail {}", r.rail),
+                        format!("rails are 0..{MAX_RAILS}"),
+                    ));
+                }
+                v.push(r.rail);
+                v.extend_from_slice(&r.epoch.to_be_bytes());
+                encode_endpoints(&mut v, &r.endpoints)?;
+            }
         }
         Ok(v)
     }
@@ -276,20 +337,20 @@ impl Message {
                 if name.is_empty() {
                     return Err(r.err("empty agent name".into()));
                 }
-                let n = r.u8("queue pair count")? as usize;
-                if n == 0 || n > MAX_QPS {
-                    return Err(r.err(format!("{n} queue pairs (must be 1..={MAX_QPS})")));
+                let n = r.u8("rail count")? as usize;
+                if n == 0 || n > MAX_RAILS {
+                    return Err(r.err(format!("{n} rails (must be 1..={MAX_RAILS})")));
                 }
-                let mut endpoints = Vec::with_capacity(n);
-                for i in 0..n {
-                    let len = r.u16("endpoint length")? as usize;
-                    let body = r.take(len, "endpoint")?;
-                    let info = PeerInfo::decode_body(body)
-                        .map_err(|e| r.err(format!("endpoint {i}: {e}")))?;
-                    if !info.regions.is_empty() || !info.app.is_empty() {
-                        return Err(r.err(format!("endpoint {i} carries regions or app bytes")));
+                let mut rails = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let endpoints = r.endpoints()?;
+                    if rails
+                        .first()
+                        .is_some_and(|f: &Vec<Endpoint>| f.len() != endpoints.len())
+                    {
+                        return Err(r.err("rails with different queue pair counts".into()));
                     }
-                    endpoints.push(info.endpoint);
+                    rails.push(endpoints);
                 }
                 let notify_slots = r.u16("notification slots")?;
                 let notify_max = r.u32("largest notification")?;
@@ -300,7 +361,7 @@ impl Message {
                 }
                 Message::Hello(Hello {
                     name,
-                    endpoints,
+                    rails,
                     notify_slots,
                     notify_max,
                 })
@@ -312,7 +373,16 @@ impl Message {
                     let id = r.u32("segment id")?;
                     let addr = r.u64("segment address")?;
                     let len = r.u64("segment length")?;
-                    let rkey = r.u32("segment rkey")?;
+                    let nkeys = r.u8("rkey count")? as usize;
+                    if nkeys == 0 || nkeys > MAX_RAILS {
+                        return Err(r.err(format!(
+                            "segment entry {i} (id {id}) with {nkeys} remote keys (1..={MAX_RAILS})"
+                        )));
+                    }
+                    let mut rkeys = Vec::with_capacity(nkeys);
+                    for _ in 0..nkeys {
+                        rkeys.push(r.u32("segment rkey")?);
+                    }
                     let kind = r.u8("location kind")?;
                     let index = r.u32("location index")?;
                     let name = r.name("segment name")?;
@@ -334,7 +404,7 @@ impl Message {
                         name,
                         addr,
                         len,
-                        rkey,
+                        rkeys,
                         location,
                     });
                 }
@@ -361,6 +431,24 @@ impl Message {
                     .map_err(|_| r.err("bye reason is not UTF-8".into()))?;
                 Message::Bye(reason)
             }
+            KIND_RAIL_RENEW | KIND_RAIL_RENEWED => {
+                let rail = r.u8("rail")?;
+                if usize::from(rail) >= MAX_RAILS {
+                    return Err(r.err(format!("rail {rail} (rails are 0..{MAX_RAILS})")));
+                }
+                let epoch = r.u32("epoch")?;
+                let endpoints = r.endpoints()?;
+                let renew = RailRenew {
+                    rail,
+                    epoch,
+                    endpoints,
+                };
+                if kind == KIND_RAIL_RENEW {
+                    Message::RailRenew(renew)
+                } else {
+                    Message::RailRenewed(renew)
+                }
+            }
             other => return Err(r.err(format!("unknown message kind {other}"))),
         };
         if r.pos != buf.len() {
@@ -371,6 +459,23 @@ impl Message {
         }
         Ok(msg)
     }
+}
+
+/// A queue pair count and that many endpoints.
+fn encode_endpoints(v: &mut Vec<u8>, endpoints: &[Endpoint]) -> Result<()> {
+    if endpoints.is_empty() || endpoints.len() > MAX_QPS {
+        return Err(Error::invalid(
+            format!("{} queue pairs per rail", endpoints.len()),
+            format!("use 1..={MAX_QPS}"),
+        ));
+    }
+    v.push(endpoints.len() as u8);
+    for e in endpoints {
+        let body = PeerInfo::new(*e).encode_body()?;
+        v.extend_from_slice(&(body.len() as u16).to_be_bytes());
+        v.extend_from_slice(&body);
+    }
+    Ok(())
 }
 
 struct Reader<'a> {
@@ -433,6 +538,25 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
 
+    fn endpoints(&mut self) -> Result<Vec<Endpoint>> {
+        let n = self.u8("queue pair count")? as usize;
+        if n == 0 || n > MAX_QPS {
+            return Err(self.err(format!("{n} queue pairs (must be 1..={MAX_QPS})")));
+        }
+        let mut endpoints = Vec::with_capacity(n);
+        for i in 0..n {
+            let len = self.u16("endpoint length")? as usize;
+            let body = self.take(len, "endpoint")?;
+            let info =
+                PeerInfo::decode_body(body).map_err(|e| self.err(format!("endpoint {i}: {e}")))?;
+            if !info.regions.is_empty() || !info.app.is_empty() {
+                return Err(self.err(format!("endpoint {i} carries regions or app bytes")));
+            }
+            endpoints.push(info.endpoint);
+        }
+        Ok(endpoints)
+    }
+
     fn name(&mut self, what: &str) -> Result<String> {
         let len = self.u8(what)? as usize;
         if len > MAX_NAME {
@@ -464,7 +588,10 @@ mod tests {
         vec![
             Message::Hello(Hello {
                 name: "prefill-0".into(),
-                endpoints: vec![endpoint(0x11), endpoint(0x12)],
+                rails: vec![
+                    vec![endpoint(0x11), endpoint(0x12)],
+                    vec![endpoint(0x21), endpoint(0x22)],
+                ],
                 notify_slots: 64,
                 notify_max: 1024,
             }),
@@ -474,7 +601,7 @@ mod tests {
                     name: "kv-layer-3".into(),
                     addr: 0x7f00_0000_0000,
                     len: 1 << 20,
-                    rkey: 0xabcd,
+                    rkeys: vec![0xabcd, 0xabce],
                     location: Location::Cuda { ordinal: 3 },
                 },
                 SegmentInfo {
@@ -482,13 +609,23 @@ mod tests {
                     name: String::new(),
                     addr: 0x1000,
                     len: 4096,
-                    rkey: 1,
+                    rkeys: vec![1],
                     location: Location::Cpu { numa: Some(1) },
                 },
             ]),
             Message::Removed(vec![7, 8, 9]),
             Message::Ready,
             Message::Bye("shutting down".into()),
+            Message::RailRenew(RailRenew {
+                rail: 1,
+                epoch: 3,
+                endpoints: vec![endpoint(0x31), endpoint(0x32)],
+            }),
+            Message::RailRenewed(RailRenew {
+                rail: 7,
+                epoch: u32::MAX,
+                endpoints: vec![endpoint(0x41)],
+            }),
         ]
     }
 
@@ -530,7 +667,7 @@ mod tests {
                 name: "x".into(),
                 addr,
                 len,
-                rkey: 1,
+                rkeys: vec![1],
                 location: Location::Cpu { numa: None },
             }])
             .encode()
@@ -548,7 +685,7 @@ mod tests {
         big[8..10].copy_from_slice(&u16::MAX.to_be_bytes());
         assert!(Message::decode("evil", &big).is_err());
         let mut loc = seg(0x1000, 1);
-        loc[8 + 2 + 24] = 9;
+        loc[8 + 2 + 20 + 1 + 4] = 9;
         let e = Message::decode("evil", &loc).unwrap_err();
         assert!(e.to_string().contains("unknown location kind 9"), "{e}");
         let mut name = seg(0x1000, 1);
@@ -558,6 +695,63 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("UTF-8"));
+    }
+
+    #[test]
+    fn hostile_rail_fields_are_refused() {
+        // A segment with no remote key, or more than one per possible rail.
+        let mut seg = Message::Segments(vec![SegmentInfo {
+            id: 1,
+            name: String::new(),
+            addr: 0x1000,
+            len: 1,
+            rkeys: vec![5],
+            location: Location::Cpu { numa: None },
+        }])
+        .encode()
+        .unwrap();
+        for n in [0u8, MAX_RAILS as u8 + 1, u8::MAX] {
+            seg[8 + 2 + 20] = n;
+            let e = Message::decode("evil", &seg).unwrap_err();
+            assert!(matches!(e, Error::Protocol { .. }), "{e}");
+        }
+        // A rail number past the limit, and rails of different widths.
+        let mut renew = Message::RailRenew(RailRenew {
+            rail: 0,
+            epoch: 1,
+            endpoints: vec![endpoint(1)],
+        })
+        .encode()
+        .unwrap();
+        renew[8] = MAX_RAILS as u8;
+        assert!(Message::decode("evil", &renew).is_err());
+        let uneven = Message::Hello(Hello {
+            name: "a".into(),
+            rails: vec![vec![endpoint(1)], vec![endpoint(2), endpoint(3)]],
+            notify_slots: 1,
+            notify_max: 1,
+        });
+        assert!(matches!(
+            uneven.encode(),
+            Err(Error::InvalidArgument { .. })
+        ));
+        // Hand-made: rail count 2, widths 1 and 2.
+        let mut ok = Message::Hello(Hello {
+            name: "a".into(),
+            rails: vec![vec![endpoint(1)], vec![endpoint(2)]],
+            notify_slots: 1,
+            notify_max: 1,
+        })
+        .encode()
+        .unwrap();
+        let zero_rails = {
+            let mut z = ok.clone();
+            z[10] = 0;
+            z
+        };
+        assert!(Message::decode("evil", &zero_rails).is_err());
+        ok[10] = MAX_RAILS as u8 + 1;
+        assert!(Message::decode("evil", &ok).is_err());
     }
 
     #[test]
@@ -587,12 +781,13 @@ mod tests {
 
     #[test]
     fn versions_magic_and_kinds_are_checked() {
+        // Version 1 (single rail) is refused with the reason, not misread.
         let mut m = Message::Ready.encode().unwrap();
-        m[5] = 2;
+        m[5] = 1;
         assert!(Message::decode("p", &m)
             .unwrap_err()
             .to_string()
-            .contains("wire version 2"));
+            .contains("wire version 1"));
         let mut m = Message::Ready.encode().unwrap();
         m[0] = b'X';
         assert!(Message::decode("p", &m).is_err());
@@ -610,7 +805,7 @@ mod tests {
         let h = |name: String, n: usize, max: u32| {
             Message::Hello(Hello {
                 name,
-                endpoints: (0..n as u32).map(|i| endpoint(i + 1)).collect(),
+                rails: vec![(0..n as u32).map(|i| endpoint(i + 1)).collect()],
                 notify_slots: 1,
                 notify_max: max,
             })

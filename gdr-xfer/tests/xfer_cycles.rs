@@ -549,7 +549,7 @@ fn hostile_client(addr: &str, agent_name: &str, i: usize, probe: &mut dyn FnMut(
         };
         Message::Hello(Hello {
             name: name.into(),
-            endpoints: vec![endpoint(0xff_ff00), endpoint(0xff_ff01)],
+            rails: vec![vec![endpoint(0xff_ff00), endpoint(0xff_ff01)]],
             notify_slots: 4,
             notify_max: 64,
         })
@@ -566,7 +566,7 @@ fn hostile_client(addr: &str, agent_name: &str, i: usize, probe: &mut dyn FnMut(
                 panic!("the agent answered a hello with {answer:?}");
             };
             assert_eq!(h.name, agent_name);
-            assert_eq!(h.endpoints.len(), 2, "one queue pair per offered endpoint");
+            assert_eq!(h.rails[0].len(), 2, "one queue pair per offered endpoint");
             // The agent's queue pairs for us exist now.
             probe();
         }

@@ -1,0 +1,337 @@
+//! Posting: notifications that are due, then slices of the pending transfers, on the lanes of
+//! the active rails, as far as their send queues have room.
+//!
+//! Slices are cut from the front transfer (its retry ranges first: ranges whose rail failed),
+//! up to [`CHUNK`] per `ibv_post_send`, all of one local segment; only the last request of a
+//! chunk is signalled. Each chunk goes to the rail with the lowest cost (its queued bytes over
+//! its measured throughput, see [`crate::rail`]) among the active rails with room, so a faster
+//! or emptier rail takes more; a transfer of at most `stripe_min` bytes keeps to the rail its
+//! first chunk went to. The caller's thread pumps when it submits (so nothing waits for another
+//! thread while the queues have room); the progress threads pump whenever completions free
+//! room.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use gdr::mr::RemoteSlice;
+use gdr::qp::{BatchOp, RdmaPiece};
+use gdr::wr::SendRequest;
+
+use crate::connection::{Connection, Posted, Queues, CHUNK};
+use crate::notify::FLAG_PROBE;
+use crate::transfer::{Cursor, NotifyState, TransferState};
+
+impl Connection {
+    /// Posts notifications that are due, then slices of the pending transfers, as far as the
+    /// send queues have room. A post the provider refuses fails the rail it was for.
+    pub(crate) fn pump(&self, q: &mut Queues) {
+        if q.closed {
+            return;
+        }
+        if let Err((rail, detail)) = self.pump_notifications(q) {
+            self.rail_failed(q, rail, None, detail);
+        }
+        loop {
+            match self.pump_slices(q) {
+                Ok(()) => break,
+                // The failure re-queued what the rail carried: post it elsewhere.
+                Err((rail, detail)) => self.rail_failed(q, rail, None, detail),
+            }
+            if q.closed || !q.rails.iter().any(|r| r.is_active()) {
+                break;
+            }
+        }
+    }
+
+    pub(crate) fn room(&self, q: &Queues, lane: usize) -> u64 {
+        match &q.lanes[lane].qp {
+            Some(qp) => self.max_send.saturating_sub(qp.send_outstanding()),
+            None => 0,
+        }
+    }
+
+    /// Posts a message (a notification or a probe) on rail `rail`'s first lane, from send
+    /// slot `slot`. Returns its wr_id; `Ok(None)` when the queue is full.
+    fn post_message(
+        &self,
+        q: &mut Queues,
+        rail: usize,
+        slot: u16,
+        flags: u8,
+        id: u64,
+        data: &[u8],
+    ) -> Result<Option<u64>, String> {
+        let lane = rail * self.qps_per_rail;
+        let staged = self.notify[rail]
+            .stage(slot, flags, id, data)
+            .map_err(|e| e.to_string())?;
+        let Some(qp) = &q.lanes[lane].qp else {
+            return Ok(None);
+        };
+        let seq = self.ids.wr.fetch_add(1, Ordering::AcqRel);
+        match qp.post_send(&SendRequest::send(&[staged]).id(seq)) {
+            Ok(()) => Ok(Some(seq)),
+            Err(gdr::Error::QueueFull { .. }) => Ok(None),
+            Err(e) => Err(format!("posting a message on QP {:#x}: {e}", qp.qp_num())),
+        }
+    }
+
+    /// Posts the probe that re-admits rail `rail` (its new queue pairs are connected).
+    pub(crate) fn post_probe(&self, q: &mut Queues, rail: usize) -> Result<(), String> {
+        let slot = q.rails[rail]
+            .free_notify_slots
+            .pop()
+            .ok_or("no notification slot for the probe")?;
+        match self.post_message(q, rail, slot, FLAG_PROBE, 0, &[])? {
+            Some(seq) => {
+                q.lanes[rail * self.qps_per_rail]
+                    .posted
+                    .push_back(Posted::Probe { seq, slot });
+                Ok(())
+            }
+            None => Err("the new queue pair's send queue is full".into()),
+        }
+    }
+
+    fn pump_notifications(&self, q: &mut Queues) -> Result<(), (usize, String)> {
+        while let Some(t) = q.notify_due.front().cloned() {
+            if t.lock().outcome.is_some() {
+                q.notify_due.pop_front();
+                continue;
+            }
+            // The first active rail whose first lane has room and a free slot.
+            let Some(rail) = (0..self.nrails).find(|&r| {
+                q.rails[r].is_active()
+                    && !q.rails[r].free_notify_slots.is_empty()
+                    && self.room(q, r * self.qps_per_rail) > 0
+            }) else {
+                return Ok(());
+            };
+            let Some(slot) = q.rails[rail].free_notify_slots.pop() else {
+                return Ok(());
+            };
+            let id = {
+                let mut p = t.lock();
+                if p.notify_id == 0 {
+                    p.notify_id = q.next_notify_id;
+                    q.next_notify_id += 1;
+                }
+                p.notify_id
+            };
+            let data = t.notify.as_deref().unwrap_or(&[]);
+            match self.post_message(q, rail, slot, 0, id, data) {
+                Ok(Some(seq)) => {
+                    q.lanes[rail * self.qps_per_rail]
+                        .posted
+                        .push_back(Posted::Notify {
+                            seq,
+                            transfer: t.clone(),
+                            slot,
+                        });
+                    t.lock().notify = NotifyState::Posted;
+                    q.notify_due.pop_front();
+                }
+                Ok(None) => {
+                    q.rails[rail].free_notify_slots.push(slot);
+                    return Ok(());
+                }
+                Err(e) => {
+                    q.rails[rail].free_notify_slots.push(slot);
+                    return Err((rail, e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The lane for the next chunk of `bytes` bytes: on the cheapest active rail with room
+    /// among the preferred ones (`mask`; any active rail when none of those is), only `pin`'s
+    /// rail when given, round robin among that rail's lanes.
+    fn pick_lane(&self, q: &Queues, pin: Option<usize>, mask: u32, bytes: u64) -> Option<usize> {
+        let preferred_up = (0..self.nrails).any(|r| mask & (1 << r) != 0 && q.rails[r].is_active());
+        let mask = if preferred_up { mask } else { u32::MAX };
+        let mut best: Option<(f64, usize)> = None;
+        for r in 0..self.nrails {
+            if !q.rails[r].is_active() || pin.is_some_and(|p| p != r) || mask & (1 << r) == 0 {
+                continue;
+            }
+            let base = r * self.qps_per_rail;
+            let start = q.rails[r].next_lane;
+            let Some(lane) = (0..self.qps_per_rail)
+                .map(|k| base + (start + k) % self.qps_per_rail)
+                .find(|&l| self.room(q, l) > 0)
+            else {
+                continue;
+            };
+            let cost = q.rails[r].cost(bytes);
+            if best.is_none_or(|(c, _)| cost < c) {
+                best = Some((cost, lane));
+            }
+        }
+        best.map(|(_, l)| l)
+    }
+
+    fn pump_slices(&self, q: &mut Queues) -> Result<(), (usize, String)> {
+        let mut pieces = std::mem::take(&mut q.scratch);
+        let result = self.pump_slices_with(q, &mut pieces);
+        pieces.clear();
+        q.scratch = pieces;
+        result
+    }
+
+    fn pump_slices_with(
+        &self,
+        q: &mut Queues,
+        pieces: &mut Vec<RdmaPiece>,
+    ) -> Result<(), (usize, String)> {
+        let end_hint = self.slice_size * CHUNK as u64;
+        while let Some(t) = q.pending.front().cloned() {
+            let mut p = t.lock();
+            if p.outcome.is_some() || t.all_posted(&p) {
+                p.queued = false;
+                drop(p);
+                q.pending.pop_front();
+                continue;
+            }
+            let op = match t.op {
+                crate::Op::Write => BatchOp::Write,
+                crate::Op::Read => BatchOp::Read,
+            };
+            let mut progressed = false;
+            for _ in 0..q.lanes.len() {
+                if p.rail_pin.is_some_and(|r| !q.rails[r].is_active()) {
+                    p.rail_pin = None;
+                }
+                let Some(li) = self.pick_lane(q, p.rail_pin, t.rail_mask, end_hint.min(t.bytes))
+                else {
+                    break;
+                };
+                let rail = li / self.qps_per_rail;
+                if p.rail_pin.is_none() && t.bytes <= self.stripe_min {
+                    p.rail_pin = Some(rail);
+                }
+                let room = self.room(q, li).min(CHUNK as u64) as usize;
+                // Cut up to `room` slices, all of one local segment (one batch is one local
+                // slice): from a retry range first, else from the transfer's cursor.
+                let retrying = !p.retry.is_empty();
+                let (from, to) = match p.retry.last() {
+                    Some(&(from, to)) => (from, to),
+                    None => (
+                        Cursor {
+                            run: p.next_run,
+                            offset: p.run_offset,
+                        },
+                        Cursor {
+                            run: t.runs.len(),
+                            offset: 0,
+                        },
+                    ),
+                };
+                pieces.clear();
+                let (reached, bytes) = cut(&t, self.slice_size, rail, from, to, room, pieces)
+                    .map_err(|e| (rail, e))?;
+                let n = pieces.len();
+                let local = &p.locals[t.runs[from.run].local as usize].whole[rail];
+                let qp = q.lanes[li]
+                    .qp
+                    .as_ref()
+                    .ok_or((rail, "no queue pair".to_string()))?;
+                // The batch's numbers: `first..first + n`, agent-wide.
+                let first = self.ids.wr.fetch_add(n as u64, Ordering::AcqRel);
+                for piece in pieces.iter_mut() {
+                    piece.wr_id += first;
+                }
+                if let Err(e) = qp.post_rdma_batch(op, local, pieces) {
+                    return Err((
+                        rail,
+                        format!("posting {n} requests on QP {:#x}: {e}", qp.qp_num()),
+                    ));
+                }
+                q.rails[rail].next_lane = (li % self.qps_per_rail + 1) % self.qps_per_rail;
+                q.rails[rail].stats.inflight_bytes += bytes;
+                q.lanes[li].posted.push_back(Posted::Slices {
+                    first,
+                    last: first + n as u64 - 1,
+                    transfer: t.clone(),
+                    from,
+                    to: reached,
+                    bytes,
+                });
+                if retrying {
+                    let now = Instant::now();
+                    for r in &mut q.rails {
+                        if let Some(at) = r.failed_at.take() {
+                            r.stats.last_failover = Some(now.duration_since(at));
+                        }
+                    }
+                    let last = p.retry.len() - 1;
+                    if reached == to {
+                        p.retry.pop();
+                    } else {
+                        p.retry[last].0 = reached;
+                    }
+                } else {
+                    p.next_run = reached.run;
+                    p.run_offset = reached.offset;
+                }
+                p.slices_posted += n as u64;
+                p.qps_mask |= 1 << (li % 32);
+                p.rails_mask |= 1 << rail;
+                progressed = true;
+                if t.all_posted(&p) {
+                    break;
+                }
+            }
+            if t.all_posted(&p) {
+                p.posted_at.get_or_insert_with(Instant::now);
+                p.queued = false;
+                drop(p);
+                q.pending.pop_front();
+                continue;
+            }
+            if !progressed {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Cuts up to `max` slices of at most `slice_size` bytes from `from` towards `to`, all of the
+/// local segment of `from`'s run, into `pieces` (wr_ids `0..`, to be offset by the caller).
+/// Returns where it stopped and the bytes cut.
+fn cut(
+    t: &TransferState,
+    slice_size: u64,
+    rail: usize,
+    from: Cursor,
+    to: Cursor,
+    max: usize,
+    pieces: &mut Vec<RdmaPiece>,
+) -> Result<(Cursor, u64), String> {
+    let local = t.runs[from.run].local;
+    let mut at = from;
+    let mut bytes = 0;
+    while pieces.len() < max && at < to {
+        let run = &t.runs[at.run];
+        if run.local != local {
+            break;
+        }
+        let len = (run.len - at.offset).min(slice_size);
+        // In range: the plan checked the run against both segments.
+        let remote = RemoteSlice::new(run.remote_addr + at.offset, len, t.rkey(run, rail))
+            .ok_or("a remote range overflows")?;
+        pieces.push(RdmaPiece {
+            offset: (run.local_offset + at.offset) as usize,
+            remote,
+            wr_id: pieces.len() as u64,
+        });
+        bytes += len;
+        at.offset += len;
+        if at.offset == run.len {
+            at.run += 1;
+            at.offset = 0;
+        }
+    }
+    Ok((at, bytes))
+}
