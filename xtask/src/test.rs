@@ -1,7 +1,7 @@
 //! `cargo xtask test`: all host tests and the README's downstream crate (`cargo xtask
 //! downstream`, counted as one test), the fuzz smoke run (`crate::fuzz::smoke`, one test per
 //! target, skipped without nightly or cargo-fuzz), then every device test inside one VM boot, then
-//! the cluster tier (`cluster_*` test targets) on a 2-host x 2-rail cluster (cluster.rs).
+//! the cluster tier (`cluster_*` test targets on a 2-host x 2-rail cluster, `cluster3_*` on 3 hosts; cluster.rs).
 //!
 //! Device tests are `#[ignore]`d on the host and run in the VM with `--ignored --test-threads=1`.
 //! Test targets named `gpu_*` are the GPU tier: they run on the GPU machine (`cargo xtask
@@ -152,21 +152,46 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
     let tests: Vec<_> = artifacts
         .iter()
         // gpu_*: the GPU machine's tier; hw_*: needs a GPU and an RDMA NIC in one host (users run
-        // it); cluster_*: the cluster tier (cluster_tests).
+        // it); cluster_*, cluster3_*: the cluster tier (cluster_tests).
         .filter(|a| {
             a.test
                 && !a.name.starts_with("gpu_")
                 && !a.name.starts_with("hw_")
-                && !a.name.starts_with("cluster_")
+                && !a.name.starts_with("cluster")
         })
         .collect();
     if tests.is_empty() {
         say!("no test binaries");
         return Ok((true, Counts::default()));
     }
-    let script = tier_script(&tests, &shell_words(&opts.test_args), "");
+    let mut script = tier_script(&tests, &shell_words(&opts.test_args), "");
+    // The engine's tests once more on two rails: a second rxe on the veth pair's other end (its
+    // own subnet), so that both agents of a test stripe over rxe0 and rxe1.
+    let two_rails: Vec<_> = tests.iter().filter(|a| a.name == "xfer_engine").collect();
+    if !two_rails.is_empty() {
+        let end = script
+            .rfind("[ \"$failed\" -eq 0 ]")
+            .unwrap_or(script.len());
+        let mut more = String::from(
+            "ip addr add 10.77.1.1/24 dev veth1 && rdma link add rxe1 type rxe netdev veth1 || \
+             { echo 'cannot add rxe1 on veth1'; failed=$((failed + 1)); }\n\
+             export GDR_TEST_DEVICE=rxe0,rxe1\n",
+        );
+        let root = cargo::workspace_root();
+        for t in two_rails {
+            let exe = t.executable.strip_prefix(&root).unwrap_or(&t.executable);
+            more.push_str(&format!(
+                "run_one {} {} {} --ignored --test-threads=1 {}\n",
+                shell_quote(&format!("{} on two rails ({})", t.label(), exe.display())),
+                shell_quote(&t.package_dir.to_string_lossy()),
+                shell_quote(&t.executable.to_string_lossy()),
+                shell_words(&opts.test_args)
+            ));
+        }
+        script.insert_str(end, &more);
+    }
     say!(
-        "device tests: {} test binaries in one VM boot (--ignored --test-threads=1)",
+        "device tests: {} test binaries in one VM boot (--ignored --test-threads=1; xfer_engine also on two rails)",
         tests.len()
     );
     let outcome = vm::boot(&opts.vm, &script)?;
@@ -178,47 +203,51 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
     Ok((ok, counts))
 }
 
-/// The cluster tier: every `cluster_*` test binary on each host of a 2-host x 2-rail cluster
-/// (`cargo xtask cluster`), in one boot, with `--ignored --test-threads=1 --nocapture`. The tests
-/// pair up across hosts by running in the same order on both.
+/// The cluster tier: every `cluster_*` test binary on each host of a 2-host x 2-rail cluster,
+/// then every `cluster3_*` binary on a 3-host x 2-rail one (`cargo xtask cluster`), one boot
+/// each, with `--ignored --test-threads=1 --nocapture`. The tests pair up across hosts by running
+/// in the same order on every host.
 fn cluster_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
     crate::setup::ensure_packages()?;
     say!("cluster tests: building the test binaries");
     let artifacts = cargo::build(&["test", "--workspace", "--all-features", "--no-run"])?;
-    let tests: Vec<_> = artifacts
-        .iter()
-        .filter(|a| a.test && a.name.starts_with("cluster_"))
-        .collect();
-    if tests.is_empty() {
-        say!("no cluster_* test binaries");
-        return Ok((true, Counts::default()));
-    }
-    let script = tier_script(&tests, &shell_words(&opts.test_args), "--nocapture");
-    let copts = crate::cluster::ClusterOpts {
-        hosts: 2,
-        rails: 2,
-        timeout: opts.vm.timeout,
-        grace: 60,
-        mem: 1024,
-        memlock: opts.vm.memlock.clone(),
-    };
-    say!(
-        "cluster tests: {} test binaries on {} hosts x {} rails",
-        tests.len(),
-        copts.hosts,
-        copts.rails
-    );
-    let outcome = crate::cluster::boot(&copts, &script)?;
     let mut total = Counts::default();
-    let mut ok = outcome.code == 0;
-    for (i, out) in outcome.outputs.iter().enumerate() {
-        let (counts, failed_bins) = summarize(out);
-        say!("cluster host{}: {counts} ({:?})", i + 1, outcome.ends[i]);
-        for b in &failed_bins {
-            say!("FAILED on cluster host{}: {b}", i + 1);
+    let mut ok = true;
+    for (prefix, hosts) in [("cluster_", 2), ("cluster3_", 3)] {
+        let tests: Vec<_> = artifacts
+            .iter()
+            .filter(|a| a.test && a.name.starts_with(prefix))
+            .collect();
+        if tests.is_empty() {
+            say!("no {prefix}* test binaries");
+            continue;
         }
-        ok &= counts.failed == 0 && failed_bins.is_empty();
-        total.add(counts);
+        let script = tier_script(&tests, &shell_words(&opts.test_args), "--nocapture");
+        let copts = crate::cluster::ClusterOpts {
+            hosts,
+            rails: 2,
+            timeout: opts.vm.timeout,
+            grace: 60,
+            mem: 1024,
+            memlock: opts.vm.memlock.clone(),
+        };
+        say!(
+            "cluster tests: {} test binaries ({prefix}*) on {} hosts x {} rails",
+            tests.len(),
+            copts.hosts,
+            copts.rails
+        );
+        let outcome = crate::cluster::boot(&copts, &script)?;
+        ok &= outcome.code == 0;
+        for (i, out) in outcome.outputs.iter().enumerate() {
+            let (counts, failed_bins) = summarize(out);
+            say!("cluster host{}: {counts} ({:?})", i + 1, outcome.ends[i]);
+            for b in &failed_bins {
+                say!("FAILED on cluster host{}: {b}", i + 1);
+            }
+            ok &= counts.failed == 0 && failed_bins.is_empty();
+            total.add(counts);
+        }
     }
     Ok((ok, total))
 }
