@@ -79,6 +79,29 @@ pub struct BenchRow {
     pub p99_tx_us: f64,
     /// Work requests per batch (after merging and slicing).
     pub slices_per_batch: f64,
+    /// What each rail carried during this row.
+    pub rails: Vec<RailRow>,
+}
+
+/// One rail's share of a row (from the engine's per-rail telemetry).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RailRow {
+    /// The rail's position.
+    pub rail: usize,
+    /// `device:port`.
+    pub device: String,
+    /// Bytes it completed during the row.
+    pub bytes: u64,
+    /// Its share of the row's bytes.
+    pub share: f64,
+    /// Its bandwidth during the row, 10^9 bytes per second.
+    pub gb_s: f64,
+    /// Error completions that paused it during the row.
+    pub errors: u64,
+    /// Slices it carried when it failed, posted again elsewhere, during the row.
+    pub retries: u64,
+    /// Its state at the end of the row.
+    pub state: String,
 }
 
 /// A whole run.
@@ -86,7 +109,7 @@ pub struct BenchRow {
 pub struct BenchReport {
     /// The parameters.
     pub params: BenchParams,
-    /// The device used.
+    /// The rails used, `device:port`, comma-separated.
     pub device: String,
     /// One row per block size.
     pub rows: Vec<BenchRow>,
@@ -208,7 +231,12 @@ pub fn run_initiator(
     .wait(Duration::from_secs(10))?;
     Ok(BenchReport {
         params: params.clone(),
-        device: agent.device().to_string(),
+        device: agent
+            .rails()
+            .iter()
+            .map(|(d, p)| format!("{d}:{p}"))
+            .collect::<Vec<_>>()
+            .join(","),
         rows,
     })
 }
@@ -223,6 +251,7 @@ fn run_size(
 ) -> gdr_xfer::Result<BenchRow> {
     let threads = params.threads.max(1);
     let batch = params.batch.max(1);
+    let rails_before = peer.rail_stats();
     let duration = Duration::from_secs_f64(params.duration_s.max(0.01));
     let stop = Arc::new(AtomicBool::new(false));
     let start_line = Arc::new(Barrier::new(threads + 1));
@@ -321,6 +350,26 @@ fn run_size(
         v.sort_by(f64::total_cmp);
     }
     let gb_s = bytes / elapsed / 1e9;
+    let rails_after = peer.rail_stats();
+    let total: u64 = rails_after
+        .iter()
+        .zip(&rails_before)
+        .map(|(a, b)| a.bytes - b.bytes)
+        .sum();
+    let rails = rails_after
+        .iter()
+        .zip(&rails_before)
+        .map(|(a, b)| RailRow {
+            rail: a.rail,
+            device: format!("{}:{}", a.device, a.port),
+            bytes: a.bytes - b.bytes,
+            share: (a.bytes - b.bytes) as f64 / total.max(1) as f64,
+            gb_s: (a.bytes - b.bytes) as f64 / elapsed / 1e9,
+            errors: a.errors - b.errors,
+            retries: a.retries - b.retries,
+            state: format!("{:?}", a.state).to_lowercase(),
+        })
+        .collect();
     Ok(BenchRow {
         block_size: bs,
         batch_size: batch,
@@ -339,13 +388,14 @@ fn run_size(
         } else {
             all.iter().map(|s| s.slices as f64).sum::<f64>() / all.len() as f64
         },
+        rails,
     })
 }
 
 /// The table, nixlbench's columns.
 pub fn table(r: &BenchReport) -> String {
     let mut s = format!(
-        "gdr xfer-bench: {} threads, {:?} {} layout, {} QPs, slice {} B, device {}\n",
+        "gdr xfer-bench: {} threads, {:?} {} layout, {} QPs per rail, slice {} B, rails {}\n",
         r.params.threads,
         r.params.op,
         format!("{:?}", r.params.layout).to_lowercase(),
@@ -380,16 +430,37 @@ pub fn table(r: &BenchReport) -> String {
             row.avg_tx_us,
             row.p99_tx_us
         ));
+        if row.rails.len() > 1 {
+            for r in &row.rails {
+                s.push_str(&format!(
+                    "{:>14} rail {} {}: {:.1} % of the bytes, {:.4} GB/s, {} errors, {} retried slices, {}\n",
+                    "",
+                    r.rail,
+                    r.device,
+                    r.share * 100.0,
+                    r.gb_s,
+                    r.errors,
+                    r.retries,
+                    r.state
+                ));
+            }
+        }
     }
     s
 }
 
 /// CSV with a header line.
 pub fn csv(r: &BenchReport) -> String {
-    let mut s = String::from("block_size,batch_size,batches,gb_s,gbit_s,avg_lat_us,avg_prep_us,p99_prep_us,avg_post_us,p99_post_us,avg_tx_us,p99_tx_us,slices_per_batch\n");
+    let mut s = String::from("block_size,batch_size,batches,gb_s,gbit_s,avg_lat_us,avg_prep_us,p99_prep_us,avg_post_us,p99_post_us,avg_tx_us,p99_tx_us,slices_per_batch,rail_bytes\n");
     for x in &r.rows {
+        let rails = x
+            .rails
+            .iter()
+            .map(|r| r.bytes.to_string())
+            .collect::<Vec<_>>()
+            .join(";");
         s.push_str(&format!(
-            "{},{},{},{:.6},{:.6},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.1}\n",
+            "{},{},{},{:.6},{:.6},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.1},{rails}\n",
             x.block_size,
             x.batch_size,
             x.batches,

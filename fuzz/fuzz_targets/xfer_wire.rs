@@ -60,6 +60,9 @@ fn check_limits(msg: &Message) {
             );
         }
         Message::Ready => {}
+        Message::RailRefused { rail, .. } => {
+            assert!(usize::from(*rail) < MAX_RAILS, "rail {rail}");
+        }
         Message::RailRenew(r) | Message::RailRenewed(r) => {
             assert!(usize::from(r.rail) < MAX_RAILS, "rail {}", r.rail);
             assert!(

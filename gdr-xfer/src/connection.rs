@@ -110,6 +110,11 @@ pub(crate) struct Queues {
     pub(crate) closed: bool,
     /// The pieces of the batch being posted (kept to post without allocating).
     pub(crate) scratch: Vec<RdmaPiece>,
+    /// Queue pairs of failed rails (rail, queue pairs), destroyed at the end of the pump that
+    /// posts what they carried elsewhere: after the re-posts left, before the queues are
+    /// unlocked (so before any of those re-posts can be seen complete). Destroying a queue
+    /// pair with much in flight can take a while in the provider.
+    pub(crate) graveyard: Vec<(usize, Vec<QueuePair>)>,
 }
 
 /// Everything about one connected peer.
@@ -205,6 +210,7 @@ impl Connection {
                 seen: Seen::default(),
                 closed: false,
                 scratch: Vec::with_capacity(CHUNK),
+                graveyard: Vec::new(),
             }),
         }
     }
@@ -441,6 +447,10 @@ impl Connection {
                 self.on_rail_renewed(r);
                 Ok(None)
             }
+            Message::RailRefused { rail, epoch } => {
+                self.on_rail_refused(usize::from(rail), epoch);
+                Ok(None)
+            }
             msg => self.apply_table(msg).map(|()| None),
         }
     }
@@ -500,7 +510,7 @@ pub(crate) fn apply_to(
         Message::Hello(_) | Message::Ready => {
             Err("unexpected handshake message after the handshake".into())
         }
-        Message::RailRenew(_) | Message::RailRenewed(_) => {
+        Message::RailRenew(_) | Message::RailRenewed(_) | Message::RailRefused { .. } => {
             Err("a rail renewal during the handshake".into())
         }
     }

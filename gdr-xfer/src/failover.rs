@@ -34,6 +34,10 @@ use crate::rail::RailState;
 use crate::transfer::{Failure, NotifyState};
 use crate::wire::{Message, RailRenew};
 
+/// How long an offer waits for the peer's answer (the control link normally answers within
+/// milliseconds; an offer lost with a stalled link is made again after the cool-down).
+const RENEW_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Statuses that say the request itself was wrong, not the rail: the transfer fails.
 fn is_request_error(status: WcStatus) -> bool {
     matches!(
@@ -137,8 +141,7 @@ impl Connection {
         r.completed(bytes, slices);
         r.free_notify_slots.extend(freed);
         if probed && r.state == RailState::Probing {
-            r.state = RailState::Active;
-            r.active_since = Some(Instant::now());
+            r.readmit(Instant::now());
             r.stats.readmissions += 1;
             log::info!(
                 "peer {}: rail {rail} ({}:{}) re-admitted after a successful probe",
@@ -235,7 +238,8 @@ impl Connection {
             q.rails[rail].failed_at = Some(now);
         }
         q.rails[rail].stats.retries += old.requeued;
-        self.forget_qps(rail, old.qps);
+        // Destroyed once the pump re-posted what they carried (see `Queues::graveyard`).
+        q.graveyard.push((rail, old.qps));
         if !q.rails.iter().any(|r| r.is_active()) {
             let detail = self.rails_down_detail(q);
             log::warn!("peer {}: no rail left: {detail}", self.name);
@@ -311,7 +315,7 @@ impl Connection {
 
     /// Destroys replaced queue pairs and forgets their numbers (their completions still
     /// queued then route nowhere, or to a reuse of the number, which ignores them as stale).
-    fn forget_qps(&self, rail: usize, qps: Vec<QueuePair>) {
+    pub(crate) fn forget_qps(&self, rail: usize, qps: Vec<QueuePair>) {
         if qps.is_empty() {
             return;
         }
@@ -354,7 +358,7 @@ impl Connection {
         let r = &mut q.rails[rail];
         r.epoch = r.epoch.wrapping_add(1);
         r.state = RailState::Renewing;
-        r.until = Instant::now() + self.connect_timeout();
+        r.until = Instant::now() + RENEW_TIMEOUT.min(self.connect_timeout());
         let endpoints = lanes
             .iter()
             .filter_map(|l| l.qp.as_ref().map(|qp| qp.endpoint()))
@@ -445,11 +449,16 @@ impl Connection {
         let old = self.requeue_lanes(&mut q, range, None);
         q.rails[rail].stats.retries += old.requeued;
         self.forget_qps(rail, old.qps);
+        let refused = Some(Message::RailRefused {
+            rail: r.rail,
+            epoch: r.epoch,
+        });
         let lanes = match self.new_lanes(rail) {
             Ok(l) => l,
             Err(e) => {
                 self.rail_failed(&mut q, rail, None, format!("answering a renewal: {e}"));
-                return None;
+                self.pump(&mut q);
+                return refused;
             }
         };
         let endpoints = lanes
@@ -460,9 +469,14 @@ impl Connection {
         self.install(&mut q, rail, lanes);
         if let Err(err) = self.connect_lanes(&q, rail, &r.endpoints) {
             self.rail_failed(&mut q, rail, None, format!("connecting a renewal: {err}"));
-            return None;
+            self.pump(&mut q);
+            return refused;
         }
         let slots = self.notify[rail].slots;
+        if !q.rails[rail].is_active() {
+            // Back in service (the peer's probe follows on these queue pairs).
+            q.rails[rail].stats.readmissions += 1;
+        }
         q.rails[rail].admit(Instant::now(), slots);
         log::info!(
             "peer {}: rail {rail} renewed at the peer's request (epoch {})",
@@ -475,6 +489,23 @@ impl Connection {
             epoch: r.epoch,
             endpoints,
         }))
+    }
+
+    /// The peer could not carry out our offer for rail `rail`: the rail stays paused, with a
+    /// longer cool-down.
+    pub(crate) fn on_rail_refused(&self, rail: usize, epoch: u32) {
+        let mut q = self.lock();
+        if q.closed || rail >= self.nrails {
+            return;
+        }
+        if q.offers[rail].as_ref().is_some_and(|o| o.epoch == epoch) {
+            q.offers[rail] = None;
+            q.rails[rail].pause(Instant::now(), "the peer could not renew it".into());
+            log::info!(
+                "peer {}: renewal of rail {rail} (epoch {epoch}) refused by the peer",
+                self.name
+            );
+        }
     }
 
     /// The peer answered our offer: connect, install, probe.
@@ -495,6 +526,7 @@ impl Connection {
         self.install(&mut q, rail, offer.lanes);
         if let Err(err) = self.connect_lanes(&q, rail, &r.endpoints) {
             self.rail_failed(&mut q, rail, None, format!("connecting a renewal: {err}"));
+            self.pump(&mut q);
             return;
         }
         let slots = self.notify[rail].slots;
@@ -503,6 +535,7 @@ impl Connection {
         link.state = RailState::Probing;
         if let Err(e) = self.post_probe(&mut q, rail) {
             self.rail_failed(&mut q, rail, None, format!("posting the probe: {e}"));
+            self.pump(&mut q);
         }
     }
 }

@@ -1,8 +1,8 @@
 //! # gdr-xfer: a safe transfer engine on gdr
 //!
 //! Moves many blocks between machines with one-sided RDMA READ and WRITE: KV-cache blocks,
-//! weights, checkpoints. One [`Agent`] per process owns a device, a completion queue, a progress
-//! thread, its registered [`Segment`]s and its [`Peer`]s. A transfer is a list of descriptors, a
+//! weights, checkpoints. One [`Agent`] per process owns its rails (RDMA ports, each with a
+//! completion queue and a progress thread), its registered [`Segment`]s and its [`Peer`]s. A transfer is a list of descriptors, a
 //! block table (the paged form: block indices, no struct per block) or indices into prepared
 //! lists; it is checked against both segment tables before anything is posted, runs contiguous on
 //! both sides are merged, long runs are cut into slices spread over the peer's queue pairs, and an
@@ -87,11 +87,24 @@
 //! # Ok::<(), gdr_xfer::Error>(())
 //! ```
 //!
+//! ## Rails: striping and failover
+//!
+//! Every port [`AgentConfig::device`] allows is a rail; rail `r` of one agent talks to rail `r`
+//! of its peer. Transfers larger than [`AgentConfig::stripe_min`] are striped over the rails
+//! nearest their memory (ranked by `gdr::doctor::rank_rails`, the ranking `gdr doctor` prints),
+//! each chunk to the rail whose queued bytes drain soonest at its measured throughput. A rail
+//! whose request fails is paused for that peer: its queue pairs are destroyed and what they
+//! carried is posted again on the other rails, within the transfer's deadline; it is renewed
+//! and probed after a growing cool-down, then used again. With no rail left, pending
+//! transfers fail with [`Error::NoRail`]. [`Peer::rail_stats`] reports each rail
+//! ([`RailStats`]).
+//!
 //! ## Progress
 //!
 //! Submitting posts at once, in the caller's thread, what the send queues have room for (one
-//! doorbell per 32 requests); the agent's progress thread reaps completions, posts the rest as
-//! room frees, delivers notifications and fails transfers at their deadline. It polls while
+//! doorbell per 32 requests); each rail's progress thread reaps its completions, posts the rest
+//! as room frees and delivers notifications; the first also fails transfers at their deadline
+//! and renews failed rails. It polls while
 //! completions come and sleeps on the completion channel otherwise. The caller never waits for
 //! another thread to post.
 //!

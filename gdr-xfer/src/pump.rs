@@ -26,6 +26,9 @@ impl Connection {
     /// send queues have room. A post the provider refuses fails the rail it was for.
     pub(crate) fn pump(&self, q: &mut Queues) {
         if q.closed {
+            for (rail, qps) in std::mem::take(&mut q.graveyard) {
+                self.forget_qps(rail, qps);
+            }
             return;
         }
         if let Err((rail, detail)) = self.pump_notifications(q) {
@@ -40,6 +43,9 @@ impl Connection {
             if q.closed || !q.rails.iter().any(|r| r.is_active()) {
                 break;
             }
+        }
+        for (rail, qps) in std::mem::take(&mut q.graveyard) {
+            self.forget_qps(rail, qps);
         }
     }
 
@@ -248,7 +254,7 @@ impl Connection {
                     ));
                 }
                 q.rails[rail].next_lane = (li % self.qps_per_rail + 1) % self.qps_per_rail;
-                q.rails[rail].stats.inflight_bytes += bytes;
+                q.rails[rail].posted(bytes);
                 q.lanes[li].posted.push_back(Posted::Slices {
                     first,
                     last: first + n as u64 - 1,

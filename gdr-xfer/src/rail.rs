@@ -44,6 +44,8 @@ pub(crate) const SAMPLE: Duration = Duration::from_millis(20);
 const UNMEASURED: f64 = 1.0e9;
 /// The lowest estimate (bytes per second): a stalled rail is slow, not infinitely slow.
 const MIN_RATE: f64 = 1.0e3;
+/// How much of the throughput sums survives a sample (about ten samples of memory).
+const DECAY: f64 = 0.9;
 
 /// This machine's doctor report, read once per process (the topology does not change while
 /// it runs; which rails work is the engine's own bookkeeping). `None` when it cannot be read.
@@ -160,7 +162,7 @@ pub struct RailStats {
     pub retries: u64,
     /// Times its queue pairs were replaced.
     pub renewals: u64,
-    /// Times a probe re-admitted it.
+    /// Times it came back into service (its probe succeeded, or the peer renewed it).
     pub readmissions: u64,
     /// Bytes posted on it and not completed yet.
     pub inflight_bytes: u64,
@@ -194,6 +196,14 @@ pub(crate) struct RailLink {
     measured: bool,
     window_bytes: u64,
     window_start: Instant,
+    /// Time the rail had bytes in flight during the current window, and since when it has
+    /// (`None`: idle). Throughput is bytes over busy time: a fast rail that idles while
+    /// transfers wait for a slow one is not mistaken for a slow one.
+    busy: Duration,
+    busy_since: Option<Instant>,
+    /// Decayed sums of completed bytes and busy seconds (the estimate is their ratio).
+    acc_bytes: f64,
+    acc_busy: f64,
 }
 
 /// The counters of [`RailStats`].
@@ -226,6 +236,10 @@ impl RailLink {
             measured: false,
             window_bytes: 0,
             window_start: now,
+            busy: Duration::ZERO,
+            busy_since: None,
+            acc_bytes: 0.0,
+            acc_busy: 0.0,
         }
     }
 
@@ -249,16 +263,35 @@ impl RailLink {
         self.stats.errors += 1;
         self.stats.last_error = Some(why);
         self.stats.inflight_bytes = 0;
+        self.busy_since = None;
     }
 
     /// Admits it (a probe succeeded, or the peer renewed it).
     pub(crate) fn admit(&mut self, now: Instant, notify_slots: u16) {
+        self.readmit(now);
+        self.free_notify_slots = (0..notify_slots).rev().collect();
+    }
+
+    /// Takes it back into service (its probe succeeded): active, and unmeasured (its queue
+    /// pairs, and perhaps its path, are new).
+    pub(crate) fn readmit(&mut self, now: Instant) {
         self.state = RailState::Active;
         self.active_since = Some(now);
         self.measured = false;
         self.window_bytes = 0;
         self.window_start = now;
-        self.free_notify_slots = (0..notify_slots).rev().collect();
+        self.busy = Duration::ZERO;
+        self.busy_since = None;
+        self.acc_bytes = 0.0;
+        self.acc_busy = 0.0;
+    }
+
+    /// Counts `bytes` posted on it (reads the clock only when the rail was idle).
+    pub(crate) fn posted(&mut self, bytes: u64) {
+        if self.stats.inflight_bytes == 0 {
+            self.busy_since = Some(Instant::now());
+        }
+        self.stats.inflight_bytes += bytes;
     }
 
     /// Credits completed bytes.
@@ -267,30 +300,42 @@ impl RailLink {
         self.stats.slices += slices;
         self.stats.inflight_bytes = self.stats.inflight_bytes.saturating_sub(bytes);
         self.window_bytes += bytes;
+        if self.stats.inflight_bytes == 0 {
+            if let Some(t) = self.busy_since.take() {
+                self.busy += t.elapsed();
+            }
+        }
     }
 
-    /// Takes a throughput sample when [`SAMPLE`] has passed, only while the rail had work (an
-    /// idle rail keeps its estimate). A rail with work that completed nothing measures
-    /// (almost) zero: it is stalled, and the scheduler avoids it. The first measurement needs
-    /// completed bytes.
+    /// Takes a throughput sample when [`SAMPLE`] has passed. The estimate is the bytes
+    /// completed over the time the rail had bytes in flight, both summed with an exponential
+    /// decay (a time constant of about ten samples), so that completions arriving in bursts
+    /// (a chunk completes at once) do not swing it. An idle rail keeps its estimate; a rail
+    /// with work that completes nothing sinks towards zero: it is stalled, and the scheduler
+    /// avoids it. The first estimate needs completed bytes.
     pub(crate) fn sample(&mut self, now: Instant) {
         let dt = now.duration_since(self.window_start);
         if dt < SAMPLE {
             return;
         }
-        let busy = self.window_bytes > 0 || self.stats.inflight_bytes > 0;
-        if busy && (self.measured || self.window_bytes > 0) {
-            let rate = (self.window_bytes as f64 / dt.as_secs_f64()).max(MIN_RATE);
-            let t = &mut self.stats.throughput;
-            *t = if self.measured {
-                0.7 * *t + 0.3 * rate
-            } else {
-                rate
-            };
-            self.measured = true;
+        let mut busy = self.busy;
+        if let Some(t) = self.busy_since {
+            busy += now.saturating_duration_since(t);
+            self.busy_since = Some(now);
+        }
+        if !busy.is_zero() {
+            self.acc_bytes = DECAY * self.acc_bytes + self.window_bytes as f64;
+            self.acc_busy = DECAY * self.acc_busy + busy.as_secs_f64();
+            if self.acc_bytes > 0.0 {
+                self.measured = true;
+            }
+            if self.measured {
+                self.stats.throughput = (self.acc_bytes / self.acc_busy).max(MIN_RATE);
+            }
         }
         self.window_bytes = 0;
         self.window_start = now;
+        self.busy = Duration::ZERO;
     }
 
     /// The scheduler's cost of adding `bytes` to this rail: the time its queued bytes take at
@@ -409,8 +454,11 @@ mod tests {
         fast.stats.inflight_bytes = 10;
         assert!(fast.cost(100) > slow.cost(100), "queued bytes count");
         for (r, bytes) in [(&mut fast, 4_000_000u64), (&mut slow, 1_000_000)] {
-            r.stats.inflight_bytes = bytes;
+            r.stats.inflight_bytes = 0;
+            r.posted(bytes);
             r.completed(bytes, 1);
+            // Busy from t0 until now (the completion); the sample comes after the window.
+            r.busy = Duration::from_millis(40);
             r.sample(t0 + Duration::from_millis(40));
         }
         assert!(fast.stats.throughput > 3.0 * slow.stats.throughput);
@@ -424,22 +472,58 @@ mod tests {
         assert_eq!(slow.stats.throughput, before);
         // A stalled rail (work queued, nothing completing) sinks towards the floor and costs
         // more than any working one; re-admitted, it is unmeasured (assumed fast) again.
-        slow.stats.inflight_bytes = 1 << 20;
+        slow.posted(1 << 20);
+        slow.busy_since = Some(t0 + Duration::from_secs(5));
         for k in 1..40 {
             slow.sample(t0 + Duration::from_secs(5) + SAMPLE * k);
         }
         assert!(
-            slow.stats.throughput < 2.0 * MIN_RATE,
-            "{}",
-            slow.stats.throughput
+            slow.stats.throughput < fast.stats.throughput / 100.0,
+            "{} vs {}",
+            slow.stats.throughput,
+            fast.stats.throughput
         );
         assert!(slow.cost(65536) > 100.0 * fast.cost(65536));
         slow.admit(t0, 1);
         slow.stats.inflight_bytes = 0;
         assert!(slow.cost(65536) < fast.cost(65536));
+        // Idle time does not count: a fast rail that waited between short bursts keeps its
+        // speed (4 MB in 10 ms of busy time in a 1 s window is 400 MB/s, not 4 MB/s).
+        // Bursty completions do not swing it: a rail completing 2 MB every 100 ms, busy all
+        // along, reads 20 MB/s whatever the phase of the samples.
+        let mut steady = RailLink::new(1, t0);
+        steady.posted(1 << 30);
+        steady.busy_since = Some(t0);
+        let mut seen = Vec::new();
+        for k in 1..=50u32 {
+            let at = t0 + SAMPLE * k;
+            if k % 5 == 0 {
+                steady.completed(2_000_000, 1);
+            }
+            steady.sample(at);
+            if k > 20 {
+                seen.push(steady.stats.throughput);
+            }
+        }
+        let (lo, hi) = seen
+            .iter()
+            .fold((f64::MAX, 0f64), |(l, h), &v| (l.min(v), h.max(v)));
+        assert!(lo > 12.0e6 && hi < 30.0e6, "between {lo} and {hi}");
+        let mut bursty = RailLink::new(1, t0);
+        bursty.posted(4_000_000);
+        bursty.busy_since = None;
+        bursty.busy = Duration::from_millis(10);
+        bursty.completed(4_000_000, 1);
+        bursty.sample(t0 + Duration::from_secs(1));
+        assert!(
+            (bursty.stats.throughput - 4.0e8).abs() < 1.0,
+            "{}",
+            bursty.stats.throughput
+        );
         // An unmeasured rail with work but nothing completed yet stays unmeasured.
         let mut fresh = RailLink::new(1, t0);
-        fresh.stats.inflight_bytes = 1 << 20;
+        fresh.posted(1 << 20);
+        fresh.busy_since = Some(t0);
         fresh.sample(t0 + SAMPLE);
         assert_eq!(fresh.cost(0), (1u64 << 20) as f64 / UNMEASURED);
     }

@@ -17,6 +17,7 @@
 //! bye:      reason length u16 (<= MAX_REASON) | reason (UTF-8, refused otherwise)
 //! renew:    rail u8 (< MAX_RAILS) | epoch u32 | endpoints   (new queue pairs for one rail)
 //! renewed:  rail u8 (< MAX_RAILS) | epoch u32 | endpoints   (the answer: the peer's new ones)
+//! refused:  rail u8 (< MAX_RAILS) | epoch u32               (the answer: it could not renew)
 //! ```
 //!
 //! Rails are paired by position: rail `r` of one agent talks to rail `r` of the other (NIC `r`
@@ -59,6 +60,7 @@ const KIND_READY: u8 = 4;
 const KIND_BYE: u8 = 5;
 const KIND_RAIL_RENEW: u8 = 6;
 const KIND_RAIL_RENEWED: u8 = 7;
+const KIND_RAIL_REFUSED: u8 = 8;
 
 /// What one agent tells another when they connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +111,14 @@ pub enum Message {
     RailRenew(RailRenew),
     /// The answer to a [`Message::RailRenew`]: the peer's new queue pairs, connected.
     RailRenewed(RailRenew),
+    /// The answer to a [`Message::RailRenew`] the peer could not carry out (its side of the
+    /// rail is down too): the offer is void, try again later.
+    RailRefused {
+        /// The rail.
+        rail: u8,
+        /// The epoch of the offer refused.
+        epoch: u32,
+    },
 }
 
 /// New queue pairs for one rail ([`Message::RailRenew`], [`Message::RailRenewed`]).
@@ -313,6 +323,18 @@ impl Message {
                 v.extend_from_slice(&r.epoch.to_be_bytes());
                 encode_endpoints(&mut v, &r.endpoints)?;
             }
+            Message::RailRefused { rail, epoch } => {
+                v.push(KIND_RAIL_REFUSED);
+                v.push(0);
+                if usize::from(*rail) >= MAX_RAILS {
+                    return Err(Error::invalid(
+                        format!("rail {rail}"),
+                        format!("rails are 0..{MAX_RAILS}"),
+                    ));
+                }
+                v.push(*rail);
+                v.extend_from_slice(&epoch.to_be_bytes());
+            }
         }
         Ok(v)
     }
@@ -448,6 +470,14 @@ impl Message {
                 } else {
                     Message::RailRenewed(renew)
                 }
+            }
+            KIND_RAIL_REFUSED => {
+                let rail = r.u8("rail")?;
+                if usize::from(rail) >= MAX_RAILS {
+                    return Err(r.err(format!("rail {rail} (rails are 0..{MAX_RAILS})")));
+                }
+                let epoch = r.u32("epoch")?;
+                Message::RailRefused { rail, epoch }
             }
             other => return Err(r.err(format!("unknown message kind {other}"))),
         };
@@ -626,6 +656,7 @@ mod tests {
                 epoch: u32::MAX,
                 endpoints: vec![endpoint(0x41)],
             }),
+            Message::RailRefused { rail: 1, epoch: 9 },
         ]
     }
 

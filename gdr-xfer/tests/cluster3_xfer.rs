@@ -146,9 +146,13 @@ fn target(test: u16, len: usize) -> Target {
 
 impl Target {
     /// Waits for notification `what` (they come in order of the data; earlier ones are
-    /// skipped).
+    /// skipped), as long as the initiator's side of a test may take.
     fn wait_for(&self, what: &str) {
-        let end = Instant::now() + MEET;
+        self.wait_for_within(what, Duration::from_secs(600));
+    }
+
+    fn wait_for_within(&self, what: &str, within: Duration) {
+        let end = Instant::now() + within;
         loop {
             let left = end.saturating_duration_since(Instant::now());
             assert!(!left.is_zero(), "no notification {what:?}");
@@ -433,8 +437,10 @@ fn t3_both_rails_cut_fail_pending_transfers_fast_and_typed() {
                 match p.wait(DEADLINE + Duration::from_secs(5)) {
                     Ok(_) => kinds.push("done before the cut".to_string()),
                     Err(e @ Error::NoRail { .. }) => {
+                        if !kinds.iter().any(|k| k == "NoRail") {
+                            eprintln!("host2: t3: the first failure: {e}");
+                        }
                         kinds.push("NoRail".into());
-                        eprintln!("host2: t3: {e}");
                     }
                     Err(e) => panic!("expected NoRail, got {e}"),
                 }
@@ -501,13 +507,13 @@ fn t5_delay_and_loss_on_one_rail_shift_load_to_the_other() {
                 stream(i, COUNT, 8, SRC, |_| {});
             };
             let (clean, d0, t0) = split(&i, &run);
-            fault(&["netem", "2", "1", "delay", "10ms", "loss", "0.2%"]);
+            fault(&["netem", "2", "1", "delay", "40ms", "loss", "2%"]);
             // Let the throughput estimate see the slow rail, then measure.
             run(&i);
             let (slow, d1, t1) = split(&i, &run);
             fault(&["netem-clear", "2", "1"]);
             eprintln!(
-                "host2: t5: rail 0 share {:.0} % clean ({d0:?} bytes, {:.2} s), {:.0} % with delay 10ms loss 0.2% on rail 1 ({d1:?} bytes, {:.2} s); throughput estimates now {:?}",
+                "host2: t5: rail 0 share {:.0} % clean ({d0:?} bytes, {:.2} s), {:.0} % with delay 40ms loss 2% on rail 1 ({d1:?} bytes, {:.2} s); throughput estimates now {:?}",
                 clean * 100.0,
                 t0.as_secs_f64(),
                 slow * 100.0,
@@ -515,7 +521,7 @@ fn t5_delay_and_loss_on_one_rail_shift_load_to_the_other() {
                 i.peer.rail_stats().iter().map(|r| r.throughput as u64).collect::<Vec<_>>()
             );
             assert!(
-                slow > clean + 0.1 && slow > 0.6,
+                slow > clean + 0.15 && slow > 0.7,
                 "the scheduler moved load off the slow rail ({clean:.2} -> {slow:.2})"
             );
             i.done("t5 done");
@@ -532,8 +538,9 @@ fn t9_a_killed_peer_host_fails_its_transfers_and_the_agent_serves_the_other() {
     match me() {
         1 | 3 => {
             let t = target(9, (COUNT * BLOCK) as usize);
-            // Host 3 is powered off during the test; host 1 verifies.
-            t.wait_for("t9 done");
+            // Host 3 is powered off during the test; host 1 verifies. (Host 3 has no part in
+            // the tests before, so it waits here for as long as they may take.)
+            t.wait_for_within("t9 done", Duration::from_secs(1800));
             verify_blocks(&t.dst, COUNT, SRC, 9);
             eprintln!("host{}: t9: {COUNT} x 1 MiB verified", me());
         }
@@ -546,11 +553,19 @@ fn t9_a_killed_peer_host_fails_its_transfers_and_the_agent_serves_the_other() {
             src.write(0, &pattern((SRC * BLOCK) as usize, 9)).unwrap();
             let d1 = p1.wait_segment_named("dst", MEET).unwrap().id;
             let d3 = p3.wait_segment_named("dst", MEET).unwrap().id;
-            let opts = TransferOptions::new().timeout(Duration::from_secs(20));
-            let to3: Vec<Transfer> = (0..COUNT)
+            // 256 MiB queued to host 3 (blocks land modulo its 32): far more than moves while
+            // the kill is carried out.
+            let opts = TransferOptions::new().timeout(DEADLINE);
+            let to3: Vec<Transfer> = (0..8 * COUNT)
                 .map(|k| {
                     p3.write(
-                        &[Desc::new(&src, (k % SRC) * BLOCK, d3, k * BLOCK, BLOCK)],
+                        &[Desc::new(
+                            &src,
+                            (k % SRC) * BLOCK,
+                            d3,
+                            (k % COUNT) * BLOCK,
+                            BLOCK,
+                        )],
                         &opts,
                     )
                     .unwrap()
@@ -560,7 +575,7 @@ fn t9_a_killed_peer_host_fails_its_transfers_and_the_agent_serves_the_other() {
             fault(&["kill", "3"]);
             let mut ends = Vec::new();
             for x in &to3 {
-                match x.wait(Duration::from_secs(30)) {
+                match x.wait(DEADLINE + Duration::from_secs(5)) {
                     Ok(_) => ends.push("done".to_string()),
                     Err(
                         e @ (Error::NoRail { .. } | Error::PeerLost { .. } | Error::Timeout { .. }),
@@ -578,12 +593,13 @@ fn t9_a_killed_peer_host_fails_its_transfers_and_the_agent_serves_the_other() {
             let failed_in = t.elapsed();
             let failed = ends.iter().filter(|e| *e != "done").count();
             eprintln!(
-                "host2: t9: host 3 killed; its {COUNT} writes ended within {:.2} s: {failed} failed ({:?})",
+                "host2: t9: host 3 killed; its {} writes ended within {:.2} s: {failed} failed ({:?})",
+                to3.len(),
                 failed_in.as_secs_f64(),
                 ends.iter().filter(|e| *e != "done").collect::<std::collections::BTreeSet<_>>()
             );
             assert!(failed > 0, "writes to the dead host failed");
-            assert!(failed_in < Duration::from_secs(25), "within their deadline");
+            assert!(failed_in < DEADLINE, "within their deadline");
             // The agent goes on serving host 1.
             let t1: Vec<Transfer> = (0..COUNT)
                 .map(|k| {

@@ -122,6 +122,7 @@ fn seeds() -> Vec<(&'static str, Message)> {
                 endpoints: vec![rxe_endpoint(0x21, 0x11_2233), rxe_endpoint(0x22, 0x44_5566)],
             }),
         ),
+        ("rail-refused", Message::RailRefused { rail: 1, epoch: 3 }),
         (
             "rail-renewed",
             Message::RailRenewed(RailRenew {
@@ -174,7 +175,7 @@ fn the_fuzz_seeds_are_real_encodings_of_every_kind() {
             path.display()
         );
     }
-    assert_eq!(kinds.len(), 7, "a seed of every message kind");
+    assert_eq!(kinds.len(), 8, "a seed of every message kind");
     // No stale seed: every file in the directory is one of the above.
     let names: Vec<&str> = seeds().iter().map(|(n, _)| *n).collect();
     for e in std::fs::read_dir(&dir).unwrap() {

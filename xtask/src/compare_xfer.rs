@@ -144,7 +144,7 @@ pub fn parse(text: &str) -> Vec<XRun> {
             continue;
         }
         let Some(r) = cur.as_mut() else { continue };
-        let cols: Vec<&str> = if r.tool == "xfer" {
+        let cols: Vec<&str> = if r.tool.starts_with("xfer") {
             l.split(',').collect()
         } else {
             l.split_whitespace().collect()
@@ -152,11 +152,12 @@ pub fn parse(text: &str) -> Vec<XRun> {
         if cols.first() != Some(&size.as_str()) {
             continue;
         }
-        r.gbps = match r.tool.as_str() {
+        r.gbps = if r.tool.starts_with("xfer") {
             // block_size,batch_size,batches,gb_s,gbit_s,...
-            "xfer" => cols.get(4).and_then(|v| v.parse().ok()),
+            cols.get(4).and_then(|v| v.parse().ok())
+        } else {
             // #bytes #iterations BW peak BW average MsgRate
-            _ => cols.get(3).and_then(|v| v.parse().ok()),
+            cols.get(3).and_then(|v| v.parse().ok())
         };
     }
     runs

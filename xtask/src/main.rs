@@ -8,6 +8,7 @@
 //! * `gpu-bundle`: collect the `gpu_*` test binaries for the GPU machine.
 //! * `compare-perftest`: gdr bw/lat against perftest, medians and ratios.
 //! * `compare-xfer`: gdr-xfer's batched block writes against ib_write_bw, paired ratios.
+//! * `compare-rails`: gdr-xfer on one rail, on two, and ib_write_bw on both, on a cluster.
 //! * `bench`: `cargo bench` (benches/perf.rs) inside the VM.
 //! * `downstream`: build a new crate from README.md's dependency line and example.
 //! * `fuzz [--minutes N] [TARGET...]`: the cargo-fuzz targets in fuzz/, executions and crashes.
@@ -16,6 +17,7 @@ mod bench;
 mod bundle;
 mod cargo;
 mod cluster;
+mod compare_rails;
 mod compare_xfer;
 mod demo;
 mod downstream;
@@ -69,6 +71,8 @@ enum Command {
     ComparePerftest(perftest::CompareOpts),
     /// gdr xfer-bench (gdr-xfer) against ib_write_bw, alternately, in one VM boot.
     CompareXfer(compare_xfer::CompareXferOpts),
+    /// gdr-xfer on one rail and on two against ib_write_bw on both rails, on a 2-host cluster.
+    CompareRails(compare_rails::CompareRailsOpts),
     /// Run `cargo bench` (write bandwidth and latency, benches/perf.rs) inside the VM.
     Bench(bench::BenchOpts),
     /// Build a new crate from README.md alone (its dependency line and example), not run.
@@ -88,6 +92,7 @@ fn main() -> ExitCode {
         Command::GpuBundle => bundle::gpu_bundle().map(|()| 0),
         Command::ComparePerftest(opts) => perftest::compare(&opts),
         Command::CompareXfer(opts) => compare_xfer::compare(&opts),
+        Command::CompareRails(opts) => compare_rails::compare(&opts),
         Command::Bench(opts) => bench::bench(&opts),
         Command::Downstream => downstream::downstream(),
         Command::Fuzz(opts) => fuzz::fuzz(&opts),
