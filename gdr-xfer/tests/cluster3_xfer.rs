@@ -10,7 +10,11 @@
 //! when the initiator's notification arrives (it arrives only after the data). `t9` kills
 //! host 3 and comes last.
 
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::pattern;
 
 use gdr_xfer::{
     Agent, AgentConfig, BlockTable, Desc, Error, Op, Peer, RailState, Segment, Transfer,
@@ -113,18 +117,6 @@ fn agent(host: u32, test: u16) -> Agent {
         "both rails, in the order of the device list"
     );
     a
-}
-
-/// The byte at `i` of block pattern `seed`.
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .wrapping_add(seed.wrapping_mul(40503))
-                .rotate_left(7) as u8
-        })
-        .collect()
 }
 
 /// The target's side of a test: listens, registers `dst` of `len` bytes, waits for the

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Runs on every host of a 2-host x 2-rail cluster (`cargo xtask compare-rails`): host 1 serves,
 # host 2 measures, each round (in an order that rotates) `gdr xfer-bench` on rail 0 alone,
-# `gdr xfer-bench` on both rails, and perftest's ib_write_bw on both rails at once (one
-# client per rail), and prints each client's result between markers that
+# `gdr xfer-bench` on both rails, perftest's ib_write_bw on both rails at once (one client per
+# rail) and on rail 0 alone, and prints each client's result between markers that
 # `cargo xtask compare-rails` parses.
 #
 # usage: compare-rails.sh GDR_BINARY ROUNDS SIZE BATCH QPS SECONDS
@@ -34,6 +34,19 @@ xfer() { # LABEL DEVICES
         echo "### $1 size=$size round=$r"
         "$gdr" xfer-bench "$a0:$port" -d "$2" --block-size "$size" --batch "$batch" -q "$qps" \
             --duration "$secs" --csv 2>&1
+        echo "### end rc=$? server_rc=0"
+    fi
+}
+
+# perftest on rail 0 alone: how far the test bed itself scales from one rail to two.
+perf_one() {
+    port=$((port + 1))
+    if [ "$h" = 1 ]; then
+        timeout $limit ib_write_bw -d "$d0" -x "$g0" -s "$size" -q "$qps" -D "$secs" --report_gbits -p $port >/dev/null 2>&1
+    else
+        sleep 2
+        echo "### perfone size=$size round=$r"
+        retry ib_write_bw "$a0" -d "$d0" -x "$g0" -s "$size" -q "$qps" -D "$secs" --report_gbits -p $port 2>&1
         echo "### end rc=$? server_rc=0"
     fi
 }
@@ -73,9 +86,9 @@ r=1
 while [ "$r" -le "$rounds" ]; do
     # The order rotates by round, so an advantage of going first or last cancels out.
     case $((r % 3)) in
-    1) xfer xfer1 "$d0"; xfer xfer2 "$d0,$d1"; perf ;;
-    2) xfer xfer2 "$d0,$d1"; perf; xfer xfer1 "$d0" ;;
-    0) perf; xfer xfer1 "$d0"; xfer xfer2 "$d0,$d1" ;;
+    1) xfer xfer1 "$d0"; xfer xfer2 "$d0,$d1"; perf; perf_one ;;
+    2) xfer xfer2 "$d0,$d1"; perf; perf_one; xfer xfer1 "$d0" ;;
+    0) perf_one; perf; xfer xfer1 "$d0"; xfer xfer2 "$d0,$d1" ;;
     esac
     r=$((r + 1))
 done

@@ -94,6 +94,8 @@ struct Round {
     one: Option<f64>,
     two: Option<f64>,
     perf: [Option<f64>; 2],
+    /// ib_write_bw on rail 0 alone (how far the bed itself scales).
+    perf_one: Option<f64>,
 }
 
 /// The table and the failed runs.
@@ -121,6 +123,7 @@ fn summarize(runs: &[XRun], opts: &CompareRailsOpts) -> (String, Vec<String>) {
             "xfer2" => e.two = Some(v),
             "perf0" => e.perf[0] = Some(v),
             "perf1" => e.perf[1] = Some(v),
+            "perfone" => e.perf_one = Some(v),
             other => failures.push(format!("unknown measurement {other}")),
         }
     }
@@ -130,33 +133,39 @@ fn summarize(runs: &[XRun], opts: &CompareRailsOpts) -> (String, Vec<String>) {
         "gdr-xfer batches of {} x {} B, {} QPs per rail, vs ib_write_bw -s {} -q {} on each rail at once, {} s each, {} rounds\n",
         opts.batch, opts.size, opts.qps, opts.size, opts.qps, opts.seconds, opts.rounds
     );
-    s.push_str("round   1 rail Gb/s   2 rails Gb/s   perftest r0+r1 Gb/s   2/1     2/perftest\n");
-    let (mut scale, mut vs) = (Vec::new(), Vec::new());
+    s.push_str("round   1 rail Gb/s   2 rails Gb/s   perftest r0+r1 Gb/s   perftest r0   2/1     2/perftest   perftest 2/1\n");
+    let (mut scale, mut vs, mut bed) = (Vec::new(), Vec::new(), Vec::new());
     for (n, r) in &rounds {
         let a = r.two.zip(r.one).map(|(t, o)| t / o);
         let b = r.two.zip(sum(r)).map(|(t, p)| t / p);
+        let c = sum(r).zip(r.perf_one).map(|(t, o)| t / o);
         scale.extend(a);
         vs.extend(b);
+        bed.extend(c);
         s.push_str(&format!(
-            "{n:>5}   {:>11}   {:>12}   {:>8} + {:<8}    {:>5}   {:>5}\n",
+            "{n:>5}   {:>11}   {:>12}   {:>8} + {:<8}    {:>11}   {:>5}   {:>10}   {:>12}\n",
             f(r.one),
             f(r.two),
             f(r.perf[0]),
             f(r.perf[1]),
+            f(r.perf_one),
             f(a),
-            f(b)
+            f(b),
+            f(c)
         ));
     }
     let col = |g: &dyn Fn(&Round) -> Option<f64>| {
         median(&rounds.values().filter_map(g).collect::<Vec<_>>())
     };
     s.push_str(&format!(
-        "median  {:>11}   {:>12}   {:>19}    paired {}   paired {}\n",
+        "median  {:>11}   {:>12}   {:>19}    {:>11}   paired {}   paired {}   paired {}\n",
         f(col(&|r| r.one)),
         f(col(&|r| r.two)),
         f(col(&sum)),
+        f(col(&|r| r.perf_one)),
         f(median(&scale)),
-        f(median(&vs))
+        f(median(&vs)),
+        f(median(&bed))
     ));
     (s, failures)
 }
@@ -170,9 +179,10 @@ mod tests {
         let out = "### xfer1 size=1048576 round=1\nblock_size,batch_size,batches,gb_s,gbit_s\n1048576,16,3,0.05,0.4,x\n### end rc=0 server_rc=0\n\
                    ### xfer2 size=1048576 round=1\n1048576,16,5,0.09,0.72,x\n### end rc=0 server_rc=0\n\
                    ### perf0 size=1048576 round=1\n 1048576  100  0.00  0.40  0.0001\n### end rc=0 server_rc=0\n\
-                   ### perf1 size=1048576 round=1\n 1048576  100  0.00  0.40  0.0001\n### end rc=0 server_rc=0\n### done\n";
+                   ### perf1 size=1048576 round=1\n 1048576  100  0.00  0.40  0.0001\n### end rc=0 server_rc=0\n\
+                   ### perfone size=1048576 round=1\n 1048576  100  0.00  0.50  0.0001\n### end rc=0 server_rc=0\n### done\n";
         let runs = parse(out);
-        assert_eq!(runs.len(), 4);
+        assert_eq!(runs.len(), 5);
         let opts = CompareRailsOpts {
             rounds: 1,
             size: 1 << 20,
@@ -183,6 +193,9 @@ mod tests {
         };
         let (t, f) = summarize(&runs, &opts);
         assert!(f.is_empty(), "{f:?}");
-        assert!(t.contains("paired 1.800   paired 0.900"), "{t}");
+        assert!(
+            t.contains("paired 1.800   paired 0.900   paired 1.600"),
+            "{t}"
+        );
     }
 }
