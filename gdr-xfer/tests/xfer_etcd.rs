@@ -168,3 +168,62 @@ fn peers_are_found_by_name_and_a_lease_that_ends_fails_their_transfers() {
     }
     assert!(a.peer("kv-target").is_none(), "the lost peer is forgotten");
 }
+
+/// A directory record that names the wrong agent (a stale record whose address another agent
+/// now listens on, or a hostile one): the connection is refused with a typed error naming both
+/// names, and nothing of it stays connected.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_record_pointing_at_another_agent_is_refused() {
+    let etcd = EtcdServer::start();
+    let dir = Arc::new(
+        EtcdDirectory::connect(
+            &[etcd.endpoint()],
+            DEFAULT_PREFIX,
+            Duration::from_secs(6),
+            Duration::from_secs(5),
+        )
+        .unwrap(),
+    );
+    let real = agent("real");
+    let addr = real.listen("127.0.0.1:0").unwrap();
+    // "ghost"'s endpoint record, pointing at "real".
+    let record = gdr_xfer::wire::AgentRecord {
+        addr: addr.to_string(),
+    }
+    .encode()
+    .unwrap();
+    dir.put("ghost/endpoint", &record).unwrap();
+    let finder = agent("finder");
+    let e = finder
+        .connect_named(&dir, "ghost", Duration::from_secs(10))
+        .unwrap_err();
+    match &e {
+        Error::Protocol { peer, detail } => {
+            assert_eq!(peer, "ghost");
+            assert!(
+                detail.contains("says it is \"real\"") && detail.contains("\"ghost\""),
+                "{detail}"
+            );
+        }
+        other => panic!("expected a protocol error, got {other}"),
+    }
+    // Nothing stays connected on either side.
+    assert!(finder.peers().is_empty(), "{:?}", finder.peers());
+    let end = Instant::now() + Duration::from_secs(10);
+    while !real.peers().is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(real.peers().is_empty(), "{:?}", real.peers());
+    // The real name still works.
+    let r = gdr_xfer::wire::AgentRecord {
+        addr: addr.to_string(),
+    }
+    .encode()
+    .unwrap();
+    dir.put("real/endpoint", &r).unwrap();
+    let peer = finder
+        .connect_named(&dir, "real", Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(peer.name(), "real");
+}
