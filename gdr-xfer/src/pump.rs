@@ -44,8 +44,10 @@ impl Connection {
                 break;
             }
         }
-        for (rail, qps) in std::mem::take(&mut q.graveyard) {
-            self.forget_qps(rail, qps);
+        if !q.graveyard.is_empty() {
+            for (rail, qps) in std::mem::take(&mut q.graveyard) {
+                self.forget_qps(rail, qps);
+            }
         }
     }
 
@@ -153,28 +155,46 @@ impl Connection {
     /// The lane for the next chunk of `bytes` bytes: on the cheapest active rail with room
     /// among the preferred ones (`mask`; any active rail when none of those is), only `pin`'s
     /// rail when given, round robin among that rail's lanes.
-    fn pick_lane(&self, q: &Queues, pin: Option<usize>, mask: u32, bytes: u64) -> Option<usize> {
+    fn pick_lane(
+        &self,
+        q: &Queues,
+        pin: Option<usize>,
+        mask: u32,
+        bytes: u64,
+    ) -> Option<(usize, u64)> {
+        if self.nrails == 1 {
+            // One rail: no choice to weigh, round robin over its lanes.
+            if !q.rails[0].is_active() {
+                return None;
+            }
+            let start = q.rails[0].next_lane;
+            return (0..self.qps_per_rail)
+                .map(|k| (start + k) % self.qps_per_rail)
+                .map(|l| (l, self.room(q, l)))
+                .find(|&(_, room)| room > 0);
+        }
         let preferred_up = (0..self.nrails).any(|r| mask & (1 << r) != 0 && q.rails[r].is_active());
         let mask = if preferred_up { mask } else { u32::MAX };
-        let mut best: Option<(f64, usize)> = None;
+        let mut best: Option<(f64, usize, u64)> = None;
         for r in 0..self.nrails {
             if !q.rails[r].is_active() || pin.is_some_and(|p| p != r) || mask & (1 << r) == 0 {
                 continue;
             }
             let base = r * self.qps_per_rail;
             let start = q.rails[r].next_lane;
-            let Some(lane) = (0..self.qps_per_rail)
+            let Some((lane, room)) = (0..self.qps_per_rail)
                 .map(|k| base + (start + k) % self.qps_per_rail)
-                .find(|&l| self.room(q, l) > 0)
+                .map(|l| (l, self.room(q, l)))
+                .find(|&(_, room)| room > 0)
             else {
                 continue;
             };
             let cost = q.rails[r].cost(bytes);
-            if best.is_none_or(|(c, _)| cost < c) {
-                best = Some((cost, lane));
+            if best.is_none_or(|(c, _, _)| cost < c) {
+                best = Some((cost, lane, room));
             }
         }
-        best.map(|(_, l)| l)
+        best.map(|(_, l, room)| (l, room))
     }
 
     fn pump_slices(&self, q: &mut Queues) -> Result<(), (usize, String)> {
@@ -208,7 +228,8 @@ impl Connection {
                 if p.rail_pin.is_some_and(|r| !q.rails[r].is_active()) {
                     p.rail_pin = None;
                 }
-                let Some(li) = self.pick_lane(q, p.rail_pin, t.rail_mask, end_hint.min(t.bytes))
+                let Some((li, room)) =
+                    self.pick_lane(q, p.rail_pin, t.rail_mask, end_hint.min(t.bytes))
                 else {
                     break;
                 };
@@ -216,7 +237,7 @@ impl Connection {
                 if p.rail_pin.is_none() && t.bytes <= self.stripe_min {
                     p.rail_pin = Some(rail);
                 }
-                let room = self.room(q, li).min(CHUNK as u64) as usize;
+                let room = room.min(CHUNK as u64) as usize;
                 // Cut up to `room` slices, all of one local segment (one batch is one local
                 // slice): from a retry range first, else from the transfer's cursor.
                 let retrying = !p.retry.is_empty();
@@ -234,19 +255,21 @@ impl Connection {
                     ),
                 };
                 pieces.clear();
-                let (reached, bytes) = cut(&t, self.slice_size, rail, from, to, room, pieces)
-                    .map_err(|e| (rail, e))?;
+                // The batch's numbers, agent-wide: `room` reserved, the first `n` used (the
+                // numbers of a queue pair only need to increase).
+                let first = self.ids.wr.fetch_add(room as u64, Ordering::AcqRel);
+                let (reached, bytes) =
+                    cut(&t, self.slice_size, rail, from, to, room, first, pieces)
+                        .map_err(|e| (rail, e))?;
                 let n = pieces.len();
+                if n == 0 {
+                    break;
+                }
                 let local = &p.locals[t.runs[from.run].local as usize].whole[rail];
                 let qp = q.lanes[li]
                     .qp
                     .as_ref()
                     .ok_or((rail, "no queue pair".to_string()))?;
-                // The batch's numbers: `first..first + n`, agent-wide.
-                let first = self.ids.wr.fetch_add(n as u64, Ordering::AcqRel);
-                for piece in pieces.iter_mut() {
-                    piece.wr_id += first;
-                }
                 if let Err(e) = qp.post_rdma_batch(op, local, pieces) {
                     return Err((
                         rail,
@@ -303,9 +326,11 @@ impl Connection {
     }
 }
 
-/// Cuts up to `max` slices of at most `slice_size` bytes from `from` towards `to`, all of the
-/// local segment of `from`'s run, into `pieces` (wr_ids `0..`, to be offset by the caller).
-/// Returns where it stopped and the bytes cut.
+/// Cuts up to `max` slices of at most `slice_size` bytes from `from` towards `to` (`from <
+/// to`), all of the local segment of `from`'s run, into `pieces` (wr_ids `first..`). Returns
+/// where it stopped and the bytes cut. (The hot loop of posting: one bound per run, the remote
+/// key looked up only when the remote segment changes.)
+#[allow(clippy::too_many_arguments)]
 fn cut(
     t: &TransferState,
     slice_size: u64,
@@ -313,31 +338,183 @@ fn cut(
     from: Cursor,
     to: Cursor,
     max: usize,
+    first: u64,
     pieces: &mut Vec<RdmaPiece>,
 ) -> Result<(Cursor, u64), String> {
-    let local = t.runs[from.run].local;
-    let mut at = from;
+    // The runs `from` to `to`: the last one partly when `to` is inside it.
+    let end_run = if to.offset == 0 { to.run } else { to.run + 1 };
+    let runs = &t.runs[from.run..end_run];
+    let last = runs.len().saturating_sub(1);
+    let Some(head) = runs.first() else {
+        return Ok((from, 0));
+    };
+    let local = head.local;
+    let mut remote_seg = head.remote;
+    let mut rkey = t.rkey(head, rail);
     let mut bytes = 0;
-    while pieces.len() < max && at < to {
-        let run = &t.runs[at.run];
+    let mut off = from.offset;
+    for (i, run) in runs.iter().enumerate() {
         if run.local != local {
-            break;
+            return Ok((
+                Cursor {
+                    run: from.run + i,
+                    offset: 0,
+                },
+                bytes,
+            ));
         }
-        let len = (run.len - at.offset).min(slice_size);
-        // In range: the plan checked the run against both segments.
-        let remote = RemoteSlice::new(run.remote_addr + at.offset, len, t.rkey(run, rail))
-            .ok_or("a remote range overflows")?;
-        pieces.push(RdmaPiece {
-            offset: (run.local_offset + at.offset) as usize,
+        if run.remote != remote_seg {
+            remote_seg = run.remote;
+            rkey = t.rkey(run, rail);
+        }
+        let end = if i == last && to.offset != 0 {
+            to.offset
+        } else {
+            run.len
+        };
+        while off < end {
+            if pieces.len() >= max {
+                return Ok((
+                    Cursor {
+                        run: from.run + i,
+                        offset: off,
+                    },
+                    bytes,
+                ));
+            }
+            let len = (run.len - off).min(slice_size);
+            // In range: the plan checked the run against both segments.
+            let remote = RemoteSlice::new(run.remote_addr + off, len, rkey)
+                .ok_or("a remote range overflows")?;
+            pieces.push(RdmaPiece {
+                offset: (run.local_offset + off) as usize,
+                remote,
+                wr_id: first + pieces.len() as u64,
+            });
+            bytes += len;
+            off += len;
+        }
+        off = 0;
+    }
+    Ok((to, bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transfer::Run;
+    use std::time::Duration;
+
+    fn run(local: u32, remote: u32, remote_addr: u64, len: u64) -> Run {
+        Run {
+            local,
+            local_offset: 0x1000,
+            remote_addr,
             remote,
-            wr_id: pieces.len() as u64,
-        });
-        bytes += len;
-        at.offset += len;
-        if at.offset == run.len {
-            at.run += 1;
-            at.offset = 0;
+            len,
         }
     }
-    Ok((at, bytes))
+
+    /// Runs A (100 KiB), B (16 KiB, another remote segment), C (another local segment);
+    /// slices of 64 KiB; keys per (remote segment, rail).
+    fn state() -> TransferState {
+        let runs = vec![
+            run(0, 0, 0x10_0000, 100 << 10),
+            run(0, 1, 0x20_0000, 16 << 10),
+            run(1, 0, 0x30_0000, 16 << 10),
+        ];
+        let rkeys = vec![0xa0, 0xa1, 0xb0, 0xb1];
+        TransferState::new(
+            crate::Op::Write,
+            "p".into(),
+            Duration::from_secs(1),
+            Vec::new(),
+            runs,
+            rkeys,
+            2,
+            64 << 10,
+            3,
+            None,
+        )
+    }
+
+    fn at(run: usize, offset: u64) -> Cursor {
+        Cursor { run, offset }
+    }
+
+    fn cut_all(from: Cursor, to: Cursor, max: usize, rail: usize) -> (Cursor, u64, Vec<RdmaPiece>) {
+        let t = state();
+        let mut pieces = Vec::new();
+        let (c, b) = cut(&t, 64 << 10, rail, from, to, max, 100, &mut pieces).unwrap();
+        (c, b, pieces)
+    }
+
+    #[test]
+    fn cutting_stops_at_a_local_segment_change_and_numbers_the_pieces() {
+        let end = at(3, 0);
+        let (c, bytes, p) = cut_all(at(0, 0), end, 32, 0);
+        assert_eq!(
+            c,
+            at(2, 0),
+            "C belongs to another local segment: next batch"
+        );
+        assert_eq!(bytes, 116 << 10);
+        let got: Vec<_> = p
+            .iter()
+            .map(|x| {
+                (
+                    x.offset,
+                    x.remote.addr(),
+                    x.remote.len(),
+                    x.remote.rkey(),
+                    x.wr_id,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0x1000, 0x10_0000, 64 << 10, 0xa0, 100),
+                (
+                    0x1000 + (64 << 10),
+                    0x10_0000 + (64 << 10),
+                    36 << 10,
+                    0xa0,
+                    101
+                ),
+                // B's remote segment has its own key.
+                (0x1000, 0x20_0000, 16 << 10, 0xb0, 102),
+            ]
+        );
+        // On rail 1, the rail-1 keys.
+        let (_, _, p) = cut_all(at(0, 0), end, 32, 1);
+        assert_eq!(
+            p.iter().map(|x| x.remote.rkey()).collect::<Vec<_>>(),
+            [0xa1, 0xa1, 0xb1]
+        );
+        // From C on: C alone, to the end.
+        let (c, bytes, p) = cut_all(at(2, 0), end, 32, 0);
+        assert_eq!((c, bytes, p.len()), (end, 16 << 10, 1));
+    }
+
+    #[test]
+    fn cutting_stops_at_the_room_and_at_a_retry_range_end() {
+        let end = at(3, 0);
+        // Room for one: the cursor stops inside A, at the slice boundary.
+        let (c, bytes, p) = cut_all(at(0, 0), end, 1, 0);
+        assert_eq!((c, bytes, p.len()), (at(0, 64 << 10), 64 << 10, 1));
+        // Resuming there gives the rest of A, then B.
+        let (c, _, p) = cut_all(c, end, 32, 0);
+        assert_eq!((c, p.len()), (at(2, 0), 2));
+        assert_eq!(p[0].remote.len(), 36 << 10);
+        // A retry range ending inside a run: exactly that range, the same slices as first cut.
+        let (c, bytes, p) = cut_all(at(0, 0), at(0, 64 << 10), 32, 0);
+        assert_eq!((c, bytes, p.len()), (at(0, 64 << 10), 64 << 10, 1));
+        // A range ending at a run boundary.
+        let (c, bytes, p) = cut_all(at(0, 64 << 10), at(1, 0), 32, 0);
+        assert_eq!((c, bytes, p.len()), (at(1, 0), 36 << 10, 1));
+        // Room exhausted exactly at the end of a run: the next call starts at the next run.
+        let (c, _, p) = cut_all(at(0, 0), end, 2, 0);
+        assert_eq!((c, p.len()), (at(1, 0), 2));
+    }
 }

@@ -195,7 +195,8 @@ pub(crate) struct RailLink {
     /// queue pairs and perhaps its path are new).
     measured: bool,
     window_bytes: u64,
-    window_start: Instant,
+    /// When the next sample is due.
+    next_sample: Instant,
     /// Time the rail had bytes in flight during the current window, and since when it has
     /// (`None`: idle). Throughput is bytes over busy time: a fast rail that idles while
     /// transfers wait for a slow one is not mistaken for a slow one.
@@ -235,7 +236,7 @@ impl RailLink {
             stats: RailCounters::default(),
             measured: false,
             window_bytes: 0,
-            window_start: now,
+            next_sample: now + SAMPLE,
             busy: Duration::ZERO,
             busy_since: None,
             acc_bytes: 0.0,
@@ -279,7 +280,7 @@ impl RailLink {
         self.active_since = Some(now);
         self.measured = false;
         self.window_bytes = 0;
-        self.window_start = now;
+        self.next_sample = now + SAMPLE;
         self.busy = Duration::ZERO;
         self.busy_since = None;
         self.acc_bytes = 0.0;
@@ -314,10 +315,11 @@ impl RailLink {
     /// with work that completes nothing sinks towards zero: it is stalled, and the scheduler
     /// avoids it. The first estimate needs completed bytes.
     pub(crate) fn sample(&mut self, now: Instant) {
-        let dt = now.duration_since(self.window_start);
-        if dt < SAMPLE {
+        // A comparison, not a subtraction: this runs at every tick.
+        if now < self.next_sample {
             return;
         }
+        self.next_sample = now + SAMPLE;
         let mut busy = self.busy;
         if let Some(t) = self.busy_since {
             busy += now.saturating_duration_since(t);
@@ -334,7 +336,6 @@ impl RailLink {
             }
         }
         self.window_bytes = 0;
-        self.window_start = now;
         self.busy = Duration::ZERO;
     }
 
