@@ -8,7 +8,7 @@ use crate::connection::Connection;
 use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
 use crate::error::{Error, Result};
 use crate::plan::Planner;
-use crate::transfer::{Failure, Transfer, TransferState};
+use crate::transfer::{Transfer, TransferState};
 use crate::wire::SegmentInfo;
 
 /// A connected peer. Cheap to clone. Transfers to it are one-sided: the peer's CPU takes no
@@ -262,20 +262,10 @@ impl Peer {
         );
         state.rail_mask = rail_mask;
         let state = Arc::new(state);
-        self.conn.submit(state.clone()).map_err(|f| match f {
-            Failure::PeerLost { reason } => Error::PeerLost {
-                peer: self.conn.name.clone(),
-                reason,
-            },
-            Failure::NoRail { detail } => Error::NoRail {
-                peer: self.conn.name.clone(),
-                detail,
-                hint: crate::Hint::new(
-                    "every rail to the peer failed: check the links (gdr doctor, ibstat); a rail is re-admitted once a probe on it succeeds",
-                ),
-            },
-            _ => Error::AgentClosed,
-        })?;
+        // Refused at once (peer gone, no rail left): the same error the transfer would give.
+        self.conn
+            .submit(state.clone())
+            .map_err(|f| state.error(&f))?;
         {
             let mut p = state.lock();
             p.submit_time = started.elapsed();

@@ -26,9 +26,7 @@ impl Connection {
     /// send queues have room. A post the provider refuses fails the rail it was for.
     pub(crate) fn pump(&self, q: &mut Queues) {
         if q.closed {
-            for (rail, qps) in std::mem::take(&mut q.graveyard) {
-                self.forget_qps(rail, qps);
-            }
+            self.bury(q);
             return;
         }
         if let Err((rail, detail)) = self.pump_notifications(q) {
@@ -44,6 +42,11 @@ impl Connection {
                 break;
             }
         }
+        self.bury(q);
+    }
+
+    /// Destroys the queue pairs of failed rails (see `Queues::graveyard`).
+    fn bury(&self, q: &mut Queues) {
         if !q.graveyard.is_empty() {
             for (rail, qps) in std::mem::take(&mut q.graveyard) {
                 self.forget_qps(rail, qps);

@@ -296,7 +296,7 @@ impl TransferState {
         }
     }
 
-    fn error(&self, f: &Failure) -> Error {
+    pub(crate) fn error(&self, f: &Failure) -> Error {
         match f {
             Failure::Timeout { after } => Error::Timeout {
                 what: format!("{:?} transfer of {} bytes to {}", self.op, self.bytes, self.peer),

@@ -333,7 +333,9 @@ fn t1_large_and_paged_writes_are_striped_over_both_rails() {
                 assert!(pkts[r] >= 2000, "rail {r}'s rxe sent {} packets", pkts[r]);
             }
         }
-        _ => {}
+        // Host 3 has no part in this test; it still checks that its agent opens both rails
+        // (so it is never a test that passes without looking).
+        _ => drop(agent(me(), 0)),
     }
 }
 
@@ -398,7 +400,9 @@ fn t2_rail_cut_mid_stream_fails_over_then_the_rail_is_probed_and_used_again() {
             assert!(after[1].readmissions >= 1);
             assert!(after[1].bytes > before, "rail 1 carries slices again");
         }
-        _ => {}
+        // Host 3 has no part in this test; it still checks that its agent opens both rails
+        // (so it is never a test that passes without looking).
+        _ => drop(agent(me(), 0)),
     }
 }
 
@@ -469,7 +473,9 @@ fn t3_both_rails_cut_fail_pending_transfers_fast_and_typed() {
                 .unwrap();
             assert_eq!(s.rails_used, 2);
         }
-        _ => {}
+        // Host 3 has no part in this test; it still checks that its agent opens both rails
+        // (so it is never a test that passes without looking).
+        _ => drop(agent(me(), 0)),
     }
 }
 
@@ -518,7 +524,9 @@ fn t5_delay_and_loss_on_one_rail_shift_load_to_the_other() {
             );
             i.done("t5 done");
         }
-        _ => {}
+        // Host 3 has no part in this test; it still checks that its agent opens both rails
+        // (so it is never a test that passes without looking).
+        _ => drop(agent(me(), 0)),
     }
 }
 

@@ -715,3 +715,100 @@ fn dropping_the_agent_fails_its_transfers_and_releases_their_memory_afterwards()
     assert!(!weak.is_alive(), "the registration leaked past the agent");
     println!("released {:?} after the agent was dropped", start.elapsed());
 }
+
+/// A peer that lies about rails: renewals of a rail it does not share, with the wrong number of
+/// queue pairs, answers and refusals nobody asked for. Each is dropped without an answer and
+/// changes nothing; an honest renewal afterwards is answered; a renewal inside the handshake
+/// ends the connection.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_peer_that_lies_about_rails_changes_nothing() {
+    use gdr::connect::TcpLink;
+    use gdr::device::{Gid, Mtu};
+    use gdr::qp::Endpoint;
+    use gdr_xfer::wire::{Hello, Message, RailRenew};
+
+    let a = agent("honest");
+    let addr = a.listen("127.0.0.1:0").unwrap().to_string();
+    let endpoint = |qpn| {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&[10, 77, 0, 1]);
+        Endpoint {
+            qpn,
+            psn: 0x12_3456,
+            lid: 0,
+            gid: Gid(gid),
+            gid_index: 1,
+            mtu: Mtu::B1024,
+            port: 1,
+        }
+    };
+    let handshake = |name: &str| {
+        let mut link = TcpLink::from_stream(std::net::TcpStream::connect(&addr).unwrap()).unwrap();
+        link.set_timeout(Some(WAIT)).unwrap();
+        let hello = Message::Hello(Hello {
+            name: name.into(),
+            rails: vec![vec![endpoint(0xff_ff00), endpoint(0xff_ff01)]],
+            notify_slots: 4,
+            notify_max: 64,
+        });
+        link.send_bytes(&hello.encode().unwrap()).unwrap();
+        // The agent's hello, its table, its ready.
+        loop {
+            match Message::decode("agent", &link.recv_bytes().unwrap()).unwrap() {
+                Message::Ready => break,
+                Message::Hello(_) | Message::Segments(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        link
+    };
+    let send = |link: &mut TcpLink, m: Message| link.send_bytes(&m.encode().unwrap()).unwrap();
+    let renew = |rail, epoch, n: u32| RailRenew {
+        rail,
+        epoch,
+        endpoints: (0..n).map(|i| endpoint(0xff_fe00 + i)).collect(),
+    };
+
+    // A renewal before the handshake is over: the connection ends, no peer appears.
+    let mut early = handshake("early");
+    send(&mut early, Message::RailRenew(renew(0, 1, 2)));
+    assert!(
+        early.recv_bytes().is_err() || a.peer("early").is_none(),
+        "a renewal inside the handshake is refused"
+    );
+    drop(early);
+
+    let mut liar = handshake("liar");
+    send(&mut liar, Message::Ready);
+    let peer = a.wait_peer("liar", WAIT).unwrap();
+    let before = peer.qp_nums();
+    for m in [
+        Message::RailRenew(renew(5, 1, 2)),    // a rail it does not share
+        Message::RailRenew(renew(0, 2, 3)),    // three queue pairs where the rail has two
+        Message::RailRenewed(renew(0, 77, 2)), // an answer to no offer
+        Message::RailRefused { rail: 0, epoch: 9 }, // a refusal of no offer
+    ] {
+        send(&mut liar, m);
+    }
+    // An honest renewal is answered (so the lies before it were read and dropped, in order).
+    send(&mut liar, Message::RailRenew(renew(0, 3, 2)));
+    liar.set_timeout(Some(WAIT)).unwrap();
+    let answer = Message::decode("agent", &liar.recv_bytes().unwrap()).unwrap();
+    match answer {
+        Message::RailRenewed(r) => assert_eq!((r.rail, r.epoch, r.endpoints.len()), (0, 3, 2)),
+        other => panic!("the honest renewal got {other:?}"),
+    }
+    assert!(peer.is_connected(), "{:?}", peer.lost_reason());
+    let stats = &peer.rail_stats()[0];
+    assert_eq!((stats.renewals, stats.errors), (1, 0), "{stats:?}");
+    let after = peer.qp_nums();
+    assert_eq!(after.len(), before.len());
+    assert!(
+        after.iter().all(|q| !before.contains(q)),
+        "new queue pairs: {before:?} -> {after:?}"
+    );
+    send(&mut liar, Message::Bye("done".into()));
+}
