@@ -401,13 +401,20 @@ impl Connection {
         Ok(lanes)
     }
 
+    /// Destroys rail `rail`'s queue pairs at once and queues what they carried to be posted
+    /// again (a renewal replacing them: the rail did not fail, nothing is paused).
+    fn retire_lanes(&self, q: &mut Queues, rail: usize) {
+        let range = rail * self.qps_per_rail..(rail + 1) * self.qps_per_rail;
+        let old = self.requeue_lanes(q, range, None);
+        q.rails[rail].stats.retries += old.requeued;
+        self.forget_qps(rail, old.qps);
+    }
+
     /// Puts `lanes` in place of rail `rail`'s (whose queue pairs are destroyed, what they
     /// carried queued again), and routes their completions here.
     fn install(self: &Arc<Self>, q: &mut Queues, rail: usize, lanes: Vec<Lane>) {
+        self.retire_lanes(q, rail);
         let range = rail * self.qps_per_rail..(rail + 1) * self.qps_per_rail;
-        let old = self.requeue_lanes(q, range.clone(), None);
-        q.rails[rail].stats.retries += old.requeued;
-        self.forget_qps(rail, old.qps);
         let nums: Vec<(u32, usize)> = lanes
             .iter()
             .zip(range.clone())
@@ -444,11 +451,9 @@ impl Connection {
             }
             q.offers[rail] = None;
         }
-        // The old queue pairs go first: their receives use the same slots.
-        let range = rail * self.qps_per_rail..(rail + 1) * self.qps_per_rail;
-        let old = self.requeue_lanes(&mut q, range, None);
-        q.rails[rail].stats.retries += old.requeued;
-        self.forget_qps(rail, old.qps);
+        // The old queue pairs go first, before the new ones post receives into the same slots
+        // (`install` then finds nothing left to retire).
+        self.retire_lanes(&mut q, rail);
         let refused = Some(Message::RailRefused {
             rail: r.rail,
             epoch: r.epoch,
