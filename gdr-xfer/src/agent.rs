@@ -27,8 +27,11 @@ use crate::notify::Notification;
 use crate::peer::Peer;
 use crate::rail::AgentRail;
 use crate::segment::{Backing, Segment};
+use crate::staged::driver::Driver as StagingDriver;
+use crate::staged::{StagedDevice, StagedMemory};
 use crate::transfer::Failure;
 use crate::wire::{Message, SegmentInfo, MAX_NAME};
+use crate::GpuStaging;
 
 /// Access every segment is registered with: peers may read and write it.
 const SEGMENT_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -74,6 +77,8 @@ pub(crate) struct AgentShared {
     /// The directory this agent published itself in (feature `etcd`).
     #[cfg(feature = "etcd")]
     published: Mutex<Option<crate::discovery::Published>>,
+    /// Transfers of staged GPU segments ([`crate::staged`]).
+    pub(crate) staging: Arc<StagingDriver>,
 }
 
 /// A transfer agent. See the [crate documentation](crate) for an example.
@@ -126,6 +131,10 @@ impl Agent {
             rails.push(AgentRail { ctx, port, pd, cq });
         }
         let nrails = rails.len();
+        let staging = Arc::new(StagingDriver::new(
+            rails.iter().map(|r| r.pd.clone()).collect(),
+            config.staging,
+        ));
         let shared = Arc::new(AgentShared {
             config,
             rails,
@@ -146,6 +155,7 @@ impl Agent {
             handshakes: AtomicU32::new(0),
             #[cfg(feature = "etcd")]
             published: Mutex::new(None),
+            staging,
         });
         let mut agent = Agent {
             shared,
@@ -227,8 +237,15 @@ impl Agent {
     /// registration of the same buffer covers costs no verbs call (see [`Agent::cache_stats`]).
     /// The path (dma-buf or peer memory) is gdr's choice ([`RegistrationPath::Auto`]).
     ///
+    /// When gdr finds no direct path (no peer-memory module, no dma-buf support) and
+    /// [`AgentConfig::gpu_staging`] is [`GpuStaging::Fallback`] (the default), the segment is
+    /// *staged* instead: its transfers go through pinned host bounce buffers
+    /// ([`crate::staged`]); a warning says so and [`Segment::path`] tells. A staged segment is
+    /// the local side of transfers only: peers cannot address it.
+    ///
     /// # Errors
-    /// gdr's pointer checks and registration errors (with the doctor's hints).
+    /// gdr's pointer checks and registration errors (with the doctor's hints); with staging,
+    /// the errors of making the bounce buffers (pinned memory, `ibv_reg_mr`).
     pub fn register_gpu(
         &self,
         buffer: &Arc<DeviceBuffer>,
@@ -237,19 +254,75 @@ impl Agent {
     ) -> Result<Segment> {
         check_name(name)?;
         let (offset, len) = resolve(range, buffer.len())?;
+        let location = Location::Cuda {
+            ordinal: buffer.ordinal().max(0) as u32,
+        };
+        let staged = StagedDevice::Cuda(buffer.clone());
+        if self.shared.config.gpu_staging == GpuStaging::Always {
+            return self.add_staged(name, location, staged, offset, len, "staging is forced");
+        }
         let pds: Vec<_> = self.shared.rails.iter().map(|r| r.pd.clone()).collect();
-        let (mr, base) = self.lock_cache().register_gpu(
+        let registered = self.lock_cache().register_gpu(
             &pds,
             buffer,
             offset,
             len,
             SEGMENT_ACCESS,
             RegistrationPath::Auto,
-        )?;
+        );
+        match registered {
+            Ok((mr, base)) => self.add_segment(name, location, Backing::Gpu(mr), base, len as u64),
+            Err(e)
+                if self.shared.config.gpu_staging == GpuStaging::Fallback && no_direct_path(&e) =>
+            {
+                let why = e.to_string();
+                self.add_staged(name, location, staged, offset, len, &why)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Registers `range` of an emulated GPU's memory as a staged segment (feature
+    /// `emulated-gpu`): every transfer from or to it takes the staging path, with `memcpy`
+    /// copies, as GPU memory without GPUDirect does with `cuMemcpyAsync`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad range or name; the errors of making the bounce
+    /// buffers (`ibv_reg_mr`).
+    #[cfg(feature = "emulated-gpu")]
+    pub fn register_emulated_gpu(
+        &self,
+        gpu: &Arc<crate::staged::EmulatedGpu>,
+        range: impl RangeBounds<usize>,
+        name: &str,
+    ) -> Result<Segment> {
+        check_name(name)?;
+        let (offset, len) = resolve(range, gpu.len())?;
         let location = Location::Cuda {
-            ordinal: buffer.ordinal().max(0) as u32,
+            ordinal: gpu.ordinal(),
         };
-        self.add_segment(name, location, Backing::Gpu(mr), base, len as u64)
+        let dev = StagedDevice::Emulated(gpu.clone());
+        self.add_staged(name, location, dev, offset, len, "an emulated GPU")
+    }
+
+    fn add_staged(
+        &self,
+        name: &str,
+        location: Location,
+        device: StagedDevice,
+        offset: usize,
+        len: usize,
+        why: &str,
+    ) -> Result<Segment> {
+        let (bounce, how) = self.shared.staging.bounce_for(&device, self.name())?;
+        log::warn!("segment {name:?} ({len} bytes of GPU memory) is staged: {why}; {how}");
+        let describe = format!("{how}; staged because {why}");
+        let memory = Arc::new(StagedMemory {
+            device,
+            bounce,
+            describe,
+        });
+        self.add_segment(name, location, Backing::Staged(memory), offset, len as u64)
     }
 
     /// A new segment for `offset..offset + len` of an existing one: same registration, no verbs
@@ -286,6 +359,8 @@ impl Agent {
         let (addr, rkeys) = match &backing {
             Backing::Host(m) => (m[0].slice(..)?.addr(), m.iter().map(|r| r.rkey()).collect()),
             Backing::Gpu(m) => (m[0].slice(..)?.addr(), m.iter().map(|r| r.rkey()).collect()),
+            // Never announced: no address or key a peer could use.
+            Backing::Staged(_) => (0, Vec::new()),
         };
         let id = self.shared.next_segment.fetch_add(1, Ordering::Relaxed);
         if id == 0 || id == u32::MAX {
@@ -310,6 +385,9 @@ impl Agent {
             table.insert(id, seg.clone());
             self.shared.peer_list()
         };
+        if !seg.is_published() {
+            return Ok(seg);
+        }
         #[cfg(feature = "etcd")]
         if let Some(p) = self.shared.lock_published().as_ref() {
             p.put_segment(self.name(), &seg);
@@ -318,6 +396,12 @@ impl Agent {
             p.send_control(&Message::Segments(vec![info.clone()]));
         }
         Ok(seg)
+    }
+
+    /// What staging holds and did: the GPUs with bounce buffers, staged transfers, chunks moved,
+    /// and chunks whose buffer waited for the NIC to let go ([`crate::staged`]).
+    pub fn staging_stats(&self) -> crate::StagingStats {
+        self.shared.staging.stats()
     }
 
     /// Removes a segment from the table peers see (they are told at once; their new transfers
@@ -340,6 +424,9 @@ impl Agent {
                 }
             }
             table.remove(&segment.id());
+            if !segment.is_published() {
+                return Ok(());
+            }
             self.shared.peer_list()
         };
         #[cfg(feature = "etcd")]
@@ -526,6 +613,9 @@ impl Drop for Agent {
         {
             let _ = h.join();
         }
+        // Staged transfers fail (their children did, with the connections), and the staging
+        // thread ends.
+        self.shared.staging.stop();
         for h in self.progress.drain(..) {
             let _ = h.join();
         }
@@ -541,6 +631,19 @@ impl Drop for Agent {
         for h in threads {
             let _ = h.join();
         }
+    }
+}
+
+/// Whether a GPU registration failed because gdr found no direct path for the NIC (the cases
+/// staging serves), rather than for bad memory or exhausted resources.
+fn no_direct_path(e: &Error) -> bool {
+    match e {
+        Error::Gdr(gdr::Error::Unsupported { .. }) => true,
+        Error::Gdr(g @ gdr::Error::Verbs { .. }) => matches!(
+            g.errno(),
+            Some(libc::EFAULT | libc::EOPNOTSUPP | libc::EPROTONOSUPPORT)
+        ),
+        _ => false,
     }
 }
 
@@ -909,4 +1012,33 @@ fn select_rails(config: &AgentConfig) -> Result<Vec<(Arc<Context>, u8)>> {
         .into_iter()
         .filter_map(|(n, p)| contexts.get(&n).map(|c| (c.clone(), p)))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::no_direct_path;
+    use crate::error::Error;
+
+    #[test]
+    fn only_a_missing_direct_path_falls_back_to_staging() {
+        let no_path = |e: gdr::Error| no_direct_path(&Error::Gdr(e));
+        // choose_path found no way (GPUDirect blocked, no dma-buf, no peer memory).
+        assert!(no_path(gdr::Error::unsupported("dma-buf registration", "")));
+        // ibv_reg_mr on a device pointer without a peer-memory module; dma-buf refused.
+        for errno in [libc::EFAULT, libc::EOPNOTSUPP, libc::EPROTONOSUPPORT] {
+            assert!(
+                no_path(gdr::Error::verbs("ibv_reg_mr", "", errno, "")),
+                "{errno}"
+            );
+        }
+        // Exhausted resources and bad memory are the caller's to fix: no silent fallback.
+        for errno in [libc::ENOMEM, libc::EPERM, libc::EINVAL, libc::EACCES] {
+            assert!(
+                !no_path(gdr::Error::verbs("ibv_reg_mr", "", errno, "")),
+                "{errno}"
+            );
+        }
+        assert!(!no_path(gdr::Error::invalid("not device memory", "")));
+        assert!(!no_direct_path(&Error::invalid("bad range", "")));
+    }
 }

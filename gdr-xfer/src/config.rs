@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::staging::StagingConfig;
 use crate::wire::{MAX_NAME, MAX_NOTIFY, MAX_QPS, MAX_RAILS};
 
 /// An agent's settings. Start from [`AgentConfig::new`] and change what you need.
@@ -51,6 +52,27 @@ pub struct AgentConfig {
     /// How long the progress thread keeps polling after the last completion before it sleeps on
     /// the completion channel (default 200 us; zero sleeps at once).
     pub busy_poll: Duration,
+    /// What to do with GPU memory the NIC cannot reach directly (default
+    /// [`GpuStaging::Fallback`]).
+    pub gpu_staging: GpuStaging,
+    /// The bounce buffers of staged GPU memory, per GPU (default 4 x 8 MiB).
+    pub staging: StagingConfig,
+}
+
+/// How [`Agent::register_gpu`](crate::Agent::register_gpu) treats GPU memory without a
+/// GPUDirect path (no peer-memory module, no dma-buf support in the driver or the NIC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum GpuStaging {
+    /// Register it for GPUDirect; when gdr finds no direct path, stage it through host bounce
+    /// buffers instead, and say so (a warning in the log, [`crate::Segment::path`]).
+    #[default]
+    Fallback,
+    /// Never stage: registration fails with gdr's error and its hint.
+    Never,
+    /// Always stage, even where GPUDirect works (to compare the two, or to keep GPU memory
+    /// away from the NIC).
+    Always,
 }
 
 impl AgentConfig {
@@ -73,6 +95,8 @@ impl AgentConfig {
             default_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             busy_poll: Duration::from_micros(200),
+            gpu_staging: GpuStaging::Fallback,
+            staging: StagingConfig::default(),
         }
     }
 
@@ -116,6 +140,18 @@ impl AgentConfig {
     /// Sets the default transfer deadline.
     pub fn default_timeout(mut self, t: Duration) -> Self {
         self.default_timeout = t;
+        self
+    }
+
+    /// Sets how GPU memory without a direct path is treated.
+    pub fn gpu_staging(mut self, mode: GpuStaging) -> Self {
+        self.gpu_staging = mode;
+        self
+    }
+
+    /// Sets the bounce buffers of staged GPU memory.
+    pub fn staging(mut self, config: StagingConfig) -> Self {
+        self.staging = config;
         self
     }
 
@@ -164,6 +200,7 @@ impl AgentConfig {
                 "use at least 2 (256 is a good start)",
             );
         }
+        self.staging.validate()?;
         if self.max_peers == 0 {
             return bad("max_peers 0".into(), "allow at least one peer");
         }

@@ -384,6 +384,7 @@ impl Connection {
             Failure::NoRail { detail } => format!("no rail left: {detail}"),
             Failure::Timeout { after } => format!("timed out after {after:?}"),
             Failure::AgentClosed => "the agent was shut down".into(),
+            Failure::Staging { detail } => format!("staging failed: {detail}"),
         };
         *self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
         self.lost.store(true, Ordering::Release);

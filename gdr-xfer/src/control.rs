@@ -260,7 +260,11 @@ pub(crate) fn establish(
                 e,
             ));
         }
-        let infos: Vec<_> = segments.values().map(|s| s.info().clone()).collect();
+        let infos: Vec<_> = segments
+            .values()
+            .filter(|s| s.is_published())
+            .map(|s| s.info().clone())
+            .collect();
         drop(segments);
         let sent = infos
             .chunks(MAX_SEGMENTS_PER_MESSAGE)

@@ -93,7 +93,7 @@ impl Agent {
         let published = Published { dir };
         // Segments registered from now on are published by the registration itself (it sees
         // `slot` set once we release it); the ones registered before, here.
-        for seg in shared.lock_segments().values() {
+        for seg in shared.lock_segments().values().filter(|s| s.is_published()) {
             published.put_segment(name, seg);
         }
         *slot = Some(published);

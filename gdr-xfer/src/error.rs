@@ -148,6 +148,19 @@ pub enum Error {
     #[error("the agent was shut down")]
     AgentClosed,
 
+    /// Staging GPU memory through host bounce buffers failed (a copy the driver refused, the
+    /// bounce buffers could not be made); the transfer's memory was held until every copy and
+    /// request using it had ended.
+    #[error("staged transfer to {peer} failed: {detail}{hint}")]
+    StagingFailed {
+        /// The peer of the transfer.
+        peer: String,
+        /// What failed (the copy engine's error text).
+        detail: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// The metadata directory (etcd) failed.
     #[error("directory {op} {key:?} failed: {detail}{hint}")]
     Directory {

@@ -8,6 +8,7 @@ use crate::connection::Connection;
 use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
 use crate::error::{Error, Result};
 use crate::plan::Planner;
+use crate::staged::driver::Job;
 use crate::transfer::{Transfer, TransferState};
 use crate::wire::SegmentInfo;
 
@@ -248,6 +249,12 @@ impl Peer {
             .locals
             .first()
             .map_or(u32::MAX, |l| agent.rail_mask(l.info.location));
+        let staged = plan.locals.iter().any(|l| l.is_staged());
+        let job_locals = if staged {
+            plan.locals.clone()
+        } else {
+            Vec::new()
+        };
         let mut state = TransferState::new(
             op,
             self.conn.name.clone(),
@@ -262,10 +269,17 @@ impl Peer {
         );
         state.rail_mask = rail_mask;
         let state = Arc::new(state);
-        // Refused at once (peer gone, no rail left): the same error the transfer would give.
-        self.conn
-            .submit(state.clone())
-            .map_err(|f| state.error(&f))?;
+        if staged {
+            // Staged local memory: the staging driver moves it in chunks, each a child transfer
+            // from or to a bounce buffer (crate::staged).
+            let job = Job::new(state.clone(), self.conn.clone(), job_locals);
+            agent.staging.submit(job).map_err(|f| state.error(&f))?;
+        } else {
+            // Refused at once (peer gone, no rail left): the same error the transfer would give.
+            self.conn
+                .submit(state.clone())
+                .map_err(|f| state.error(&f))?;
+        }
         {
             let mut p = state.lock();
             p.submit_time = started.elapsed();

@@ -15,6 +15,7 @@ use gdr::mr::{LocalSlice, MemoryRegion};
 
 use crate::error::{Error, Result};
 use crate::location::Location;
+use crate::staged::{SegmentPath, StagedMemory};
 use crate::wire::SegmentInfo;
 
 /// The registrations under a segment: one per rail of the agent (rail 0 first), all of the
@@ -25,16 +26,25 @@ pub(crate) enum Backing {
     Host(Arc<Vec<Arc<MemoryRegion>>>),
     /// GPU memory registered for each rail's NIC.
     Gpu(Arc<Vec<Arc<GpuMemoryRegion>>>),
+    /// GPU memory the NIC cannot reach: staged through bounce buffers ([`crate::staged`]).
+    Staged(Arc<StagedMemory>),
 }
 
 pub(crate) struct SegmentInner {
     pub(crate) info: SegmentInfo,
     /// The segment's bytes as a local slice, per rail: holds the registrations alive, and
-    /// every slice a transfer posts on a rail is cut from that rail's.
+    /// every slice a transfer posts on a rail is cut from that rail's. Empty for a staged
+    /// segment (never posted from: its transfers post from bounce buffers).
     pub(crate) whole: Vec<LocalSlice>,
     /// Offset of the segment's byte 0 in its registration.
     pub(crate) base: usize,
     pub(crate) backing: Backing,
+}
+
+impl SegmentInner {
+    pub(crate) fn is_staged(&self) -> bool {
+        matches!(self.backing, Backing::Staged(_))
+    }
 }
 
 /// A registered segment of local memory. Cheap to clone (all clones are the same segment).
@@ -71,6 +81,18 @@ impl Segment {
                 .iter()
                 .map(|r| r.slice(base..end))
                 .collect::<gdr::Result<Vec<_>>>()?,
+            Backing::Staged(m) => {
+                if end > m.device.len() {
+                    return Err(Error::invalid(
+                        format!(
+                            "staged segment {base}..{end} outside its {} bytes",
+                            m.device.len()
+                        ),
+                        "stay inside the memory",
+                    ));
+                }
+                Vec::new()
+            }
         };
         Ok(Segment {
             inner: Arc::new(SegmentInner {
@@ -80,6 +102,22 @@ impl Segment {
                 backing,
             }),
         })
+    }
+
+    /// How the NIC reaches its memory: host memory, GPUDirect (and which registration path), or
+    /// staged through host bounce buffers (with the line that says how).
+    pub fn path(&self) -> SegmentPath {
+        match &self.inner.backing {
+            Backing::Host(_) => SegmentPath::Host,
+            Backing::Gpu(m) => SegmentPath::GpuDirect(m[0].path()),
+            Backing::Staged(m) => SegmentPath::Staged(m.describe.clone()),
+        }
+    }
+
+    /// Whether peers can address it: every segment but a staged one (the NIC cannot reach
+    /// that memory, so it is only ever the local side of transfers, and never announced).
+    pub fn is_published(&self) -> bool {
+        !self.inner.is_staged()
     }
 
     /// The id peers address it by (unique in this agent, never reused).
@@ -128,10 +166,17 @@ impl Segment {
             Backing::Host(m) => RegistrationWeak {
                 host: m.iter().map(Arc::downgrade).collect(),
                 gpu: Vec::new(),
+                staged: Vec::new(),
             },
             Backing::Gpu(m) => RegistrationWeak {
                 host: Vec::new(),
                 gpu: m.iter().map(Arc::downgrade).collect(),
+                staged: Vec::new(),
+            },
+            Backing::Staged(m) => RegistrationWeak {
+                host: Vec::new(),
+                gpu: Vec::new(),
+                staged: vec![Arc::downgrade(m)],
             },
         }
     }
@@ -174,6 +219,7 @@ impl Segment {
                 let region_start = (m.device_ptr() - buf.device_ptr()) as usize;
                 Ok(buf.copy_to_host(region_start + at, out)?)
             }
+            Backing::Staged(m) => m.device.read(at, out),
         }
     }
 
@@ -207,6 +253,7 @@ impl Segment {
                 let region_start = (m.device_ptr() - buf.device_ptr()) as usize;
                 Ok(buf.copy_from_host(region_start + at, data)?)
             }
+            Backing::Staged(m) => m.device.write(at, data),
         }
     }
 }
@@ -217,6 +264,8 @@ impl Segment {
 pub struct RegistrationWeak {
     host: Vec<std::sync::Weak<MemoryRegion>>,
     gpu: Vec<std::sync::Weak<GpuMemoryRegion>>,
+    /// A staged segment's device memory and bounce assignment.
+    staged: Vec<std::sync::Weak<StagedMemory>>,
 }
 
 impl RegistrationWeak {
@@ -224,11 +273,13 @@ impl RegistrationWeak {
     pub fn is_alive(&self) -> bool {
         self.host.iter().any(|w| w.strong_count() > 0)
             || self.gpu.iter().any(|w| w.strong_count() > 0)
+            || self.staged.iter().any(|w| w.strong_count() > 0)
     }
 
     /// Rails whose registration still exists.
     pub fn alive_rails(&self) -> usize {
         self.host.iter().filter(|w| w.strong_count() > 0).count()
             + self.gpu.iter().filter(|w| w.strong_count() > 0).count()
+            + self.staged.iter().filter(|w| w.strong_count() > 0).count()
     }
 }

@@ -68,6 +68,10 @@ pub(crate) enum Failure {
         detail: String,
     },
     AgentClosed,
+    /// A copy between GPU memory and a bounce buffer failed (staged segments).
+    Staging {
+        detail: String,
+    },
 }
 
 /// What a finished transfer did.
@@ -334,6 +338,13 @@ impl TransferState {
                 ),
             },
             Failure::AgentClosed => Error::AgentClosed,
+            Failure::Staging { detail } => Error::StagingFailed {
+                peer: self.peer.clone(),
+                detail: detail.clone(),
+                hint: Hint::new(
+                    "the GPU or its driver refused a copy: check the device (nvidia-smi) and the memory's lifetime",
+                ),
+            },
         }
     }
 

@@ -19,8 +19,9 @@
 
 mod chunk;
 mod config;
-mod pipeline;
+pub(crate) mod pipeline;
 mod plan;
+pub(crate) mod slots;
 mod stager;
 #[cfg(test)]
 mod tests;
@@ -28,4 +29,6 @@ mod tests;
 pub use chunk::{Chunk, Direction, Outcome, StagingEvent, Ticket};
 pub use config::StagingConfig;
 pub use plan::ChunkPlan;
+#[cfg(feature = "emulated-gpu")]
+pub(crate) use stager::bytes_text;
 pub use stager::Stager;

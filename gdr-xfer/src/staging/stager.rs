@@ -10,6 +10,7 @@ use gdr::pd::ProtectionDomain;
 
 use super::chunk::{Chunk, Direction, Outcome, StagingEvent, Ticket};
 use super::pipeline::{CopyEngine, Pipeline};
+use super::slots::SlotRegions;
 use super::StagingConfig;
 use crate::error::{Error, Hint, Result};
 
@@ -22,6 +23,8 @@ enum Bounce {
     Owned(Arc<DmaHostBuffer>),
     /// Pinned memory owned by an RDMA region (CPU access through its atomic copies).
     Registered(Arc<MemoryRegion>),
+    /// One pinned allocation per slot, each registered on every rail (the engine's form).
+    Slots(Arc<SlotRegions>),
 }
 
 /// The CUDA copy engine: one stream, copies between device memory and the bounce allocation.
@@ -53,6 +56,10 @@ impl CopyEngine for CudaCopies {
                 self.stream
                     .copy_to_host(dev, dev_offset, r, bounce_offset, len)?
             }
+            Bounce::Slots(s) => {
+                let (r, at) = s.locate(bounce_offset)?;
+                self.stream.copy_to_host(dev, dev_offset, r, at, len)?
+            }
         })
     }
 
@@ -72,6 +79,10 @@ impl CopyEngine for CudaCopies {
                 self.stream
                     .copy_to_device(r, bounce_offset, dev, dev_offset, len)?
             }
+            Bounce::Slots(s) => {
+                let (r, at) = s.locate(bounce_offset)?;
+                self.stream.copy_to_device(r, at, dev, dev_offset, len)?
+            }
         })
     }
 
@@ -87,7 +98,7 @@ impl CopyEngine for CudaCopies {
         match &self.bounce {
             // SAFETY: forwarded: the caller excludes copies and mutable views on these bytes.
             Bounce::Owned(b) => unsafe { b.slice(offset, len) }.ok(),
-            Bounce::Registered(_) => None,
+            Bounce::Registered(_) | Bounce::Slots(_) => None,
         }
     }
 
@@ -95,7 +106,7 @@ impl CopyEngine for CudaCopies {
         match &self.bounce {
             // SAFETY: forwarded: the caller excludes copies and every other view.
             Bounce::Owned(b) => unsafe { b.slice_mut(offset, len) }.ok(),
-            Bounce::Registered(_) => None,
+            Bounce::Registered(_) | Bounce::Slots(_) => None,
         }
     }
 
@@ -107,6 +118,10 @@ impl CopyEngine for CudaCopies {
                 Ok(())
             }
             Bounce::Registered(r) => Ok(r.read(offset, out)?),
+            Bounce::Slots(s) => {
+                let (r, at) = s.locate(offset)?;
+                Ok(r.read(at, out)?)
+            }
         }
     }
 
@@ -118,6 +133,10 @@ impl CopyEngine for CudaCopies {
                 Ok(())
             }
             Bounce::Registered(r) => Ok(r.write(offset, data)?),
+            Bounce::Slots(s) => {
+                let (r, at) = s.locate(offset)?;
+                Ok(r.write(at, data)?)
+            }
         }
     }
 }
@@ -210,6 +229,17 @@ impl Stager {
         Self::build(ordinal, config, stream, Bounce::Registered(region))
     }
 
+    /// A stager on GPU `ordinal` whose bounce buffers are `slots` (one pinned allocation per
+    /// slot, registered on every rail): the engine's staged transfers.
+    pub(crate) fn with_slots(
+        ordinal: i32,
+        config: StagingConfig,
+        slots: Arc<SlotRegions>,
+    ) -> Result<Stager> {
+        let stream = Arc::new(Stream::new(ordinal)?);
+        Self::build(ordinal, config, stream, Bounce::Slots(slots))
+    }
+
     fn build(
         ordinal: i32,
         config: StagingConfig,
@@ -228,6 +258,10 @@ impl Stager {
         let reg = match &self.core.engine.bounce {
             Bounce::Owned(_) => "not registered".to_string(),
             Bounce::Registered(r) => format!("registered, lkey {:#x}", r.lkey()),
+            Bounce::Slots(s) => format!(
+                "registered per buffer on {} rail(s)",
+                s.regions.first().map_or(0, Vec::len)
+            ),
         };
         format!(
             "GPU cuda:{} staged through host: {} x {} pinned bounce buffers ({reg}), \
@@ -253,7 +287,7 @@ impl Stager {
     pub fn bounce_region(&self) -> Option<&Arc<MemoryRegion>> {
         match &self.core.engine.bounce {
             Bounce::Registered(r) => Some(r),
-            Bounce::Owned(_) => None,
+            Bounce::Owned(_) | Bounce::Slots(_) => None,
         }
     }
 

@@ -1,0 +1,716 @@
+//! The staging driver: one thread per agent that turns each transfer of a staged segment into
+//! stager tickets and child transfers, and gives every bounce buffer back only once the NIC can
+//! no longer touch it.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use gdr::pd::ProtectionDomain;
+
+use super::{Bounce, StagedDevice};
+use crate::connection::Connection;
+use crate::descriptor::Op;
+use crate::error::{Error, Result};
+use crate::segment::{Backing, SegmentInner};
+use crate::staging::{Chunk, Direction, Outcome, StagingConfig, StagingEvent, Ticket};
+use crate::transfer::{Failure, Run, TransferState};
+
+/// How long the driver sleeps between polls while it has work (copies and children progress
+/// without it; this bounds the added latency per chunk).
+const POLL: Duration = Duration::from_micros(20);
+
+/// A ticket of a job: which bounce buffers, which run, and where the run starts and ends in the
+/// device memory.
+struct TicketRun {
+    bounce: usize,
+    ticket: Ticket,
+    run: usize,
+    dev_start: usize,
+    dev_end: usize,
+}
+
+/// A chunk lent to a job, and what to do with it once its slot is quiet.
+struct Lent {
+    bounce: usize,
+    chunk: Chunk,
+    /// Whether to commit it (a READ child completed: copy it to the device) rather than
+    /// release it.
+    commit: bool,
+    /// Whether it was found not quiet at least once (something still held its buffer).
+    waited: bool,
+}
+
+/// A child transfer and the chunk it moves (none for a run of a directly registered segment).
+struct Child {
+    state: Arc<TransferState>,
+    chunk: Option<(usize, Chunk)>,
+}
+
+/// The last piece of a transfer with a notification: posted (with it) once every other child
+/// completed.
+enum Held {
+    Chunk {
+        bounce: usize,
+        chunk: Chunk,
+        remote_addr: u64,
+        remote: u32,
+    },
+    Direct(usize),
+}
+
+/// A transfer with staged local segments.
+pub(crate) struct Job {
+    parent: Arc<TransferState>,
+    conn: Arc<Connection>,
+    /// The plan's local segments (held until the job ends), and for each its bounce buffers and
+    /// device memory when it is staged.
+    locals: Vec<Arc<SegmentInner>>,
+    staged: Vec<Option<(usize, StagedDevice)>>,
+    next_run: usize,
+    tickets: Vec<TicketRun>,
+    children: Vec<Child>,
+    held: Option<Held>,
+    /// Chunks whose child ended, waiting for their slot to be quiet.
+    draining: Vec<Lent>,
+    failure: Option<Failure>,
+}
+
+impl Job {
+    pub(crate) fn new(
+        parent: Arc<TransferState>,
+        conn: Arc<Connection>,
+        locals: Vec<Arc<SegmentInner>>,
+    ) -> Job {
+        let staged = locals
+            .iter()
+            .map(|l| match &l.backing {
+                Backing::Staged(m) => Some((m.bounce, m.device.clone())),
+                _ => None,
+            })
+            .collect();
+        Job {
+            parent,
+            conn,
+            locals,
+            staged,
+            next_run: 0,
+            tickets: Vec::new(),
+            children: Vec::new(),
+            held: None,
+            draining: Vec::new(),
+            failure: None,
+        }
+    }
+
+    fn direction(&self) -> Direction {
+        match self.parent.op {
+            Op::Write => Direction::DeviceToHost,
+            Op::Read => Direction::HostToDevice,
+        }
+    }
+
+    /// Records the first failure and fails the transfer at once (what the NIC still holds is
+    /// drained before the job ends).
+    fn fail(&mut self, f: Failure) {
+        if self.failure.is_some() {
+            return;
+        }
+        let f = match f {
+            Failure::Timeout { .. } => Failure::Timeout {
+                after: self.parent.timeout,
+            },
+            f => f,
+        };
+        let mut p = self.parent.lock();
+        self.parent.finish(&mut p, Err(f.clone()));
+        drop(p);
+        self.failure = Some(f);
+    }
+
+    /// A child moving `len` bytes between `local` at `local_offset` and the peer.
+    fn child(
+        &self,
+        local: Arc<SegmentInner>,
+        local_offset: u64,
+        remote_addr: u64,
+        remote: u32,
+        len: u64,
+        notify: Option<Vec<u8>>,
+    ) -> std::result::Result<Arc<TransferState>, Failure> {
+        let parent = &self.parent;
+        let left = match parent.deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()),
+            None => parent.timeout,
+        };
+        if left.is_zero() {
+            return Err(Failure::Timeout {
+                after: parent.timeout,
+            });
+        }
+        let rails = parent.rails;
+        let at = remote as usize * rails;
+        let rkeys = parent.rkeys[at..at + rails].to_vec();
+        let mut state = TransferState::new(
+            parent.op,
+            parent.peer.clone(),
+            left,
+            vec![local],
+            vec![Run {
+                local: 0,
+                local_offset,
+                remote_addr,
+                remote: 0,
+                len,
+            }],
+            rkeys,
+            rails,
+            self.conn.slice_size,
+            1,
+            notify,
+        );
+        state.rail_mask = parent.rail_mask;
+        let state = Arc::new(state);
+        self.conn.submit(state.clone())?;
+        Ok(state)
+    }
+
+    fn is_last_piece(&self, run: usize, end: usize, tr_end: usize) -> bool {
+        run + 1 == self.parent.runs.len() && end == tr_end
+    }
+
+    /// A chunk the stager lent for this job (its bytes ready to send, or free to fill).
+    fn on_chunk(&mut self, bounce: usize, chunk: Chunk, segments: &[Arc<SegmentInner>]) {
+        let Some(tr) = self
+            .tickets
+            .iter()
+            .find(|t| t.bounce == bounce && t.ticket == chunk.ticket())
+        else {
+            // Not ours any more: cannot happen (tickets are removed only when finished).
+            self.draining.push(Lent {
+                bounce,
+                chunk,
+                commit: false,
+                waited: false,
+            });
+            return;
+        };
+        if self.failure.is_some() {
+            // Never posted: the NIC never saw it.
+            self.draining.push(Lent {
+                bounce,
+                chunk,
+                commit: false,
+                waited: false,
+            });
+            return;
+        }
+        let run = self.parent.runs[tr.run];
+        let offset = (chunk.device_offset() - tr.dev_start) as u64;
+        let remote_addr = run.remote_addr + offset;
+        let last = self.is_last_piece(tr.run, chunk.device_offset() + chunk.len(), tr.dev_end);
+        if last && self.parent.notify.is_some() {
+            self.held = Some(Held::Chunk {
+                bounce,
+                chunk,
+                remote_addr,
+                remote: run.remote,
+            });
+            return;
+        }
+        let local = segments[chunk.slot()].clone();
+        match self.child(local, 0, remote_addr, run.remote, chunk.len() as u64, None) {
+            Ok(state) => self.children.push(Child {
+                state,
+                chunk: Some((bounce, chunk)),
+            }),
+            Err(f) => {
+                self.draining.push(Lent {
+                    bounce,
+                    chunk,
+                    commit: false,
+                    waited: false,
+                });
+                self.fail(f);
+            }
+        }
+    }
+
+    fn on_finished(&mut self, bounce: usize, ticket: Ticket, outcome: Outcome) {
+        self.tickets
+            .retain(|t| !(t.bounce == bounce && t.ticket == ticket));
+        if let Outcome::Failed(e) = outcome {
+            self.fail(Failure::Staging {
+                detail: e.to_string(),
+            });
+        }
+    }
+
+    /// Starts tickets (or direct children) for the next runs, at most `window` tickets at once.
+    fn start_runs(&mut self, bounces: &mut [Bounce], window: usize) {
+        while self.failure.is_none()
+            && self.next_run < self.parent.runs.len()
+            && self.tickets.len() < window
+        {
+            let i = self.next_run;
+            let run = self.parent.runs[i];
+            let local = run.local as usize;
+            match &self.staged[local] {
+                Some((b, dev)) => {
+                    let start = self.locals[local].base + run.local_offset as usize;
+                    let end = start + run.len as usize;
+                    match bounces[*b].stage.start(self.direction(), dev, start..end) {
+                        Ok(ticket) => self.tickets.push(TicketRun {
+                            bounce: *b,
+                            ticket,
+                            run: i,
+                            dev_start: start,
+                            dev_end: end,
+                        }),
+                        // Too many tickets on this GPU: try again at the next poll.
+                        Err(Error::InvalidArgument { .. }) if !self.tickets.is_empty() => break,
+                        Err(e) => {
+                            self.fail(Failure::Staging {
+                                detail: e.to_string(),
+                            });
+                            break;
+                        }
+                    }
+                }
+                None => {
+                    if i + 1 == self.parent.runs.len() && self.parent.notify.is_some() {
+                        self.held = Some(Held::Direct(i));
+                    } else {
+                        let seg = self.locals[local].clone();
+                        match self.child(
+                            seg,
+                            run.local_offset,
+                            run.remote_addr,
+                            run.remote,
+                            run.len,
+                            None,
+                        ) {
+                            Ok(state) => self.children.push(Child { state, chunk: None }),
+                            Err(f) => self.fail(f),
+                        }
+                    }
+                }
+            }
+            self.next_run += 1;
+        }
+    }
+
+    /// Collects children that ended: their chunks go to draining, their telemetry to the
+    /// parent; a failed one fails the job.
+    fn reap_children(&mut self) {
+        let mut i = 0;
+        while i < self.children.len() {
+            let outcome = {
+                let p = self.children[i].state.lock();
+                p.outcome
+                    .clone()
+                    .map(|o| (o, p.qps_mask, p.rails_mask, p.retried_slices))
+            };
+            let Some((outcome, qps, rails, retried)) = outcome else {
+                i += 1;
+                continue;
+            };
+            let child = self.children.swap_remove(i);
+            {
+                let mut p = self.parent.lock();
+                p.qps_mask |= qps;
+                p.rails_mask |= rails;
+                p.retried_slices += retried;
+            }
+            let ok = outcome.is_ok();
+            if let Some((bounce, chunk)) = child.chunk {
+                let commit = ok && chunk.direction() == Direction::HostToDevice;
+                self.draining.push(Lent {
+                    bounce,
+                    chunk,
+                    commit,
+                    waited: false,
+                });
+            }
+            if let Err(f) = outcome {
+                self.fail(f);
+            }
+        }
+    }
+
+    /// Gives back every draining chunk whose slot is quiet.
+    fn drain(&mut self, bounces: &mut [Bounce], stats: &mut Counters) {
+        let mut i = 0;
+        while i < self.draining.len() {
+            let l = &mut self.draining[i];
+            if !bounces[l.bounce].slots.is_quiet(l.chunk.slot()) {
+                l.waited = true;
+                i += 1;
+                continue;
+            }
+            let l = self.draining.swap_remove(i);
+            stats.waited_for_nic += u64::from(l.waited);
+            if l.commit || l.chunk.direction() == Direction::DeviceToHost {
+                stats.chunks += 1;
+                stats.bytes += l.chunk.len() as u64;
+            }
+            let stage = &mut bounces[l.bounce].stage;
+            let r = if l.commit && self.failure.is_none() {
+                stage.commit(l.chunk)
+            } else {
+                stage.release(l.chunk)
+            };
+            if let Err(e) = r {
+                self.fail(Failure::Staging {
+                    detail: e.to_string(),
+                });
+            }
+        }
+    }
+
+    /// Posts the held last piece, with the notification, once every other child completed.
+    fn post_held(&mut self, segments: &[&[Arc<SegmentInner>]]) {
+        if self.failure.is_some() {
+            if let Some(Held::Chunk { bounce, chunk, .. }) = self.held.take() {
+                self.draining.push(Lent {
+                    bounce,
+                    chunk,
+                    commit: false,
+                    waited: false,
+                });
+            }
+            self.held = None;
+            return;
+        }
+        if !self.children.is_empty() || self.next_run < self.parent.runs.len() {
+            return;
+        }
+        // Every other piece must have been posted and completed: no ticket may be left but the
+        // one whose last chunk is held (its earlier chunks were children, now complete).
+        let others_open = match &self.held {
+            None => return,
+            Some(Held::Direct(_)) => !self.tickets.is_empty(),
+            Some(Held::Chunk { bounce, chunk, .. }) => self
+                .tickets
+                .iter()
+                .any(|t| !(t.bounce == *bounce && t.ticket == chunk.ticket())),
+        };
+        if others_open {
+            return;
+        }
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let notify = self.parent.notify.clone();
+        match held {
+            Held::Chunk {
+                bounce,
+                chunk,
+                remote_addr,
+                remote,
+            } => {
+                let local = segments[bounce][chunk.slot()].clone();
+                match self.child(local, 0, remote_addr, remote, chunk.len() as u64, notify) {
+                    Ok(state) => self.children.push(Child {
+                        state,
+                        chunk: Some((bounce, chunk)),
+                    }),
+                    Err(f) => {
+                        self.draining.push(Lent {
+                            bounce,
+                            chunk,
+                            commit: false,
+                            waited: false,
+                        });
+                        self.fail(f);
+                    }
+                }
+            }
+            Held::Direct(i) => {
+                let run = self.parent.runs[i];
+                let seg = self.locals[run.local as usize].clone();
+                match self.child(
+                    seg,
+                    run.local_offset,
+                    run.remote_addr,
+                    run.remote,
+                    run.len,
+                    notify,
+                ) {
+                    Ok(state) => self.children.push(Child { state, chunk: None }),
+                    Err(f) => self.fail(f),
+                }
+            }
+        }
+        self.parent.lock().posted_at = Some(Instant::now());
+    }
+
+    /// Whether nothing of the job is left anywhere (it is then finished).
+    fn is_over(&self) -> bool {
+        (self.failure.is_some() || self.next_run >= self.parent.runs.len())
+            && self.tickets.is_empty()
+            && self.children.is_empty()
+            && self.draining.is_empty()
+            && self.held.is_none()
+    }
+
+    fn cancel_tickets(&self, bounces: &mut [Bounce]) {
+        for t in &self.tickets {
+            // A ticket already cancelled, or finishing, is refused: nothing to do then.
+            let _ = bounces[t.bounce].stage.cancel(t.ticket);
+        }
+    }
+}
+
+/// The driver's running totals.
+#[derive(Default)]
+struct Counters {
+    transfers: u64,
+    chunks: u64,
+    bytes: u64,
+    waited_for_nic: u64,
+}
+
+struct State {
+    bounces: Vec<Bounce>,
+    jobs: Vec<Job>,
+    stop: bool,
+    events: Vec<StagingEvent>,
+    counters: Counters,
+}
+
+/// What the staging driver of an agent holds and did ([`crate::Agent::staging_stats`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StagingStats {
+    /// Per GPU with bounce buffers, the line that says how it is staged.
+    pub gpus: Vec<String>,
+    /// Bounce buffers, all GPUs together.
+    pub buffers: usize,
+    /// Staged transfers not yet over (a failed one stays until the NIC let go of its buffers).
+    pub active_transfers: usize,
+    /// Staged transfers taken since the agent started.
+    pub transfers: u64,
+    /// Chunks moved through a bounce buffer (sent, or read and copied to the GPU), and their
+    /// bytes.
+    pub chunks: u64,
+    /// Bytes of those chunks.
+    pub bytes: u64,
+    /// Chunks whose buffer had to wait, after their transfer ended, until gdr retired the
+    /// requests that used it (a failed or timed-out transfer's requests still in flight).
+    pub waited_for_nic: u64,
+    /// Chunks waiting so now.
+    pub waiting_now: usize,
+    /// Chunks lent to transfers now (held, posted or waiting).
+    pub chunks_in_use: usize,
+}
+
+/// The agent's staging driver: its GPUs' bounce buffers and the staged transfers in flight.
+pub(crate) struct Driver {
+    state: Mutex<State>,
+    wake: Condvar,
+    config: StagingConfig,
+    pds: Vec<Arc<ProtectionDomain>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Driver {
+    /// A driver (its thread starts with the first bounce buffers).
+    pub(crate) fn new(pds: Vec<Arc<ProtectionDomain>>, config: StagingConfig) -> Driver {
+        Driver {
+            state: Mutex::new(State {
+                bounces: Vec::new(),
+                jobs: Vec::new(),
+                stop: false,
+                events: Vec::new(),
+                counters: Counters::default(),
+            }),
+            wake: Condvar::new(),
+            config,
+            pds,
+            thread: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The bounce buffers of `dev`'s GPU (made on first use, with the driver's thread): their
+    /// index and the line that describes them.
+    pub(crate) fn bounce_for(
+        self: &Arc<Self>,
+        dev: &StagedDevice,
+        agent: &str,
+    ) -> Result<(usize, String)> {
+        let mut st = self.lock();
+        if let Some(i) = st.bounces.iter().position(|b| b.key == dev.key()) {
+            return Ok((i, st.bounces[i].describe.clone()));
+        }
+        let bounce = Bounce::new(&self.pds, dev, self.config)?;
+        let describe = bounce.describe.clone();
+        st.bounces.push(bounce);
+        drop(st);
+        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        if thread.is_none() {
+            let me = self.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("xfer-staging-{agent}"))
+                .spawn(move || me.run())
+                .map_err(|e| Error::io("starting the staging thread", e))?;
+            *thread = Some(h);
+        }
+        Ok((self.lock().bounces.len() - 1, describe))
+    }
+
+    /// Takes a transfer with staged local segments.
+    pub(crate) fn submit(&self, job: Job) -> std::result::Result<(), Failure> {
+        let mut st = self.lock();
+        if st.stop {
+            return Err(Failure::AgentClosed);
+        }
+        st.jobs.push(job);
+        st.counters.transfers += 1;
+        drop(st);
+        self.wake.notify_all();
+        Ok(())
+    }
+
+    /// What it holds and did.
+    pub(crate) fn stats(&self) -> StagingStats {
+        let st = self.lock();
+        let waiting_now = st
+            .jobs
+            .iter()
+            .map(|j| j.draining.iter().filter(|l| l.waited).count())
+            .sum();
+        let chunks_in_use = st
+            .jobs
+            .iter()
+            .map(|j| {
+                j.draining.len()
+                    + j.children.iter().filter(|c| c.chunk.is_some()).count()
+                    + usize::from(matches!(j.held, Some(Held::Chunk { .. })))
+            })
+            .sum();
+        StagingStats {
+            gpus: st.bounces.iter().map(|b| b.describe.clone()).collect(),
+            buffers: st.bounces.iter().map(|b| b.segments.len()).sum(),
+            active_transfers: st.jobs.len(),
+            transfers: st.counters.transfers,
+            chunks: st.counters.chunks,
+            bytes: st.counters.bytes,
+            waited_for_nic: st.counters.waited_for_nic,
+            waiting_now,
+            chunks_in_use,
+        }
+    }
+
+    /// Stops the thread: transfers still staged fail (their children already did, with the
+    /// connections), and it returns once the thread ended.
+    pub(crate) fn stop(&self) {
+        self.lock().stop = true;
+        self.wake.notify_all();
+        let h = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+
+    fn run(&self) {
+        let mut st = self.lock();
+        loop {
+            if st.stop {
+                for job in &mut st.jobs {
+                    job.fail(Failure::AgentClosed);
+                }
+                return;
+            }
+            if st.jobs.is_empty() {
+                st = self
+                    .wake
+                    .wait_timeout(st, Duration::from_millis(100))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                continue;
+            }
+            step(&mut st, self.config.chunks, Instant::now());
+            drop(st);
+            std::thread::sleep(POLL);
+            st = self.lock();
+        }
+    }
+}
+
+/// One round: the stagers' events to their jobs, then each job's children, chunks, runs,
+/// deadline and end.
+fn step(st: &mut State, window: usize, now: Instant) {
+    let State {
+        bounces,
+        jobs,
+        events,
+        counters,
+        ..
+    } = st;
+    for (b, bounce) in bounces.iter_mut().enumerate() {
+        bounce.stage.poll(events);
+        for ev in events.drain(..) {
+            let ticket = match &ev {
+                StagingEvent::Ready(c) | StagingEvent::Fill(c) => c.ticket(),
+                StagingEvent::Finished { ticket, .. } => *ticket,
+            };
+            let job = jobs.iter_mut().find(|j| {
+                j.tickets
+                    .iter()
+                    .any(|t| t.bounce == b && t.ticket == ticket)
+            });
+            match (ev, job) {
+                (StagingEvent::Ready(c) | StagingEvent::Fill(c), Some(j)) => {
+                    j.on_chunk(b, c, &bounce.segments)
+                }
+                (StagingEvent::Finished { ticket, outcome }, Some(j)) => {
+                    j.on_finished(b, ticket, outcome)
+                }
+                // A ticket no job has: cannot happen; give its chunk back.
+                (StagingEvent::Ready(c) | StagingEvent::Fill(c), None) => {
+                    let _ = bounce.stage.release(c);
+                }
+                (StagingEvent::Finished { .. }, None) => {}
+            }
+        }
+    }
+    for job in jobs.iter_mut() {
+        job.reap_children();
+        if job.failure.is_none() && job.parent.deadline.is_some_and(|d| now >= d) {
+            job.fail(Failure::Timeout {
+                after: job.parent.timeout,
+            });
+        }
+        if job.failure.is_some() {
+            job.cancel_tickets(bounces);
+        }
+    }
+    let segments: Vec<&[Arc<SegmentInner>]> =
+        bounces.iter().map(|b| b.segments.as_slice()).collect();
+    for job in jobs.iter_mut() {
+        job.post_held(&segments);
+    }
+    drop(segments);
+    for job in jobs.iter_mut() {
+        job.drain(bounces, counters);
+        job.start_runs(bounces, window);
+    }
+    jobs.retain(|job| {
+        if !job.is_over() {
+            return true;
+        }
+        if job.failure.is_none() {
+            let mut p = job.parent.lock();
+            if p.posted_at.is_none() {
+                p.posted_at = Some(now);
+            }
+            job.parent.finish(&mut p, Ok(()));
+        }
+        false
+    });
+}

@@ -1,0 +1,174 @@
+//! One GPU's bounce buffers and the stager that fills and drains them, whatever the copy engine
+//! (CUDA, or the emulated GPU's `memcpy`).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use gdr::mr::{AccessFlags, HostMemory};
+use gdr::pd::ProtectionDomain;
+
+use super::StagedDevice;
+use crate::error::{Error, Result};
+use crate::location::Location;
+use crate::segment::{Backing, Segment, SegmentInner};
+use crate::staging::slots::SlotRegions;
+use crate::staging::{Chunk, Direction, Stager, StagingConfig, StagingEvent, Ticket};
+use crate::wire::SegmentInfo;
+
+/// A stager, seen the same way for every copy engine.
+pub(crate) trait Stage: Send {
+    fn start(&mut self, dir: Direction, dev: &StagedDevice, range: Range<usize>) -> Result<Ticket>;
+    fn poll(&mut self, out: &mut Vec<StagingEvent>);
+    fn release(&mut self, chunk: Chunk) -> Result<()>;
+    fn commit(&mut self, chunk: Chunk) -> Result<()>;
+    fn cancel(&mut self, ticket: Ticket) -> Result<()>;
+}
+
+fn wrong_device() -> Error {
+    Error::invalid(
+        "staging: the memory belongs to another kind of GPU than these bounce buffers",
+        "this is a bug in gdr-xfer's staging driver",
+    )
+}
+
+impl Stage for Stager {
+    fn start(&mut self, dir: Direction, dev: &StagedDevice, range: Range<usize>) -> Result<Ticket> {
+        #[allow(unreachable_patterns)]
+        match (dir, dev) {
+            (Direction::DeviceToHost, StagedDevice::Cuda(b)) => self.start_d2h(b, range),
+            (Direction::HostToDevice, StagedDevice::Cuda(b)) => self.start_h2d(b, range),
+            _ => Err(wrong_device()),
+        }
+    }
+    fn poll(&mut self, out: &mut Vec<StagingEvent>) {
+        Stager::poll(self, out)
+    }
+    fn release(&mut self, chunk: Chunk) -> Result<()> {
+        Stager::release(self, chunk)
+    }
+    fn commit(&mut self, chunk: Chunk) -> Result<()> {
+        Stager::commit(self, chunk)
+    }
+    fn cancel(&mut self, ticket: Ticket) -> Result<()> {
+        Stager::cancel(self, ticket)
+    }
+}
+
+#[cfg(feature = "emulated-gpu")]
+impl Stage for crate::staging::pipeline::Pipeline<super::emulated::HostCopies> {
+    fn start(&mut self, dir: Direction, dev: &StagedDevice, range: Range<usize>) -> Result<Ticket> {
+        match dev {
+            StagedDevice::Emulated(g) => {
+                crate::staging::pipeline::Pipeline::start(self, dir, g.clone(), range)
+            }
+            StagedDevice::Cuda(_) => Err(wrong_device()),
+        }
+    }
+    fn poll(&mut self, out: &mut Vec<StagingEvent>) {
+        crate::staging::pipeline::Pipeline::poll(self, out)
+    }
+    fn release(&mut self, chunk: Chunk) -> Result<()> {
+        crate::staging::pipeline::Pipeline::release(self, chunk)
+    }
+    fn commit(&mut self, chunk: Chunk) -> Result<()> {
+        crate::staging::pipeline::Pipeline::commit(self, chunk)
+    }
+    fn cancel(&mut self, ticket: Ticket) -> Result<()> {
+        crate::staging::pipeline::Pipeline::cancel(self, ticket)
+    }
+}
+
+/// One GPU's bounce buffers: the stager, its slots (one registration per rail each), and per
+/// slot the segment children post from.
+pub(crate) struct Bounce {
+    pub(crate) key: (bool, i32),
+    pub(crate) stage: Box<dyn Stage>,
+    pub(crate) slots: Arc<SlotRegions>,
+    pub(crate) segments: Vec<Arc<SegmentInner>>,
+    pub(crate) describe: String,
+}
+
+impl Bounce {
+    /// Bounce buffers for the GPU of `dev`, registered with every rail's protection domain.
+    pub(crate) fn new(
+        pds: &[Arc<ProtectionDomain>],
+        dev: &StagedDevice,
+        config: StagingConfig,
+    ) -> Result<Bounce> {
+        config.validate()?;
+        let key = dev.key();
+        match dev {
+            StagedDevice::Cuda(b) => {
+                let ordinal = b.ordinal();
+                let (slots, segments) = Self::slots(pds, config, |len| {
+                    Ok(Box::new(gdr::cuda::DmaHostBuffer::alloc(ordinal, len)?))
+                })?;
+                let stager = Stager::with_slots(ordinal, config, slots.clone())?;
+                let describe = stager.describe();
+                Ok(Bounce {
+                    key,
+                    stage: Box::new(stager),
+                    slots,
+                    segments,
+                    describe,
+                })
+            }
+            #[cfg(feature = "emulated-gpu")]
+            StagedDevice::Emulated(g) => {
+                let (slots, segments) = Self::slots(pds, config, |len| {
+                    Ok(Box::new(gdr::mr::AlignedBuffer::zeroed(len)?))
+                })?;
+                let engine = super::emulated::HostCopies {
+                    slots: slots.clone(),
+                };
+                let pipeline = crate::staging::pipeline::Pipeline::new(engine, config)?;
+                let describe = format!(
+                    "emulated GPU {} staged through host: {} x {} bounce buffers (registered per \
+                     buffer on {} rail(s)), memcpy copies",
+                    g.ordinal(),
+                    config.chunks,
+                    crate::staging::bytes_text(config.chunk_size),
+                    pds.len()
+                );
+                log::info!("{describe}");
+                Ok(Bounce {
+                    key,
+                    stage: Box::new(pipeline),
+                    slots,
+                    segments,
+                    describe,
+                })
+            }
+        }
+    }
+
+    /// Registers the slots and makes their segments, then records the quiet state.
+    fn slots(
+        pds: &[Arc<ProtectionDomain>],
+        config: StagingConfig,
+        alloc: impl FnMut(usize) -> Result<Box<dyn HostMemory>>,
+    ) -> Result<(Arc<SlotRegions>, Vec<Arc<SegmentInner>>)> {
+        let mut slots = SlotRegions::register(
+            pds,
+            config.chunks,
+            config.chunk_size,
+            AccessFlags::LOCAL_WRITE,
+            alloc,
+        )?;
+        let mut segments = Vec::with_capacity(slots.regions.len());
+        for rails in &slots.regions {
+            let info = SegmentInfo {
+                id: 0,
+                name: "staging bounce buffer".into(),
+                addr: rails[0].slice(..)?.addr(),
+                len: config.chunk_size as u64,
+                rkeys: Vec::new(),
+                location: Location::Cpu { numa: None },
+            };
+            let seg = Segment::new(info, Backing::Host(Arc::new(rails.clone())), 0)?;
+            segments.push(seg.inner);
+        }
+        slots.settle();
+        Ok((Arc::new(slots), segments))
+    }
+}

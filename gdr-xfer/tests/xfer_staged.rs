@@ -1,0 +1,393 @@
+//! Staged GPU memory through the engine, on the test device, with an emulated GPU (feature
+//! `emulated-gpu`): every transfer from or to it goes through bounce buffers, chunk by chunk,
+//! as GPU memory without GPUDirect does. What is checked: every byte of WRITEs and READs, paged
+//! and listed, mixed with host memory; the notification after all the data; deadlines and dead
+//! peers; bounce buffers reused only once the NIC let go of them; memory held until the end.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{agent, agent_with, connected, pattern};
+use gdr_xfer::staged::EmulatedGpu;
+use gdr_xfer::staging::StagingConfig;
+use gdr_xfer::{
+    Agent, AgentConfig, BlockTable, Desc, Error, Op, SegmentPath, Status, TransferOptions,
+};
+
+const WAIT: Duration = Duration::from_secs(60);
+const BLOCK: usize = 16 * 1024;
+
+/// An agent whose staged memory uses `chunks` bounce buffers of `chunk` bytes (small, so that
+/// a transfer cycles through every buffer many times).
+fn staged_agent(name: &str, chunk: usize, chunks: usize) -> Agent {
+    let mut staging = StagingConfig::new(chunk, chunks);
+    staging.min_piece = 4096;
+    agent_with(AgentConfig::new(name).staging(staging))
+}
+
+fn wait_gone(weak: &gdr_xfer::RegistrationWeak) -> bool {
+    let start = Instant::now();
+    while weak.is_alive() && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    !weak.is_alive()
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn staged_writes_and_reads_move_every_byte() {
+    let (a, b, pb, _pa) = connected(staged_agent("sa", 1 << 20, 4), agent("sb"));
+    let len = 24 << 20;
+    let gpu = EmulatedGpu::new(0, len);
+    let data = pattern(len, 41);
+    gpu.write(0, &data).unwrap();
+    let seg = a.register_emulated_gpu(&gpu, .., "weights").unwrap();
+    let SegmentPath::Staged(how) = seg.path() else {
+        panic!("not staged: {:?}", seg.path());
+    };
+    println!("path: {how}");
+    assert!(how.contains("4 x 1 MiB"), "{how}");
+    assert!(!seg.is_published());
+    let dst = b.alloc_host(len, "dst").unwrap();
+    let remote = pb.wait_segment_named("dst", WAIT).unwrap();
+    // The peer never hears of a staged segment.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(b
+        .peer("sa")
+        .unwrap()
+        .segments()
+        .iter()
+        .all(|s| s.name != "weights"));
+
+    // One large WRITE: 24 chunks through 4 bounce buffers.
+    let t = pb
+        .write(
+            &[Desc::new(&seg, 0, remote.id, 0, len as u64)],
+            &TransferOptions::new(),
+        )
+        .unwrap();
+    let stats = t.wait(WAIT).unwrap();
+    assert_eq!(stats.bytes, len as u64);
+    assert!(stats.qps_used >= 1 && stats.rails_used >= 1, "{stats:?}");
+    assert_eq!(dst.to_vec(0, len).unwrap(), data, "large staged WRITE");
+    println!("24 MiB staged WRITE: {stats:?}");
+
+    // A paged WRITE of 1,000 scattered 16 KiB blocks.
+    let blocks = 1000u32;
+    let nblocks = (len / BLOCK) as u32;
+    let local: Vec<u32> = (0..blocks).map(|i| (i * 7) % nblocks).collect();
+    let remote_blocks: Vec<u32> = (0..blocks).map(|i| (i * 13 + 5) % nblocks).collect();
+    let fresh = pattern(len, 42);
+    gpu.write(0, &fresh).unwrap();
+    let table = BlockTable {
+        local: &seg,
+        local_base: 0,
+        remote: remote.id,
+        remote_base: 0,
+        block_len: BLOCK as u64,
+        local_blocks: &local,
+        remote_blocks: &remote_blocks,
+    };
+    let stats = pb
+        .transfer_blocks(Op::Write, &table, &TransferOptions::new())
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
+    assert_eq!(stats.bytes, u64::from(blocks) * BLOCK as u64);
+    let got = dst.to_vec(0, len).unwrap();
+    for (&l, &r) in local.iter().zip(&remote_blocks) {
+        let (l, r) = (l as usize * BLOCK, r as usize * BLOCK);
+        assert_eq!(got[r..r + BLOCK], fresh[l..l + BLOCK], "block {l} -> {r}");
+    }
+
+    // READ the whole destination back into a second staged segment of the same GPU.
+    let back_gpu = EmulatedGpu::new(0, len);
+    let back = a.register_emulated_gpu(&back_gpu, .., "back").unwrap();
+    let stats = pb
+        .read(
+            &[Desc::new(&back, 0, remote.id, 0, len as u64)],
+            &TransferOptions::new(),
+        )
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
+    let mut read = vec![0u8; len];
+    back_gpu.read(0, &mut read).unwrap();
+    assert_eq!(read, got, "staged READ");
+    // The segment reads through the emulated device too.
+    assert_eq!(back.to_vec(4096, 64).unwrap(), got[4096..4096 + 64]);
+    println!("24 MiB staged READ: {stats:?}; 1,000 paged blocks verified");
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_staged_notification_arrives_only_after_all_the_data() {
+    let (a, b, pb, _pa) = connected(staged_agent("na", 256 << 10, 3), agent("nb"));
+    let len = 8 << 20;
+    let gpu = EmulatedGpu::new(1, len);
+    let seg = a.register_emulated_gpu(&gpu, .., "kv").unwrap();
+    let host = a.alloc_host(1 << 20, "host").unwrap();
+    let dst = b.alloc_host(len + (1 << 20), "dst").unwrap();
+    let remote = pb.wait_segment_named("dst", WAIT).unwrap();
+    for round in 0..6u32 {
+        let data = pattern(len, 200 + round);
+        gpu.write(0, &data).unwrap();
+        let tail = pattern(1 << 20, 300 + round);
+        host.write(0, &tail).unwrap();
+        let key = format!("round-{round}");
+        // Odd rounds end with a run of host memory: the notification then goes with it.
+        let mut descs = vec![Desc::new(&seg, 0, remote.id, 0, len as u64)];
+        if round % 2 == 1 {
+            descs.push(Desc::new(&host, 0, remote.id, len as u64, 1 << 20));
+        }
+        let _t = pb
+            .write(&descs, &TransferOptions::new().notify(key.clone()))
+            .unwrap();
+        let n = b.wait_notification(WAIT).unwrap().expect("a notification");
+        let got = dst.to_vec(0, len + (1 << 20)).unwrap();
+        assert_eq!(n.data, key.as_bytes());
+        assert_eq!(
+            got[..len].iter().zip(&data).position(|(x, y)| x != y),
+            None,
+            "round {round}: staged data not complete when the notification came"
+        );
+        if round % 2 == 1 {
+            assert_eq!(got[len..], tail[..], "round {round}: host run");
+        }
+    }
+    println!("6 rounds of 8 MiB staged (3 x 256 KiB bounce buffers), half with a host run last: each notification found all its data");
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn dropped_staged_transfers_hold_the_memory_until_the_end_then_release_it() {
+    let (a, b, pb, _pa) = connected(staged_agent("da", 512 << 10, 2), agent("db"));
+    let len = 16 << 20;
+    let gpu = EmulatedGpu::new(0, len);
+    gpu.write(0, &pattern(len, 7)).unwrap();
+    let dst = b.alloc_host(len, "dst").unwrap();
+    let remote = pb.wait_segment_named("dst", WAIT).unwrap();
+    let seg = a.register_emulated_gpu(&gpu, .., "src").unwrap();
+    let weak = seg.registration_weak();
+    let t = pb
+        .write(
+            &[Desc::new(&seg, 0, remote.id, 0, len as u64)],
+            &TransferOptions::new().notify("done"),
+        )
+        .unwrap();
+    drop(t);
+    a.deregister(&seg).unwrap();
+    drop(seg);
+    let held = weak.is_alive();
+    b.wait_notification(WAIT)
+        .unwrap()
+        .expect("the dropped staged transfer still completes");
+    assert!(held, "the staged memory was let go while its transfer ran");
+    assert!(wait_gone(&weak), "the staged memory leaked");
+    assert_eq!(dst.to_vec(0, len).unwrap(), pattern(len, 7));
+    // The emulated device itself is only ours again.
+    assert_eq!(Arc::strong_count(&gpu), 1);
+    println!("dropped handle + deregistered segment: memory held while in flight ({held}), released after the notification");
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn staged_transfers_fail_at_their_deadline_or_with_their_peer_and_the_buffers_work_after() {
+    let a = staged_agent("fa", 256 << 10, 2);
+    let (a, b, pb, _pa) = connected(a, agent("fb"));
+    let len = 32 << 20;
+    let gpu = EmulatedGpu::new(0, len);
+    gpu.write(0, &pattern(len, 3)).unwrap();
+    let seg = a.register_emulated_gpu(&gpu, .., "src").unwrap();
+    let dst = b.alloc_host(len, "dst").unwrap();
+    let remote = pb.wait_segment_named("dst", WAIT).unwrap();
+
+    // A deadline far too short for 32 MiB through 2 x 256 KiB.
+    let t = pb
+        .write(
+            &[Desc::new(&seg, 0, remote.id, 0, len as u64)],
+            &TransferOptions::new().timeout(Duration::from_millis(20)),
+        )
+        .unwrap();
+    let e = t.wait(WAIT).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert_eq!(t.status(), Status::Failed);
+    println!("deadline: {e}");
+
+    // The bounce buffers come back once the NIC let go: the next transfers work.
+    for round in 0..3u32 {
+        let data = pattern(len, 10 + round);
+        gpu.write(0, &data).unwrap();
+        pb.write(
+            &[Desc::new(&seg, 0, remote.id, 0, len as u64)],
+            &TransferOptions::new(),
+        )
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
+        assert_eq!(
+            dst.to_vec(0, len).unwrap(),
+            data,
+            "round {round} after the deadline"
+        );
+    }
+    let st = a.staging_stats();
+    println!("after the deadline and 3 rounds: {st:?}");
+    assert_eq!((st.active_transfers, st.chunks_in_use), (0, 0), "{st:?}");
+    assert_eq!(st.buffers, 2);
+    assert_eq!(st.transfers, 4);
+
+    // The peer dies with staged transfers in flight: they fail within their deadline.
+    let pending: Vec<_> = (0..4)
+        .map(|_| {
+            pb.write(
+                &[Desc::new(&seg, 0, remote.id, 0, len as u64)],
+                &TransferOptions::new().timeout(Duration::from_secs(20)),
+            )
+            .unwrap()
+        })
+        .collect();
+    let killed = Instant::now();
+    drop(dst);
+    drop(b);
+    let mut errors = Vec::new();
+    for t in &pending {
+        if let Err(e) = t.wait(WAIT) {
+            errors.push(e);
+        }
+    }
+    let took = killed.elapsed();
+    println!(
+        "peer gone: {} of 4 staged transfers failed within {took:?}: {:?}",
+        errors.len(),
+        errors.first().map(|e| e.to_string())
+    );
+    assert!(!errors.is_empty(), "a transfer survived its peer's end");
+    assert!(
+        errors.iter().all(|e| matches!(
+            e,
+            Error::PeerLost { .. } | Error::SliceFailed { .. } | Error::NoRail { .. }
+        )),
+        "{errors:?}"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "past the deadline: {took:?}"
+    );
+
+    // A new peer: the same bounce buffers carry its transfers.
+    let c = agent("fc");
+    let addr = c.listen("127.0.0.1:0").unwrap();
+    let pc = a.connect(&addr.to_string()).unwrap();
+    let dst = c.alloc_host(len, "dst").unwrap();
+    let remote = pc.wait_segment_named("dst", WAIT).unwrap();
+    let data = pattern(len, 99);
+    gpu.write(0, &data).unwrap();
+    pc.write(
+        &[Desc::new(&seg, 0, remote.id, 0, len as u64)],
+        &TransferOptions::new(),
+    )
+    .unwrap()
+    .wait(WAIT)
+    .unwrap();
+    assert_eq!(dst.to_vec(0, len).unwrap(), data, "after the peer died");
+    let start = Instant::now();
+    while a.staging_stats().active_transfers > 0 && start.elapsed() < WAIT {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let st = a.staging_stats();
+    println!("at the end: {st:?}");
+    assert_eq!((st.active_transfers, st.chunks_in_use), (0, 0), "{st:?}");
+    println!("the bounce buffers carried 32 MiB to a new peer after the old one died");
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn concurrent_staged_transfers_share_the_bounce_buffers_without_mixing_bytes() {
+    let (a, b, pb, _pa) = connected(staged_agent("ca", 128 << 10, 4), agent("cb"));
+    let per = 4 << 20;
+    let threads = 4;
+    let gpu = EmulatedGpu::new(0, per * threads);
+    let seg = a.register_emulated_gpu(&gpu, .., "src").unwrap();
+    let back_gpu = EmulatedGpu::new(0, per * threads);
+    let back = a.register_emulated_gpu(&back_gpu, .., "back").unwrap();
+    let _dst = b.alloc_host(per * threads, "dst").unwrap();
+    let remote = pb.wait_segment_named("dst", WAIT).unwrap();
+    for i in 0..threads {
+        gpu.write(i * per, &pattern(per, 500 + i as u32)).unwrap();
+    }
+    std::thread::scope(|s| {
+        for i in 0..threads {
+            let (pb, seg, back) = (&pb, &seg, &back);
+            s.spawn(move || {
+                let at = (i * per) as u64;
+                for _ in 0..3 {
+                    pb.write(
+                        &[Desc::new(seg, at, remote.id, at, per as u64)],
+                        &TransferOptions::new(),
+                    )
+                    .unwrap()
+                    .wait(WAIT)
+                    .unwrap();
+                    pb.read(
+                        &[Desc::new(back, at, remote.id, at, per as u64)],
+                        &TransferOptions::new(),
+                    )
+                    .unwrap()
+                    .wait(WAIT)
+                    .unwrap();
+                }
+            });
+        }
+    });
+    let mut got = vec![0u8; per * threads];
+    back_gpu.read(0, &mut got).unwrap();
+    for i in 0..threads {
+        assert_eq!(
+            got[i * per..(i + 1) * per],
+            pattern(per, 500 + i as u32)[..],
+            "thread {i}"
+        );
+    }
+    println!(
+        "4 threads x 3 rounds of 4 MiB WRITE + READ through 4 shared bounce buffers: no byte mixed"
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn bad_input_on_staged_segments_is_refused_before_anything_moves() {
+    let (a, _b, pb, _pa) = connected(staged_agent("ba", 1 << 20, 2), agent("bb"));
+    let gpu = EmulatedGpu::new(0, 1 << 20);
+    assert!(matches!(
+        a.register_emulated_gpu(&gpu, 0..(2 << 20), "too-long"),
+        Err(Error::InvalidArgument { .. }) | Err(Error::OutOfSegment { .. })
+    ));
+    let seg = a.register_emulated_gpu(&gpu, 4096..8192, "window").unwrap();
+    let remote = pb.wait_segment_named("dst-none", Duration::from_millis(10));
+    assert!(matches!(remote, Err(Error::Timeout { .. })));
+    let e = pb
+        .write(
+            &[Desc::new(&seg, 0, 12345, 0, 4096)],
+            &TransferOptions::new(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::UnknownSegment { .. }), "{e}");
+    let e = pb
+        .write(
+            &[Desc::new(&seg, 1, 12345, 0, 4096)],
+            &TransferOptions::new(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::OutOfSegment { .. }), "{e}");
+    // Staging config errors are typed.
+    let e = Agent::new(
+        AgentConfig::new("bad")
+            .device(common::device())
+            .staging(StagingConfig::new(0, 4)),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+}
