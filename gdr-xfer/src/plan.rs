@@ -173,6 +173,13 @@ impl<'t> Planner<'t> {
         let l = self.local(&t.local.inner);
         self.runs.reserve(t.local_blocks.len());
         let (len, local_base, remote_base) = (t.block_len, t.local_base, addr + t.remote_base);
+        // The run being extended, kept out of the vector while the blocks continue it (the same
+        // merge rule as `push`: a block continuing it on both sides extends it). It starts as
+        // the last run of earlier descriptors when that one is of the same segment pair.
+        let mut cur = match self.runs.last() {
+            Some(last) if last.local == l && last.remote == remote => self.runs.pop(),
+            _ => None,
+        };
         for (&lb, &rb) in t.local_blocks.iter().zip(t.remote_blocks) {
             if u64::from(lb) >= local_blocks {
                 return Err(Error::IndexOutOfRange {
@@ -191,25 +198,26 @@ impl<'t> Planner<'t> {
             // In range, so neither product overflows: both are below the segment lengths.
             let local_offset = local_base + u64::from(lb) * len;
             let remote_addr = remote_base + u64::from(rb) * len;
-            // The same merge rule as `push`, for one segment pair: a block continuing the last
-            // run on both sides extends it.
-            if let Some(last) = self.runs.last_mut() {
-                if last.local == l
-                    && last.remote == remote
-                    && last.local_offset + last.len == local_offset
-                    && last.remote_addr + last.len == remote_addr
-                {
-                    last.len += len;
-                    continue;
-                }
-            }
-            self.runs.push(Run {
+            let next = Run {
                 local: l,
                 local_offset,
                 remote_addr,
                 remote,
                 len,
-            });
+            };
+            match &mut cur {
+                Some(c)
+                    if c.local_offset + c.len == local_offset
+                        && c.remote_addr + c.len == remote_addr =>
+                {
+                    c.len += len;
+                }
+                Some(c) => self.runs.push(std::mem::replace(c, next)),
+                None => cur = Some(next),
+            }
+        }
+        if let Some(c) = cur {
+            self.runs.push(c);
         }
         self.descriptors += t.local_blocks.len() as u64;
         Ok(())
@@ -291,5 +299,125 @@ impl<'t> Planner<'t> {
             runs: self.runs,
             descriptors: self.descriptors,
         })
+    }
+}
+
+#[cfg(all(test, feature = "emulated-gpu"))]
+mod tests {
+    //! The planner on the host: an emulated GPU's staged segment needs no device.
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use super::Planner;
+    use crate::descriptor::{BlockTable, Desc};
+    use crate::error::Error;
+    use crate::location::Location;
+    use crate::segment::{Backing, Segment};
+    use crate::staged::{EmulatedGpu, StagedDevice, StagedMemory};
+    use crate::wire::SegmentInfo;
+
+    fn local(len: usize) -> Segment {
+        let info = SegmentInfo {
+            id: 1,
+            name: "l".into(),
+            addr: 0,
+            len: len as u64,
+            rkeys: Vec::new(),
+            location: Location::Cuda { ordinal: 0 },
+        };
+        let m = StagedMemory {
+            device: StagedDevice::Emulated(EmulatedGpu::new(0, len)),
+            bounce: 0,
+            describe: String::new(),
+        };
+        Segment::new(info, Backing::Staged(Arc::new(m)), 0).unwrap()
+    }
+
+    fn table() -> HashMap<u32, SegmentInfo> {
+        let r = SegmentInfo {
+            id: 7,
+            name: "r".into(),
+            addr: 0x10_0000,
+            len: 1 << 20,
+            rkeys: vec![0x55, 0x66],
+            location: Location::Cpu { numa: None },
+        };
+        HashMap::from([(7, r)])
+    }
+
+    fn runs(p: &Planner<'_>) -> Vec<(u64, u64, u64)> {
+        p.runs
+            .iter()
+            .map(|r| (r.local_offset, r.remote_addr, r.len))
+            .collect()
+    }
+
+    #[test]
+    fn blocks_merge_only_where_both_sides_continue_and_across_tables() {
+        let seg = local(1 << 20);
+        let t = table();
+        let mut p = Planner::new("peer", &t, 2, 0);
+        // A descriptor, then blocks continuing it on both sides, then a gap, then two more.
+        p.descs(&[Desc::new(&seg, 0, 7, 0, 4096)]).unwrap();
+        let (lb, rb) = ([1u32, 2, 5, 3, 4], [1u32, 2, 9, 3, 4]);
+        p.blocks(&BlockTable {
+            local: &seg,
+            local_base: 0,
+            remote: 7,
+            remote_base: 0,
+            block_len: 4096,
+            local_blocks: &lb,
+            remote_blocks: &rb,
+        })
+        .unwrap();
+        let base = 0x10_0000;
+        assert_eq!(
+            runs(&p),
+            vec![
+                (0, base, 3 * 4096),
+                (5 * 4096, base + 9 * 4096, 4096),
+                (3 * 4096, base + 3 * 4096, 2 * 4096),
+            ]
+        );
+        assert_eq!(p.descriptors, 6);
+        // Remote keys once per remote segment, one per rail.
+        assert_eq!(p.rkeys, vec![0x55, 0x66]);
+        let plan = p.finish().unwrap();
+        assert_eq!(plan.runs.len(), 3);
+    }
+
+    #[test]
+    fn a_block_outside_either_side_is_refused() {
+        let seg = local(8 * 4096);
+        let t = table();
+        let table = |lb: &'static [u32], rb: &'static [u32]| BlockTable {
+            local: &seg,
+            local_base: 4096,
+            remote: 7,
+            remote_base: 0,
+            block_len: 4096,
+            local_blocks: lb,
+            remote_blocks: rb,
+        };
+        let mut p = Planner::new("peer", &t, 1, 0);
+        // 7 whole blocks after the local base: index 7 is out.
+        match p.blocks(&table(&[0, 7], &[0, 1])) {
+            Err(Error::IndexOutOfRange { index: 7, len: 7, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        let mut p = Planner::new("peer", &t, 1, 0);
+        match p.blocks(&table(&[0], &[256])) {
+            Err(Error::IndexOutOfRange { index: 256, len: 256, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        let mut p = Planner::new("peer", &t, 1, 0);
+        assert!(matches!(
+            p.blocks(&table(&[0, 1], &[0])),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(matches!(
+            Planner::new("peer", &t, 1, 0).finish(),
+            Err(Error::InvalidArgument { .. })
+        ));
     }
 }

@@ -356,6 +356,8 @@ fn cut(
     let mut rkey = t.rkey(head, rail);
     let mut bytes = 0;
     let mut off = from.offset;
+    // Pieces cut so far (`pieces` starts empty), kept out of the vector's length field.
+    let mut n = pieces.len();
     for (i, run) in runs.iter().enumerate() {
         if run.local != local {
             return Ok((
@@ -376,7 +378,7 @@ fn cut(
             run.len
         };
         while off < end {
-            if pieces.len() >= max {
+            if n >= max {
                 return Ok((
                     Cursor {
                         run: from.run + i,
@@ -385,15 +387,17 @@ fn cut(
                     bytes,
                 ));
             }
-            let len = (run.len - off).min(slice_size);
+            // Up to the range's end (a retry range may end inside a run).
+            let len = (end - off).min(slice_size);
             // In range: the plan checked the run against both segments.
             let remote = RemoteSlice::new(run.remote_addr + off, len, rkey)
                 .ok_or("a remote range overflows")?;
             pieces.push(RdmaPiece {
                 offset: (run.local_offset + off) as usize,
                 remote,
-                wr_id: first + pieces.len() as u64,
+                wr_id: first + n as u64,
             });
+            n += 1;
             bytes += len;
             off += len;
         }

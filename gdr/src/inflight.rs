@@ -31,7 +31,7 @@ use crate::qp::{QpState, WorkQueue};
 const RECV_BIT: u64 = 1 << 63;
 /// Bits of the sequence number in a provider `wr_id`.
 const SEQ_BITS: u32 = 40;
-const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+pub(crate) const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 /// Bits of the tag in a provider `wr_id`.
 const TAG_BITS: u32 = 23;
 const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
@@ -165,7 +165,19 @@ impl Ring {
     /// Whether a request must be signalled when `since_signal` unsignalled ones precede it, to
     /// keep the queue from filling with requests nobody can retire.
     pub(crate) fn signal_due(&self, since_signal: u32) -> bool {
-        u64::from(since_signal) + 1 >= (self.capacity() / 2).max(1)
+        u64::from(since_signal) + 1 >= self.signal_every()
+    }
+
+    /// The longest run of requests before one must be signalled (half the queue, at least 1):
+    /// a request with `since_signal + 1 >= signal_every()` is signalled.
+    pub(crate) fn signal_every(&self) -> u64 {
+        (self.capacity() / 2).max(1)
+    }
+
+    /// The provider id of sequence number 0 of this incarnation: `provider_id(seq)` is
+    /// `id_base() | (seq & SEQ_MASK)` (for loops that number many requests).
+    pub(crate) fn id_base(&self) -> u64 {
+        encode(self.queue, self.tag, 0)
     }
 
     /// Fills the slot of sequence number `head + ahead` (the `ahead`-th request of a list being
@@ -239,6 +251,14 @@ impl Ring {
     pub(crate) fn commit(&mut self, signaled: bool) {
         self.head += 1;
         self.since_signal = if signaled { 0 } else { self.since_signal + 1 };
+    }
+
+    /// Marks the `n` oldest staged requests as posted, `since_signal` being the count of
+    /// unsignalled ones after the last signalled one among them and before (what `n` calls of
+    /// [`commit`](Self::commit) would leave).
+    pub(crate) fn commit_many(&mut self, n: usize, since_signal: u32) {
+        self.head += n as u64;
+        self.since_signal = since_signal;
     }
 
     /// Retires every request up to and including the one `id` names; returns that request's
@@ -554,6 +574,30 @@ mod tests {
             assert_eq!(r.outstanding(), 3);
             let last = r.provider_id(r.head - 1);
             assert_eq!(r.retire(decode(last)), Some((round * 10 + 2, true)));
+        }
+    }
+
+    #[test]
+    fn batch_shortcuts_match_the_per_request_forms() {
+        // id_base | seq is provider_id(seq), wrapping included; commit_many(n, since) is n
+        // commits; signal_every is what signal_due tests against.
+        let mut a = ring(8);
+        let mut b = ring(8);
+        a.head = SEQ_MASK - 2;
+        b.head = a.head;
+        for seq in [0, 1, SEQ_MASK, SEQ_MASK + 1, 1 << 41] {
+            assert_eq!(a.id_base() | (seq & SEQ_MASK), a.provider_id(seq));
+        }
+        let sigs = [false, true, false, false, false];
+        let mut since = b.since_signal;
+        for &s in &sigs {
+            a.commit(s);
+            since = if s { 0 } else { since + 1 };
+        }
+        b.commit_many(sigs.len(), since);
+        assert_eq!((a.head, a.since_signal), (b.head, b.since_signal));
+        for since in 0..10 {
+            assert_eq!(a.signal_due(since), u64::from(since) + 1 >= a.signal_every());
         }
     }
 

@@ -10,6 +10,7 @@
 //! * `compare-xfer`: gdr-xfer's batched block writes against ib_write_bw, paired ratios.
 //! * `compare-rails`: gdr-xfer on one rail, on two, and ib_write_bw on both, on a cluster.
 //! * `bench`: `cargo bench` (benches/perf.rs) inside the VM.
+//! * `post-cost`: gdr-xfer's instructions per posted block, under callgrind in the VM.
 //! * `downstream`: build a new crate from README.md's dependency line and example.
 //! * `fuzz [--minutes N] [TARGET...]`: the cargo-fuzz targets in fuzz/, executions and crashes.
 
@@ -23,6 +24,7 @@ mod demo;
 mod downstream;
 mod fuzz;
 mod perftest;
+mod post_cost;
 mod setup;
 mod test;
 mod vm;
@@ -75,6 +77,8 @@ enum Command {
     CompareRails(compare_rails::CompareRailsOpts),
     /// Run `cargo bench` (write bandwidth and latency, benches/perf.rs) inside the VM.
     Bench(bench::BenchOpts),
+    /// gdr-xfer's own instructions per posted block (callgrind, benches/xfer_post_cost.rs).
+    PostCost(post_cost::PostCostOpts),
     /// Build a new crate from README.md alone (its dependency line and example), not run.
     Downstream,
     /// Fuzz every decoder (fuzz/, cargo-fuzz on nightly), one target after another.
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
         Command::GpuBundle => bundle::gpu_bundle().map(|()| 0),
         Command::ComparePerftest(opts) => perftest::compare(&opts),
         Command::CompareXfer(opts) => compare_xfer::compare(&opts),
+        Command::PostCost(opts) => post_cost::post_cost(&opts),
         Command::CompareRails(opts) => compare_rails::compare(&opts),
         Command::Bench(opts) => bench::bench(&opts),
         Command::Downstream => downstream::downstream(),

@@ -95,6 +95,9 @@ impl QueuePair {
             BatchOp::Write => ibv::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
             BatchOp::Read => ibv::ibv_wr_opcode::IBV_WR_RDMA_READ,
         };
+        // Per batch, not per request: the signalling period and the incarnation's id bits.
+        let signal_every = ring.signal_every();
+        let id_base = ring.id_base();
         let mut done = 0usize;
         while done < pieces.len() {
             let chunk = &pieces[done..(done + LIST_CHUNK).min(pieces.len())];
@@ -106,7 +109,7 @@ impl QueuePair {
             let n = chunk.len();
             for (i, p) in chunk.iter().enumerate() {
                 let user_signaled = last_of_batch && i + 1 == n;
-                let sig = user_signaled || ring.signal_due(since);
+                let sig = user_signaled || u64::from(since) + 1 >= signal_every;
                 since = if sig { 0 } else { since + 1 };
                 // The region rides on the chunk's last request only (see the module docs).
                 let holds = i + 1 == n;
@@ -124,7 +127,7 @@ impl QueuePair {
                 // Built in place (no 128-byte copy per request).
                 // SAFETY: plain old data (null `next`, zero flags).
                 let wr = wrs[i].write(unsafe { std::mem::zeroed::<ibv::ibv_send_wr>() });
-                wr.wr_id = ring.provider_id(seq);
+                wr.wr_id = id_base | (seq & crate::inflight::SEQ_MASK);
                 wr.sg_list = sges[i].as_mut_ptr();
                 wr.num_sge = 1;
                 wr.opcode = opcode;
@@ -148,9 +151,7 @@ impl QueuePair {
             // it (in-order retirement), or until the ring is cleared when the NIC is done.
             let rc = unsafe { ibv::ibv_post_send(self.qp.as_ptr(), wrs[0].as_mut_ptr(), &mut bad) };
             if rc == 0 {
-                for &sig in &signaled[..n] {
-                    ring.commit(sig);
-                }
+                ring.commit_many(n, since);
                 done += n;
                 continue;
             }
