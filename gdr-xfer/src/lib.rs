@@ -99,6 +99,34 @@
 //! transfers fail with [`Error::NoRail`]. [`Peer::rail_stats`] reports each rail
 //! ([`RailStats`]).
 //!
+//! ## GPU memory without GPUDirect
+//!
+//! [`Agent::register_gpu`] registers GPU memory for the NIC to reach directly; where gdr finds
+//! no direct path (no peer-memory module, no dma-buf support), the segment is *staged* instead
+//! ([`GpuStaging`]): its transfers go through pinned host bounce buffers, chunk by chunk, with
+//! copies overlapping the RDMA ([`staged`]). It is never silent: a warning in the log, and
+//! [`Segment::path`] is [`SegmentPath::Staged`] with the line that says how and why;
+//! [`Agent::staging_stats`] counts what moved. A staged segment is only ever the local side of
+//! a transfer (peers cannot address it). With the feature `emulated-gpu`,
+//! `Agent::register_emulated_gpu` takes host bytes for such memory, so that the staged path
+//! can be tested where there is no GPU:
+//!
+#![cfg_attr(feature = "emulated-gpu", doc = "```no_run")]
+#![cfg_attr(not(feature = "emulated-gpu"), doc = "```ignore")]
+//! use gdr_xfer::staged::EmulatedGpu;
+//! use gdr_xfer::{Agent, AgentConfig, Desc, SegmentPath, TransferOptions};
+//!
+//! let agent = Agent::new(AgentConfig::new("decode-0").device("rxe0"))?;
+//! let gpu = EmulatedGpu::new(0, 64 << 20);
+//! let kv = agent.register_emulated_gpu(&gpu, .., "kv")?;
+//! assert!(matches!(kv.path(), SegmentPath::Staged(_)));
+//! let peer = agent.connect("10.0.0.1:7100")?;
+//! let pool = peer.wait_segment_named("kv-pool", std::time::Duration::from_secs(5))?;
+//! peer.write(&[Desc::new(&kv, 0, pool.id, 0, 64 << 20)], &TransferOptions::new())?
+//!     .wait(std::time::Duration::from_secs(30))?;
+//! # Ok::<(), gdr_xfer::Error>(())
+//! ```
+//!
 //! ## Progress
 //!
 //! Submitting posts at once, in the caller's thread, what the send queues have room for (one

@@ -402,12 +402,18 @@ mod tests {
         let mut p = Planner::new("peer", &t, 1, 0);
         // 7 whole blocks after the local base: index 7 is out.
         match p.blocks(&table(&[0, 7], &[0, 1])) {
-            Err(Error::IndexOutOfRange { index: 7, len: 7, .. }) => {}
+            Err(Error::IndexOutOfRange {
+                index: 7, len: 7, ..
+            }) => {}
             other => panic!("{other:?}"),
         }
         let mut p = Planner::new("peer", &t, 1, 0);
         match p.blocks(&table(&[0], &[256])) {
-            Err(Error::IndexOutOfRange { index: 256, len: 256, .. }) => {}
+            Err(Error::IndexOutOfRange {
+                index: 256,
+                len: 256,
+                ..
+            }) => {}
             other => panic!("{other:?}"),
         }
         let mut p = Planner::new("peer", &t, 1, 0);

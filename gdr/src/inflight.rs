@@ -597,7 +597,10 @@ mod tests {
         b.commit_many(sigs.len(), since);
         assert_eq!((a.head, a.since_signal), (b.head, b.since_signal));
         for since in 0..10 {
-            assert_eq!(a.signal_due(since), u64::from(since) + 1 >= a.signal_every());
+            assert_eq!(
+                a.signal_due(since),
+                u64::from(since) + 1 >= a.signal_every()
+            );
         }
     }
 

@@ -36,7 +36,11 @@ pub fn post_cost(opts: &PostCostOpts) -> Result<i32> {
     let counts: Vec<u64> = opts
         .blocks
         .split(',')
-        .map(|b| b.trim().parse::<u64>().map_err(|e| format!("--blocks {b:?}: {e}")))
+        .map(|b| {
+            b.trim()
+                .parse::<u64>()
+                .map_err(|e| format!("--blocks {b:?}: {e}"))
+        })
         .collect::<Result<_>>()?;
     let bin = shell_quote(&exe.executable.to_string_lossy());
     let mut script = String::from("cd /tmp\n");
@@ -52,9 +56,14 @@ pub fn post_cost(opts: &PostCostOpts) -> Result<i32> {
     }
     let outcome = vm::boot(&opts.vm, &script)?;
     if outcome.code != 0 {
-        return Err(format!("the measurement exited with {} in the VM", outcome.code));
+        return Err(format!(
+            "the measurement exited with {} in the VM",
+            outcome.code
+        ));
     }
-    println!("blocks    total Ir   ibv_post_send (incl.)   per block   librxe own only   per block");
+    println!(
+        "blocks    total Ir   ibv_post_send (incl.)   per block   librxe own only   per block"
+    );
     for line in outcome.output.lines() {
         let Some(rest) = line.trim().strip_prefix("post-cost ") else {
             continue;

@@ -39,6 +39,8 @@ struct Lent {
     commit: bool,
     /// Whether it was found not quiet at least once (something still held its buffer).
     waited: bool,
+    /// Whether its child completed (its bytes went through).
+    moved: bool,
 }
 
 /// A child transfer and the chunk it moves (none for a run of a directly registered segment).
@@ -192,6 +194,7 @@ impl Job {
                 chunk,
                 commit: false,
                 waited: false,
+                moved: false,
             });
             return;
         };
@@ -202,6 +205,7 @@ impl Job {
                 chunk,
                 commit: false,
                 waited: false,
+                moved: false,
             });
             return;
         }
@@ -230,6 +234,7 @@ impl Job {
                     chunk,
                     commit: false,
                     waited: false,
+                    moved: false,
                 });
                 self.fail(f);
             }
@@ -330,6 +335,7 @@ impl Job {
                     chunk,
                     commit,
                     waited: false,
+                    moved: ok,
                 });
             }
             if let Err(f) = outcome {
@@ -350,7 +356,7 @@ impl Job {
             }
             let l = self.draining.swap_remove(i);
             stats.waited_for_nic += u64::from(l.waited);
-            if l.commit || l.chunk.direction() == Direction::DeviceToHost {
+            if l.moved {
                 stats.chunks += 1;
                 stats.bytes += l.chunk.len() as u64;
             }
@@ -377,6 +383,7 @@ impl Job {
                     chunk,
                     commit: false,
                     waited: false,
+                    moved: false,
                 });
             }
             self.held = None;
@@ -421,6 +428,7 @@ impl Job {
                             chunk,
                             commit: false,
                             waited: false,
+                            moved: false,
                         });
                         self.fail(f);
                     }

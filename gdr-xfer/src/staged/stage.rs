@@ -172,3 +172,43 @@ impl Bounce {
         Ok((Arc::new(slots), segments))
     }
 }
+
+#[cfg(all(test, feature = "emulated-gpu"))]
+mod tests {
+    use gdr::device::Context;
+    use gdr::pd::ProtectionDomain;
+
+    use super::Bounce;
+    use crate::staged::{EmulatedGpu, StagedDevice};
+    use crate::staging::StagingConfig;
+
+    #[test]
+    #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+    fn a_bounce_buffer_is_quiet_only_when_nothing_but_the_engine_holds_it() {
+        let spec = std::env::var("GDR_TEST_DEVICE").expect("GDR_TEST_DEVICE is not set");
+        let pds: Vec<_> = spec
+            .split(',')
+            .map(|d| ProtectionDomain::new(&Context::open(d).unwrap()).unwrap())
+            .collect();
+        let dev = StagedDevice::Emulated(EmulatedGpu::new(0, 1 << 20));
+        let b = Bounce::new(&pds, &dev, StagingConfig::new(64 << 10, 2)).unwrap();
+        assert!(b.slots.is_quiet(0) && b.slots.is_quiet(1));
+        assert!(!b.slots.is_quiet(2), "no such slot");
+        // What a posted request keeps (gdr holds the slice's region until it retires the
+        // request): a piece cut from the slot segment's slice on the last rail.
+        let rail = pds.len() - 1;
+        let held = b.segments[1].whole[rail].sub(0..4096).unwrap();
+        assert!(
+            b.slots.is_quiet(0),
+            "another slot's hold says nothing of this one"
+        );
+        assert!(!b.slots.is_quiet(1), "a request's hold makes its slot busy");
+        drop(held);
+        assert!(b.slots.is_quiet(1));
+        // A copy in flight keeps an Arc of the region it copies to.
+        let copy = b.slots.regions[0][0].clone();
+        assert!(!b.slots.is_quiet(0));
+        drop(copy);
+        assert!(b.slots.is_quiet(0));
+    }
+}
