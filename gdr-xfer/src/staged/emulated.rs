@@ -1,7 +1,10 @@
 //! Host memory that the engine treats as GPU memory without GPUDirect (feature
-//! `emulated-gpu`): staged transfers, tested where there is no GPU.
+//! `emulated-gpu`): staged transfers, tested where there is no GPU. Its copies run on a thread
+//! of their own, in issue order, as a CUDA stream's do.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 use crate::error::{Error, Result};
 use crate::staging::pipeline::CopyEngine;
@@ -94,15 +97,121 @@ impl EmulatedGpu {
     }
 }
 
-/// The emulated copy engine: each copy is done when issued, between the emulated memory and a
-/// bounce slot's region (through the region's atomic copies).
+/// One copy for the emulated copy engine's thread.
+struct CopyJob {
+    to_bounce: bool,
+    dev: Arc<EmulatedGpu>,
+    dev_range: std::ops::Range<usize>,
+    region: Arc<gdr::mr::MemoryRegion>,
+    at: usize,
+    done: Arc<AtomicBool>,
+}
+
+impl CopyJob {
+    fn run(self) {
+        let CopyJob {
+            to_bounce,
+            dev,
+            dev_range,
+            region,
+            at,
+            done,
+        } = self;
+        {
+            let mut bytes = dev.lock();
+            // Both ranges were checked when the copy was issued.
+            let r = if to_bounce {
+                region.write(at, &bytes[dev_range])
+            } else {
+                region.read(at, &mut bytes[dev_range])
+            };
+            if let Err(e) = r {
+                log::error!("emulated GPU copy: {e}");
+            }
+        }
+        // What the copy held goes before it is seen complete (as a CUDA copy's handle lets go
+        // once the copy is known done), so a finished ticket leaves nothing held.
+        drop(dev);
+        drop(region);
+        done.store(true, Ordering::Release);
+    }
+}
+
+/// The emulated copy engine: a thread that performs the copies in issue order (as a CUDA
+/// stream does), between the emulated memory and a bounce slot's region (through the region's
+/// atomic copies), so that the staging driver never waits for a copy.
 pub(crate) struct HostCopies {
-    pub(crate) slots: Arc<SlotRegions>,
+    slots: Arc<SlotRegions>,
+    jobs: Option<mpsc::Sender<CopyJob>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl HostCopies {
+    pub(crate) fn new(slots: Arc<SlotRegions>) -> Result<HostCopies> {
+        let (tx, rx) = mpsc::channel::<CopyJob>();
+        let thread = std::thread::Builder::new()
+            .name("xfer-emulated-copies".into())
+            .spawn(move || {
+                for job in rx {
+                    job.run();
+                }
+            })
+            .map_err(|e| Error::io("starting the emulated copy thread", e))?;
+        Ok(HostCopies {
+            slots,
+            jobs: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn issue(
+        &mut self,
+        to_bounce: bool,
+        dev: &Arc<EmulatedGpu>,
+        dev_offset: usize,
+        bounce_offset: usize,
+        len: usize,
+    ) -> Result<Arc<AtomicBool>> {
+        let (region, at) = self.slots.locate(bounce_offset)?;
+        let dev_range = dev.range("copy", dev_offset, len, dev.len())?;
+        if at + len > self.slots.chunk_size {
+            return Err(Error::invalid(
+                format!("emulated GPU copy of {len} bytes at {at} of a bounce buffer"),
+                "a chunk lies inside its bounce buffer",
+            ));
+        }
+        let done = Arc::new(AtomicBool::new(false));
+        let job = CopyJob {
+            to_bounce,
+            dev: dev.clone(),
+            dev_range,
+            region: region.clone(),
+            at,
+            done: done.clone(),
+        };
+        self.jobs
+            .as_ref()
+            .and_then(|tx| tx.send(job).ok())
+            .ok_or_else(|| {
+                Error::invalid("the emulated copy thread is gone", "restart the agent")
+            })?;
+        Ok(done)
+    }
+}
+
+impl Drop for HostCopies {
+    fn drop(&mut self) {
+        // The thread ends after the copies queued (which hold what they use).
+        drop(self.jobs.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl CopyEngine for HostCopies {
     type Device = Arc<EmulatedGpu>;
-    type Copy = ();
+    type Copy = Arc<AtomicBool>;
 
     fn device_len(dev: &Arc<EmulatedGpu>) -> usize {
         dev.len()
@@ -114,11 +223,8 @@ impl CopyEngine for HostCopies {
         dev_offset: usize,
         bounce_offset: usize,
         len: usize,
-    ) -> Result<()> {
-        let (region, at) = self.slots.locate(bounce_offset)?;
-        let bytes = dev.lock();
-        let r = dev.range("copy to the bounce buffer", dev_offset, len, bytes.len())?;
-        Ok(region.write(at, &bytes[r])?)
+    ) -> Result<Arc<AtomicBool>> {
+        self.issue(true, dev, dev_offset, bounce_offset, len)
     }
 
     fn to_device(
@@ -127,18 +233,18 @@ impl CopyEngine for HostCopies {
         dev: &Arc<EmulatedGpu>,
         dev_offset: usize,
         len: usize,
-    ) -> Result<()> {
-        let (region, at) = self.slots.locate(bounce_offset)?;
-        let mut bytes = dev.lock();
-        let r = dev.range("copy from the bounce buffer", dev_offset, len, bytes.len())?;
-        Ok(region.read(at, &mut bytes[r])?)
+    ) -> Result<Arc<AtomicBool>> {
+        self.issue(false, dev, dev_offset, bounce_offset, len)
     }
 
-    fn is_complete(&mut self, _copy: &mut ()) -> Result<bool> {
-        Ok(true)
+    fn is_complete(&mut self, copy: &mut Arc<AtomicBool>) -> Result<bool> {
+        Ok(copy.load(Ordering::Acquire))
     }
 
-    fn wait(&mut self, _copy: &mut ()) -> Result<()> {
+    fn wait(&mut self, copy: &mut Arc<AtomicBool>) -> Result<()> {
+        while !copy.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
         Ok(())
     }
 

@@ -118,13 +118,11 @@ impl Bounce {
                 let (slots, segments) = Self::slots(pds, config, |len| {
                     Ok(Box::new(gdr::mr::AlignedBuffer::zeroed(len)?))
                 })?;
-                let engine = super::emulated::HostCopies {
-                    slots: slots.clone(),
-                };
+                let engine = super::emulated::HostCopies::new(slots.clone())?;
                 let pipeline = crate::staging::pipeline::Pipeline::new(engine, config)?;
                 let describe = format!(
                     "emulated GPU {} staged through host: {} x {} bounce buffers (registered per \
-                     buffer on {} rail(s)), memcpy copies",
+                     buffer on {} rail(s)), memcpy copies on a thread",
                     g.ordinal(),
                     config.chunks,
                     crate::staging::bytes_text(config.chunk_size),
