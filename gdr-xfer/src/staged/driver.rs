@@ -16,9 +16,11 @@ use crate::segment::{Backing, SegmentInner};
 use crate::staging::{Chunk, Direction, Outcome, StagingConfig, StagingEvent, Ticket};
 use crate::transfer::{Failure, Run, TransferState};
 
-/// How long the driver sleeps between polls while it has work (copies and children progress
-/// without it; this bounds the added latency per chunk).
+/// How long the driver sleeps between polls while its work moves (copies and children progress
+/// without it; this bounds the added latency per chunk). Polls that find nothing changed double
+/// the sleep, up to [`POLL_IDLE`], so that waiting on a slow link or copy costs little CPU.
 const POLL: Duration = Duration::from_micros(20);
+const POLL_IDLE: Duration = Duration::from_millis(1);
 
 /// A ticket of a job: which bounce buffers, which run, and where the run starts and ends in the
 /// device memory.
@@ -181,6 +183,56 @@ impl Job {
         run + 1 == self.parent.runs.len() && end == tr_end
     }
 
+    /// Gives a chunk that was never posted (or whose child ended) to the draining list.
+    fn give_back(&mut self, bounce: usize, chunk: Chunk) {
+        self.draining.push(Lent {
+            bounce,
+            chunk,
+            commit: false,
+            waited: false,
+            moved: false,
+        });
+    }
+
+    /// Posts a chunk's child from its bounce buffer `local` (a chunk it cannot post is given
+    /// back and fails the job).
+    fn post_chunk(
+        &mut self,
+        bounce: usize,
+        chunk: Chunk,
+        local: Arc<SegmentInner>,
+        (remote_addr, remote): (u64, u32),
+        notify: Option<Vec<u8>>,
+    ) {
+        match self.child(local, 0, remote_addr, remote, chunk.len() as u64, notify) {
+            Ok(state) => self.children.push(Child {
+                state,
+                chunk: Some((bounce, chunk)),
+            }),
+            Err(f) => {
+                self.give_back(bounce, chunk);
+                self.fail(f);
+            }
+        }
+    }
+
+    /// Posts run `i` of a directly registered segment as one child.
+    fn post_direct(&mut self, i: usize, notify: Option<Vec<u8>>) {
+        let run = self.parent.runs[i];
+        let seg = self.locals[run.local as usize].clone();
+        match self.child(
+            seg,
+            run.local_offset,
+            run.remote_addr,
+            run.remote,
+            run.len,
+            notify,
+        ) {
+            Ok(state) => self.children.push(Child { state, chunk: None }),
+            Err(f) => self.fail(f),
+        }
+    }
+
     /// A chunk the stager lent for this job (its bytes ready to send, or free to fill).
     fn on_chunk(&mut self, bounce: usize, chunk: Chunk, segments: &[Arc<SegmentInner>]) {
         let Some(tr) = self
@@ -189,24 +241,12 @@ impl Job {
             .find(|t| t.bounce == bounce && t.ticket == chunk.ticket())
         else {
             // Not ours any more: cannot happen (tickets are removed only when finished).
-            self.draining.push(Lent {
-                bounce,
-                chunk,
-                commit: false,
-                waited: false,
-                moved: false,
-            });
+            self.give_back(bounce, chunk);
             return;
         };
         if self.failure.is_some() {
             // Never posted: the NIC never saw it.
-            self.draining.push(Lent {
-                bounce,
-                chunk,
-                commit: false,
-                waited: false,
-                moved: false,
-            });
+            self.give_back(bounce, chunk);
             return;
         }
         let run = self.parent.runs[tr.run];
@@ -223,22 +263,7 @@ impl Job {
             return;
         }
         let local = segments[chunk.slot()].clone();
-        match self.child(local, 0, remote_addr, run.remote, chunk.len() as u64, None) {
-            Ok(state) => self.children.push(Child {
-                state,
-                chunk: Some((bounce, chunk)),
-            }),
-            Err(f) => {
-                self.draining.push(Lent {
-                    bounce,
-                    chunk,
-                    commit: false,
-                    waited: false,
-                    moved: false,
-                });
-                self.fail(f);
-            }
-        }
+        self.post_chunk(bounce, chunk, local, (remote_addr, run.remote), None);
     }
 
     fn on_finished(&mut self, bounce: usize, ticket: Ticket, outcome: Outcome) {
@@ -286,18 +311,7 @@ impl Job {
                     if i + 1 == self.parent.runs.len() && self.parent.notify.is_some() {
                         self.held = Some(Held::Direct(i));
                     } else {
-                        let seg = self.locals[local].clone();
-                        match self.child(
-                            seg,
-                            run.local_offset,
-                            run.remote_addr,
-                            run.remote,
-                            run.len,
-                            None,
-                        ) {
-                            Ok(state) => self.children.push(Child { state, chunk: None }),
-                            Err(f) => self.fail(f),
-                        }
+                        self.post_direct(i, None);
                     }
                 }
             }
@@ -378,13 +392,7 @@ impl Job {
     fn post_held(&mut self, segments: &[&[Arc<SegmentInner>]]) {
         if self.failure.is_some() {
             if let Some(Held::Chunk { bounce, chunk, .. }) = self.held.take() {
-                self.draining.push(Lent {
-                    bounce,
-                    chunk,
-                    commit: false,
-                    waited: false,
-                    moved: false,
-                });
+                self.give_back(bounce, chunk);
             }
             self.held = None;
             return;
@@ -417,38 +425,9 @@ impl Job {
                 remote,
             } => {
                 let local = segments[bounce][chunk.slot()].clone();
-                match self.child(local, 0, remote_addr, remote, chunk.len() as u64, notify) {
-                    Ok(state) => self.children.push(Child {
-                        state,
-                        chunk: Some((bounce, chunk)),
-                    }),
-                    Err(f) => {
-                        self.draining.push(Lent {
-                            bounce,
-                            chunk,
-                            commit: false,
-                            waited: false,
-                            moved: false,
-                        });
-                        self.fail(f);
-                    }
-                }
+                self.post_chunk(bounce, chunk, local, (remote_addr, remote), notify);
             }
-            Held::Direct(i) => {
-                let run = self.parent.runs[i];
-                let seg = self.locals[run.local as usize].clone();
-                match self.child(
-                    seg,
-                    run.local_offset,
-                    run.remote_addr,
-                    run.remote,
-                    run.len,
-                    notify,
-                ) {
-                    Ok(state) => self.children.push(Child { state, chunk: None }),
-                    Err(f) => self.fail(f),
-                }
-            }
+            Held::Direct(i) => self.post_direct(i, notify),
         }
         self.parent.lock().posted_at = Some(Instant::now());
     }
@@ -627,6 +606,7 @@ impl Driver {
 
     fn run(&self) {
         let mut st = self.lock();
+        let mut pause = POLL;
         loop {
             if st.stop {
                 for job in &mut st.jobs {
@@ -642,12 +622,39 @@ impl Driver {
                     .0;
                 continue;
             }
+            let before = activity(&st);
             step(&mut st, self.config.chunks, Instant::now());
+            pause = if activity(&st) == before {
+                (pause * 2).min(POLL_IDLE)
+            } else {
+                POLL
+            };
             drop(st);
-            std::thread::sleep(POLL);
+            std::thread::sleep(pause);
             st = self.lock();
         }
     }
+}
+
+/// A fingerprint of the driver's work: it changes whenever a step moved anything (an event,
+/// a child, a chunk, a ticket, a run, a job).
+fn activity(st: &State) -> (usize, u64, u64, u64) {
+    let mut parts = 0u64;
+    for j in &st.jobs {
+        let n = |x: usize| x as u64;
+        parts = parts
+            .wrapping_add(n(j.children.len()))
+            .wrapping_add(n(j.draining.len()).wrapping_shl(12))
+            .wrapping_add(n(j.tickets.len()).wrapping_shl(24))
+            .wrapping_add(n(j.next_run).wrapping_shl(36))
+            .wrapping_add(u64::from(j.held.is_some()).wrapping_shl(62));
+    }
+    (
+        st.jobs.len(),
+        st.counters.chunks,
+        st.counters.transfers,
+        parts,
+    )
 }
 
 /// One round: the stagers' events to their jobs, then each job's children, chunks, runs,
