@@ -297,8 +297,10 @@ impl Job {
                             dev_start: start,
                             dev_end: end,
                         }),
-                        // Too many tickets on this GPU: try again at the next poll.
-                        Err(Error::InvalidArgument { .. }) if !self.tickets.is_empty() => break,
+                        // Too many tickets on this GPU (the ranges are checked when segments
+                        // are made, so that is the only argument a stager refuses): try again
+                        // at the next poll; the transfer's deadline bounds the wait.
+                        Err(Error::InvalidArgument { .. }) => break,
                         Err(e) => {
                             self.fail(Failure::Staging {
                                 detail: e.to_string(),
