@@ -172,7 +172,11 @@ impl<'t> Planner<'t> {
         let remote_blocks = seg_len.saturating_sub(t.remote_base) / t.block_len;
         let l = self.local(&t.local.inner);
         self.runs.reserve(t.local_blocks.len());
-        let (len, local_base, remote_base) = (t.block_len, t.local_base, addr + t.remote_base);
+        // Wrapping: a base past the segment (a caller's u64::MAX) would overflow here, and it
+        // is used only for blocks in range, where `addr + base` lies inside the segment (whose
+        // end does not overflow: the wire format refuses such tables).
+        let (len, local_base, remote_base) =
+            (t.block_len, t.local_base, addr.wrapping_add(t.remote_base));
         // The run being extended, kept out of the vector while the blocks continue it (the same
         // merge rule as `push`: a block continuing it on both sides extends it). It starts as
         // the last run of earlier descriptors when that one is of the same segment pair.
@@ -384,6 +388,54 @@ mod tests {
         assert_eq!(p.rkeys, vec![0x55, 0x66]);
         let plan = p.finish().unwrap();
         assert_eq!(plan.runs.len(), 3);
+    }
+
+    #[test]
+    fn hostile_lengths_and_offsets_are_refused_without_overflow() {
+        let seg = local(1 << 20);
+        let t = table();
+        let huge = u64::MAX;
+        for (off, len, roff) in [
+            (0, huge, 0),
+            (huge, 1, 0),
+            (huge - 10, 20, 0),
+            (0, 4096, huge),
+            (0, 4096, huge - 100),
+            (4096, (1 << 20) - 4095, 0),
+        ] {
+            let mut p = Planner::new("peer", &t, 1, 0);
+            match p.descs(&[Desc::new(&seg, off, 7, roff, len)]) {
+                Err(Error::OutOfSegment { .. }) => {}
+                other => panic!("({off}, {len}, {roff}): {other:?}"),
+            }
+            assert!(p.runs.is_empty(), "nothing half-applied");
+        }
+        // Block tables: a block length of u64::MAX leaves no whole block on either side, and
+        // huge bases leave none either.
+        let (lb, rb) = ([0u32], [0u32]);
+        for (len, lbase, rbase) in [(huge, 0, 0), (4096, huge, 0), (4096, 0, huge)] {
+            let mut p = Planner::new("peer", &t, 1, 0);
+            let r = p.blocks(&BlockTable {
+                local: &seg,
+                local_base: lbase,
+                remote: 7,
+                remote_base: rbase,
+                block_len: len,
+                local_blocks: &lb,
+                remote_blocks: &rb,
+            });
+            assert!(
+                matches!(
+                    r,
+                    Err(Error::IndexOutOfRange {
+                        index: 0,
+                        len: 0,
+                        ..
+                    })
+                ),
+                "({len}, {lbase}, {rbase}): {r:?}"
+            );
+        }
     }
 
     #[test]
