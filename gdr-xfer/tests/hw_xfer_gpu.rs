@@ -11,8 +11,12 @@
 //! `cuMemcpyAsync` copies); WRITE and READ between them and a host segment, checked byte for
 //! byte by copying the GPU memory back with CUDA.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
+
+use common::pattern;
 
 use gdr::cuda::DeviceBuffer;
 use gdr_xfer::{Agent, AgentConfig, Desc, GpuStaging, SegmentPath, TransferOptions};
@@ -20,22 +24,15 @@ use gdr_xfer::{Agent, AgentConfig, Desc, GpuStaging, SegmentPath, TransferOption
 const WAIT: Duration = Duration::from_secs(60);
 
 fn config(name: &str, staging: GpuStaging) -> AgentConfig {
-    let dev = std::env::var("GDR_TEST_DEVICE").expect(
-        "GDR_TEST_DEVICE is not set: this test needs a CUDA GPU and an RDMA NIC in one host",
-    );
-    AgentConfig::new(name).device(dev).gpu_staging(staging)
+    AgentConfig::new(name)
+        .device(common::device())
+        .gpu_staging(staging)
 }
 
 fn ordinal() -> i32 {
     std::env::var("GDR_TEST_GPU")
         .map(|s| s.parse().expect("GDR_TEST_GPU is a CUDA ordinal"))
         .unwrap_or(0)
-}
-
-fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed).rotate_left(5) as u8)
-        .collect()
 }
 
 /// A GPU segment of agent `a` written to host memory of `b` and read back into a second GPU

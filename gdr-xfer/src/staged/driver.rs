@@ -16,6 +16,13 @@ use crate::segment::{Backing, SegmentInner};
 use crate::staging::{Chunk, Direction, Outcome, StagingConfig, StagingEvent, Ticket};
 use crate::transfer::{Failure, Run, TransferState};
 
+/// The failure a copy engine's error gives the transfer.
+fn staging_failure(e: &Error) -> Failure {
+    Failure::Staging {
+        detail: e.to_string(),
+    }
+}
+
 /// How long the driver sleeps between polls while its work moves (copies and children progress
 /// without it; this bounds the added latency per chunk). Polls that find nothing changed double
 /// the sleep, up to [`POLL_IDLE`], so that waiting on a slow link or copy costs little CPU.
@@ -270,9 +277,7 @@ impl Job {
         self.tickets
             .retain(|t| !(t.bounce == bounce && t.ticket == ticket));
         if let Outcome::Failed(e) = outcome {
-            self.fail(Failure::Staging {
-                detail: e.to_string(),
-            });
+            self.fail(staging_failure(&e));
         }
     }
 
@@ -302,9 +307,7 @@ impl Job {
                         // at the next poll; the transfer's deadline bounds the wait.
                         Err(Error::InvalidArgument { .. }) => break,
                         Err(e) => {
-                            self.fail(Failure::Staging {
-                                detail: e.to_string(),
-                            });
+                            self.fail(staging_failure(&e));
                             break;
                         }
                     }
@@ -383,9 +386,7 @@ impl Job {
                 stage.release(l.chunk)
             };
             if let Err(e) = r {
-                self.fail(Failure::Staging {
-                    detail: e.to_string(),
-                });
+                self.fail(staging_failure(&e));
             }
         }
     }
