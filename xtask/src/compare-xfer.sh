@@ -24,11 +24,11 @@ finish() {
 
 perftest() {
     port=$((port + 1))
-    ib_write_bw -d "$dev" -x "$gid" -s "$size" -q "$qps" -D "$secs" --report_gbits -p $port >/dev/null 2>&1 &
+    ib_write_bw -d "$dev" -x "$gid" -s "$size" -q "$qps" -D "$secs" -p $port >/dev/null 2>&1 &
     spid=$!
     sleep 1
     echo "### perftest size=$size round=$r"
-    ib_write_bw "$addr" -d "$dev" -x "$gid" -s "$size" -q "$qps" -D "$secs" --report_gbits -p $port 2>&1
+    ib_write_bw "$addr" -d "$dev" -x "$gid" -s "$size" -q "$qps" -D "$secs" -p $port 2>&1
     finish $spid $?
 }
 

@@ -106,6 +106,9 @@ pub fn parse(text: &str) -> Vec<XRun> {
     let mut runs = Vec::new();
     let mut cur: Option<XRun> = None;
     let mut size = String::new();
+    // perftest's unit, from its header: MiB/s ("MB/sec", or "MiB/sec" in newer versions)
+    // unless `--report_gbits` made it Gb/s.
+    let mut perftest_gbits = false;
     for line in text.lines() {
         let l = line.trim();
         if let Some(head) = l.strip_prefix("### ") {
@@ -144,6 +147,9 @@ pub fn parse(text: &str) -> Vec<XRun> {
             continue;
         }
         let Some(r) = cur.as_mut() else { continue };
+        if l.contains("BW average[") {
+            perftest_gbits = l.contains("Gb/sec");
+        }
         let cols: Vec<&str> = if r.tool.starts_with("xfer") {
             l.split(',').collect()
         } else {
@@ -157,7 +163,12 @@ pub fn parse(text: &str) -> Vec<XRun> {
             cols.get(4).and_then(|v| v.parse().ok())
         } else {
             // #bytes #iterations BW peak BW average MsgRate
-            cols.get(3).and_then(|v| v.parse().ok())
+            let avg = cols.get(3).and_then(|v| v.parse::<f64>().ok());
+            if perftest_gbits {
+                avg
+            } else {
+                avg.map(|mib| mib * 1_048_576.0 * 8.0 / 1e9)
+            }
         };
     }
     runs
@@ -198,10 +209,23 @@ pub fn summarize(runs: &[XRun], opts: &CompareXferOpts) -> (String, Vec<String>)
         .values()
         .filter_map(|&(x, p)| Some(x? / p?))
         .collect();
-    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     let mut s = format!(
-        "gdr-xfer batches of {} x {} B ({} threads) vs ib_write_bw -s {} -q {}, {} s each, {} rounds\n",
-        opts.batch, opts.size, opts.threads, opts.size, opts.qps, opts.seconds, opts.rounds
+        "gdr-xfer batches of {} x {} B ({} threads) vs ib_write_bw -s {} -q {}, {} s each, {} rounds, {}\n",
+        opts.batch,
+        opts.size,
+        opts.threads,
+        opts.size,
+        opts.qps,
+        opts.seconds,
+        opts.rounds,
+        if opts.vm.icount {
+            "guest clock: executed instructions (--icount, one vCPU)"
+        } else if opts.host.local {
+            "wall clock"
+        } else {
+            "wall clock (two vCPUs under TCG: noisy, compare medians)"
+        }
     );
     s.push_str("round   xfer Gb/s   perftest Gb/s   ratio\n");
     for (r, (x, p)) in &rounds {
@@ -238,6 +262,7 @@ mod tests {
             vm: VmOpts {
                 timeout: 1,
                 memlock: "unlimited".into(),
+                icount: false,
             },
             rounds: 1,
             size: 65536,
@@ -249,6 +274,18 @@ mod tests {
         };
         let (t, f) = summarize(&runs, &opts);
         assert!(f.is_empty());
-        assert!(t.contains("paired 0.802"), "{t}");
+        assert!(t.contains("paired 0.8022"), "{t}");
+        assert!(t.contains("wall clock (two vCPUs"), "{t}");
+    }
+
+    #[test]
+    fn reads_perftest_mib_per_second_as_gbits() {
+        // ib_write_bw without --report_gbits (as compare-xfer.sh runs it): MiB/s, 4 digits.
+        let out = "### perftest size=65536 round=3\n #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 65536      4287             0.00               66.98                0.001072\n### end rc=0 server_rc=0\n";
+        let runs = parse(out);
+        assert_eq!(runs.len(), 1);
+        let g = runs[0].gbps.unwrap();
+        assert!((g - 66.98 * 1_048_576.0 * 8.0 / 1e9).abs() < 1e-12, "{g}");
+        assert_eq!(runs[0].round, 3);
     }
 }

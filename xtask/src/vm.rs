@@ -78,6 +78,13 @@ pub struct VmOpts {
     /// Locked-memory limit for the command inside the VM: KiB or `unlimited`.
     #[arg(long, value_name = "KIB|unlimited", default_value = "unlimited", value_parser = parse_memlock)]
     pub memlock: String,
+    /// Deterministic guest clock: one vCPU, and guest time counted in executed instructions
+    /// (`-icount shift=0,sleep=off`, 1 ns each) instead of read off the host. A CPU-bound
+    /// benchmark then measures instructions per byte, whatever else this host is doing
+    /// (timeouts inside the guest run on the same clock). One vCPU because QEMU 7.2's icount
+    /// hangs bringing up a second one.
+    #[arg(long)]
+    pub icount: bool,
 }
 
 fn parse_memlock(s: &str) -> std::result::Result<String, String> {
@@ -192,15 +199,22 @@ fn boot_in(
     write(&run_dir.join("cmd.sh"), script.as_bytes())?;
 
     let mut qemu = Command::new("qemu-system-x86_64");
+    let accel = if opts.icount {
+        "tcg,thread=single"
+    } else {
+        "tcg,thread=multi"
+    };
+    qemu.args(["-accel", accel]);
+    if opts.icount {
+        qemu.args(["-icount", "shift=0,sleep=off"]);
+    }
     qemu.args([
-        "-accel",
-        "tcg,thread=multi",
         "-cpu",
         "max",
         "-m",
         "2048",
         "-smp",
-        "2",
+        if opts.icount { "1" } else { "2" },
     ])
     .args(["-nographic", "-nic", "none", "-no-reboot"])
     .arg("-kernel")
@@ -287,6 +301,10 @@ fn boot_in(
              (the command hung, or needs more time: --timeout SECS)",
             opts.timeout
         );
+        if !console.started {
+            eprintln!("xtask: the command never started; the VM's console up to here:");
+            eprint!("{}", console.boot_log);
+        }
         return Ok(Outcome {
             code: TIMEOUT_EXIT,
             output: console.output,
