@@ -1,10 +1,11 @@
 //! Cluster tier, three hosts x two rails: gdr-xfer striping over both rails, failing over when
-//! one is cut, failing fast when both are (staged GPU memory's bounce buffers waiting for the
-//! NIC then), shifting load away from a slow rail, and surviving a
-//! peer host that dies. Every test runs on the three hosts at once (the same binary, the same
-//! order, `--test-threads=1`); host 2 is the initiator, host 1 the target, host 3 a second
-//! target in `t9` only (it has no part in the others). Run by `cargo xtask test` (the cluster
-//! tier boots 3 hosts for `cluster3_*` binaries), or by hand:
+//! one is cut, failing fast when both are, shifting load away from a slow rail, staged GPU
+//! memory's bounce buffers waiting for the NIC after their transfer timed out (packets dropped,
+//! requests retried), and surviving a peer host that dies. Every test runs on the three hosts
+//! at once (the same binary, the same order, `--test-threads=1`); host 2 is the initiator,
+//! host 1 the target, host 3 a second target in `t9` only (it has no part in the others). Run
+//! by `cargo xtask test` (the cluster tier boots 3 hosts for `cluster3_*` binaries), or by
+//! hand:
 //! `cargo xtask cluster --hosts 3 -- target/debug/deps/cluster3_xfer-* --ignored --test-threads=1 --nocapture`.
 //!
 //! Control links go over rail 0's addresses (10.78.0.<host>); the targets verify every byte
@@ -88,6 +89,32 @@ impl Drop for Cuts {
     }
 }
 
+/// Rails of host 2 on which this test drops every packet (netem `loss 100%`: the carrier stays
+/// up, so the NIC keeps retrying what it was given): cleared when it ends, passing or not.
+struct Losses(Vec<u32>);
+
+impl Losses {
+    fn on(&mut self, rail: u32) {
+        fault(&["netem", "2", &rail.to_string(), "loss", "100%"]);
+        self.0.push(rail);
+    }
+
+    fn off(&mut self, rail: u32) {
+        fault(&["netem-clear", "2", &rail.to_string()]);
+        self.0.retain(|&r| r != rail);
+    }
+}
+
+impl Drop for Losses {
+    fn drop(&mut self) {
+        for r in std::mem::take(&mut self.0) {
+            let _ = std::process::Command::new(env("GDR_FAULT"))
+                .args(["netem-clear", "2", &r.to_string()])
+                .status();
+        }
+    }
+}
+
 /// Packets rxe sent on rail `rail` so far.
 fn sent_pkts(rail: u32) -> u64 {
     let p = format!(
@@ -104,6 +131,11 @@ fn sent_pkts(rail: u32) -> u64 {
 /// An agent on both rails, named after the host and test (the engine's log on stderr, at
 /// info: rail failures, renewals and re-admissions show in the test output).
 fn agent(host: u32, test: u16) -> Agent {
+    agent_with(host, test, |c| c)
+}
+
+/// [`agent`] with its configuration changed by `tune` first.
+fn agent_with(host: u32, test: u16, tune: impl FnOnce(AgentConfig) -> AgentConfig) -> Agent {
     let _ = env_logger::Builder::new()
         .parse_filters("gdr_xfer=info")
         .format_timestamp_millis()
@@ -112,7 +144,7 @@ fn agent(host: u32, test: u16) -> Agent {
         .device(format!("{},{}", device(0), device(1)))
         .default_timeout(DEADLINE);
     cfg.connect_timeout = MEET;
-    let a = Agent::new(cfg).unwrap();
+    let a = Agent::new(tune(cfg)).unwrap();
     assert_eq!(
         a.rails(),
         vec![(device(0), 1), (device(1), 1)],
@@ -170,7 +202,18 @@ struct Initiator {
 }
 
 fn initiator(test: u16, to: u32, len: usize, seed: u32) -> Initiator {
-    let agent = agent(me(), test);
+    initiator_with(test, to, len, seed, |c| c)
+}
+
+/// [`initiator`] on an agent whose configuration `tune` changed.
+fn initiator_with(
+    test: u16,
+    to: u32,
+    len: usize,
+    seed: u32,
+    tune: impl FnOnce(AgentConfig) -> AgentConfig,
+) -> Initiator {
+    let agent = agent_with(me(), test, tune);
     let peer = agent
         .connect(&format!("{}:{}", addr(to), port(test)))
         .unwrap();
@@ -623,6 +666,93 @@ fn t5_delay_and_loss_on_one_rail_shift_load_to_the_other() {
         }
         // Host 3 has no part in this test; it still checks that its agent opens both rails
         // (so it is never a test that passes without looking).
+        _ => drop(agent(me(), 0)),
+    }
+}
+
+#[test]
+#[ignore = "needs the cluster tier (cargo xtask test)"]
+fn t6_a_staged_write_that_times_out_with_requests_in_flight_keeps_its_buffers_until_gdr_retired_them(
+) {
+    const LEN: usize = 4 << 20;
+    match me() {
+        1 => {
+            let t = target(6, LEN);
+            t.wait_for("t6 done");
+            assert!(
+                t.dst.to_vec(0, LEN).unwrap() == pattern(LEN, 62),
+                "the staged write after the loss verifies"
+            );
+            eprintln!("host1: t6: the staged write after the loss verified");
+        }
+        2 => {
+            // ACK timeout 16 (about 268 ms a try) and 6 retries: once packets stop getting
+            // through, the NIC keeps the requests for about 1.9 s, well past the write's
+            // 300 ms deadline.
+            let i = initiator_with(6, 1, LEN, 6, |c| c.retries(16, 6));
+            let gpu = EmulatedGpu::new(0, LEN);
+            gpu.write(0, &pattern(LEN, 61)).unwrap();
+            let seg = i._agent.register_emulated_gpu(&gpu, .., "gpu").unwrap();
+            let write = |timeout: Duration, notify: Option<&str>| {
+                let mut o = TransferOptions::new().timeout(timeout);
+                if let Some(n) = notify {
+                    o = o.notify(n.as_bytes().to_vec());
+                }
+                i.peer
+                    .write(&[Desc::new(&seg, 0, i.dst, 0, LEN as u64)], &o)
+                    .unwrap()
+            };
+            i.wait(&write(DEADLINE, None));
+            let before = i._agent.staging_stats();
+            assert_eq!(before.chunks_in_use, 0, "{before:?}");
+            let mut losses = Losses(Vec::new());
+            losses.on(0);
+            losses.on(1);
+            let at = Instant::now();
+            let r = write(Duration::from_millis(300), None).wait(DEADLINE);
+            let ended = at.elapsed();
+            assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+            // The transfer is over, but the NIC still holds its requests: the buffers they
+            // use wait, and come back only once gdr retired those requests (retries
+            // exhausted, the rails' queue pairs failed).
+            let mut seen_waiting = 0;
+            loop {
+                let st = i._agent.staging_stats();
+                seen_waiting = seen_waiting.max(st.waiting_now);
+                if st.chunks_in_use == 0 {
+                    break;
+                }
+                assert!(
+                    at.elapsed() < DEADLINE,
+                    "bounce buffers never came back: {st:?}"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let back = at.elapsed();
+            let st = i._agent.staging_stats();
+            eprintln!(
+                "host2: t6: staged write timed out after {:.2} s; {seen_waiting} chunk(s) seen waiting for the NIC; every buffer back after {:.2} s ({} waited in all); {st:?}",
+                ended.as_secs_f64(),
+                back.as_secs_f64(),
+                st.waited_for_nic - before.waited_for_nic
+            );
+            assert!(
+                st.waited_for_nic > before.waited_for_nic,
+                "a chunk waited for the NIC after its transfer ended: {st:?}"
+            );
+            assert!(
+                back > ended,
+                "the buffers outlived the transfer ({back:?} vs {ended:?})"
+            );
+            losses.off(0);
+            losses.off(1);
+            wait_rail_active(&i, 0, Duration::from_secs(90));
+            wait_rail_active(&i, 1, Duration::from_secs(90));
+            // The same buffers carry the next staged write, every byte of it.
+            gpu.write(0, &pattern(LEN, 62)).unwrap();
+            let s = write(DEADLINE, Some("t6 done")).wait(DEADLINE).unwrap();
+            eprintln!("host2: t6: staged write after the loss: {s:?}");
+        }
         _ => drop(agent(me(), 0)),
     }
 }
