@@ -42,11 +42,11 @@ xfer() { # LABEL DEVICES
 perf_one() {
     port=$((port + 1))
     if [ "$h" = 1 ]; then
-        timeout $limit ib_write_bw -d "$d0" -x "$g0" -s "$size" -q "$qps" -D "$secs" --report_gbits -p $port >/dev/null 2>&1
+        timeout $limit ib_write_bw -d "$d0" -x "$g0" -s "$size" -q "$qps" -D "$secs" -p $port >/dev/null 2>&1
     else
         sleep 2
         echo "### perfone size=$size round=$r"
-        retry ib_write_bw "$a0" -d "$d0" -x "$g0" -s "$size" -q "$qps" -D "$secs" --report_gbits -p $port 2>&1
+        retry ib_write_bw "$a0" -d "$d0" -x "$g0" -s "$size" -q "$qps" -D "$secs" -p $port 2>&1
         echo "### end rc=$? server_rc=0"
     fi
 }
@@ -55,18 +55,18 @@ perf() {
     p0=$((port + 1)) p1=$((port + 2))
     port=$((port + 2))
     if [ "$h" = 1 ]; then
-        timeout $limit ib_write_bw -d "$d0" -x "$g0" -s "$size" -q "$qps" -D "$secs" --report_gbits -p $p0 >/dev/null 2>&1 &
+        timeout $limit ib_write_bw -d "$d0" -x "$g0" -s "$size" -q "$qps" -D "$secs" -p $p0 >/dev/null 2>&1 &
         s0=$!
-        timeout $limit ib_write_bw -d "$d1" -x "$g1" -s "$size" -q "$qps" -D "$secs" --report_gbits -p $p1 >/dev/null 2>&1 &
+        timeout $limit ib_write_bw -d "$d1" -x "$g1" -s "$size" -q "$qps" -D "$secs" -p $p1 >/dev/null 2>&1 &
         s1=$!
         wait $s0
         wait $s1
     else
         sleep 2
-        (retry ib_write_bw "$a0" -d "$d0" -x "$g0" -s "$size" -q "$qps" -D "$secs" --report_gbits -p $p0 >/tmp/perf0 2>&1
+        (retry ib_write_bw "$a0" -d "$d0" -x "$g0" -s "$size" -q "$qps" -D "$secs" -p $p0 >/tmp/perf0 2>&1
          echo $? >/tmp/perf0.rc) &
         c0=$!
-        (retry ib_write_bw "$a1" -d "$d1" -x "$g1" -s "$size" -q "$qps" -D "$secs" --report_gbits -p $p1 >/tmp/perf1 2>&1
+        (retry ib_write_bw "$a1" -d "$d1" -x "$g1" -s "$size" -q "$qps" -D "$secs" -p $p1 >/tmp/perf1 2>&1
          echo $? >/tmp/perf1.rc) &
         c1=$!
         wait $c0

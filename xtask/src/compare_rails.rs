@@ -178,9 +178,9 @@ mod tests {
     fn pairs_each_round_and_sums_the_two_perftest_clients() {
         let out = "### xfer1 size=1048576 round=1\nblock_size,batch_size,batches,gb_s,gbit_s\n1048576,16,3,0.05,0.4,x\n### end rc=0 server_rc=0\n\
                    ### xfer2 size=1048576 round=1\n1048576,16,5,0.09,0.72,x\n### end rc=0 server_rc=0\n\
-                   ### perf0 size=1048576 round=1\n 1048576  100  0.00  0.40  0.0001\n### end rc=0 server_rc=0\n\
-                   ### perf1 size=1048576 round=1\n 1048576  100  0.00  0.40  0.0001\n### end rc=0 server_rc=0\n\
-                   ### perfone size=1048576 round=1\n 1048576  100  0.00  0.50  0.0001\n### end rc=0 server_rc=0\n### done\n";
+                   ### perf0 size=1048576 round=1\n #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]\n 1048576  100  0.00  47.68  0.0001\n### end rc=0 server_rc=0\n\
+                   ### perf1 size=1048576 round=1\n #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]\n 1048576  100  0.00  47.68  0.0001\n### end rc=0 server_rc=0\n\
+                   ### perfone size=1048576 round=1\n #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]\n 1048576  100  0.00  59.60  0.0001\n### end rc=0 server_rc=0\n### done\n";
         let runs = parse(out);
         assert_eq!(runs.len(), 5);
         let opts = CompareRailsOpts {
