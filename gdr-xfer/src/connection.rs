@@ -533,6 +533,18 @@ mod tests {
         }
     }
 
+    /// The engine's memory per transfer is what the crate docs say ("Memory the engine keeps
+    /// per transfer"): a fixed record per run and one per chunk of up to [`CHUNK`] requests.
+    #[test]
+    fn the_records_per_run_and_per_chunk_are_the_documented_sizes() {
+        let run = std::mem::size_of::<crate::transfer::Run>();
+        let chunk = std::mem::size_of::<Posted>();
+        eprintln!("run {run} B, chunk record {chunk} B");
+        assert_eq!(run, 32);
+        assert_eq!(chunk, 72);
+        assert_eq!(CHUNK, 32);
+    }
+
     #[test]
     fn a_peer_that_lies_about_its_segments_is_dropped_and_changes_nothing() {
         let mut t = HashMap::new();

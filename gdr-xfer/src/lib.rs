@@ -138,9 +138,13 @@
 //!
 //! ## Memory the engine keeps per transfer
 //!
-//! One run record per descriptor that did not merge ([`TransferStats::runs`]), one record per
-//! chunk of up to 32 posted requests, and gdr's in-flight entry per request; no per-block
-//! allocation.
+//! Per transfer: one run record of 32 bytes per descriptor or block that did not merge
+//! ([`TransferStats::runs`]; runs contiguous on both sides are one), and one 72-byte record per
+//! chunk of up to 32 posted requests (2.25 bytes a request when chunks are full), kept until the
+//! chunk completes. Per request in flight: gdr's entry, a slot of the queue pair's ring (40 bytes,
+//! plus 16 for each memory region it holds), allocated once with the queue pair, so bounded by
+//! the queues' depth, not by the transfer. Nothing is allocated per block: a paged batch of
+//! 100,000 blocks that do not merge keeps 3.2 MB of runs, 128 blocks of 64 KiB keep 4 KiB.
 
 #![deny(missing_docs)]
 #![warn(unsafe_op_in_unsafe_fn)]

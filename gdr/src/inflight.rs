@@ -374,6 +374,14 @@ mod tests {
         Ring::new(WorkQueue::Send, depth, 1, 5)
     }
 
+    /// A request's in-flight entry is one slot of its queue's ring, allocated with the queue
+    /// pair (gdr-xfer's crate docs quote the size): 40 bytes, plus 16 per region it holds.
+    #[test]
+    fn an_in_flight_slot_is_40_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 40);
+        assert_eq!(std::mem::size_of::<Arc<dyn Registered>>(), 16);
+    }
+
     fn post(r: &mut Ring, user: u64, sig: bool) -> u64 {
         let seq = r.stage(0, user, sig, std::iter::empty());
         r.commit(sig);
