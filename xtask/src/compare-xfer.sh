@@ -1,16 +1,18 @@
 #!/bin/sh
 # Runs `gdr xfer-bench` (gdr-xfer: batches of BATCH blocks of SIZE bytes) and perftest's
-# ib_write_bw (messages of SIZE bytes) alternately on one RDMA device, both with QPS queue pairs
-# and for SECONDS each, server/target and client/initiator as two processes on this host, and
-# prints each client's result between markers that `cargo xtask compare-xfer` parses.
+# ib_write_bw or ib_read_bw (messages of SIZE bytes; OP is write, the default, or read)
+# alternately on one RDMA device, both with QPS queue pairs and for SECONDS each, server/target
+# and client/initiator as two processes on this host, and prints each client's result between
+# markers that `cargo xtask compare-xfer` parses.
 #
-# usage: compare-xfer.sh DEVICE GID_INDEX ADDR GDR_BINARY ROUNDS SIZE BATCH QPS SECONDS THREADS
+# usage: compare-xfer.sh DEVICE GID_INDEX ADDR GDR_BINARY ROUNDS SIZE BATCH QPS SECONDS THREADS [OP]
 #   ADDR: this host's address on DEVICE (- takes $GDR_TEST_ADDR, as in the Soft-RoCE VM).
 # On real hardware: compare-xfer.sh mlx5_0 3 192.168.1.10 target/release/gdr 5 65536 128 2 5 1
 set -u
 dev=$1 gid=$2 addr=$3 gdr=$4
 [ "$addr" = "-" ] && addr=${GDR_TEST_ADDR:?ADDR is - but GDR_TEST_ADDR is not set}
-rounds=$5 size=$6 batch=$7 qps=$8 secs=$9 threads=${10}
+rounds=$5 size=$6 batch=$7 qps=$8 secs=$9 threads=${10} op=${11:-write}
+case "$op" in write | read) ;; *) echo "compare-xfer.sh: OP must be write or read, not $op" >&2; exit 2 ;; esac
 port=18720
 
 # Stops a server that outlived its client by 10 s, and reports both exit codes.
@@ -24,11 +26,11 @@ finish() {
 
 perftest() {
     port=$((port + 1))
-    ib_write_bw -d "$dev" -x "$gid" -s "$size" -q "$qps" -D "$secs" -p $port >/dev/null 2>&1 &
+    "ib_${op}_bw" -d "$dev" -x "$gid" -s "$size" -q "$qps" -D "$secs" -p $port >/dev/null 2>&1 &
     spid=$!
     sleep 1
     echo "### perftest size=$size round=$r"
-    ib_write_bw "$addr" -d "$dev" -x "$gid" -s "$size" -q "$qps" -D "$secs" -p $port 2>&1
+    "ib_${op}_bw" "$addr" -d "$dev" -x "$gid" -s "$size" -q "$qps" -D "$secs" -p $port 2>&1
     finish $spid $?
 }
 
@@ -39,7 +41,7 @@ xfer() {
     sleep 1
     echo "### xfer size=$size round=$r"
     "$gdr" xfer-bench "127.0.0.1:$port" -d "$dev" -x "$gid" --block-size "$size" --batch "$batch" \
-        -q "$qps" --duration "$secs" --threads "$threads" --csv 2>&1
+        -q "$qps" --duration "$secs" --threads "$threads" --op "$op" --csv 2>&1
     finish $spid $?
 }
 

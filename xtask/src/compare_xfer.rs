@@ -1,5 +1,5 @@
-//! `cargo xtask compare-xfer`: gdr-xfer's batched block writes (`gdr xfer-bench`) against
-//! perftest's `ib_write_bw` with the same message size and QP count, alternately, several
+//! `cargo xtask compare-xfer`: gdr-xfer's batched block writes or reads (`gdr xfer-bench`)
+//! against perftest's `ib_write_bw` or `ib_read_bw` with the same message size and QP count, alternately, several
 //! rounds, in one VM boot (or on this host's RDMA device with `--local`), then the medians and
 //! the paired ratio xfer/perftest. The guest side is `compare-xfer.sh`. Ratios are reported,
 //! never asserted.
@@ -34,6 +34,9 @@ pub struct CompareXferOpts {
     /// gdr-xfer initiator threads (each keeps one batch in flight).
     #[arg(long, default_value_t = 1)]
     pub threads: u32,
+    /// The operation: `write` (against ib_write_bw) or `read` (against ib_read_bw).
+    #[arg(long, default_value = "write", value_parser = ["write", "read"])]
+    pub op: String,
     #[command(flatten)]
     pub host: LocalDevice,
 }
@@ -53,6 +56,7 @@ pub fn compare(opts: &CompareXferOpts) -> Result<i32> {
         opts.qps.to_string(),
         opts.seconds.to_string(),
         opts.threads.to_string(),
+        opts.op.clone(),
     ];
     let output = if opts.host.local {
         let out = Command::new("sh")
@@ -211,10 +215,12 @@ pub fn summarize(runs: &[XRun], opts: &CompareXferOpts) -> (String, Vec<String>)
         .collect();
     let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     let mut s = format!(
-        "gdr-xfer batches of {} x {} B ({} threads) vs ib_write_bw -s {} -q {}, {} s each, {} rounds, {}\n",
+        "gdr-xfer {} batches of {} x {} B ({} threads) vs ib_{}_bw -s {} -q {}, {} s each, {} rounds, {}\n",
+        opts.op.to_uppercase(),
         opts.batch,
         opts.size,
         opts.threads,
+        opts.op,
         opts.size,
         opts.qps,
         opts.seconds,
@@ -270,12 +276,14 @@ mod tests {
             qps: 2,
             seconds: 5,
             threads: 1,
+            op: "write".into(),
             host: LocalDevice::default(),
         };
         let (t, f) = summarize(&runs, &opts);
         assert!(f.is_empty());
         assert!(t.contains("paired 0.8022"), "{t}");
         assert!(t.contains("wall clock (two vCPUs"), "{t}");
+        assert!(t.contains("gdr-xfer WRITE batches") && t.contains("vs ib_write_bw"), "{t}");
     }
 
     #[test]
