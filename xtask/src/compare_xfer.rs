@@ -283,7 +283,10 @@ mod tests {
         assert!(f.is_empty());
         assert!(t.contains("paired 0.8022"), "{t}");
         assert!(t.contains("wall clock (two vCPUs"), "{t}");
-        assert!(t.contains("gdr-xfer WRITE batches") && t.contains("vs ib_write_bw"), "{t}");
+        assert!(
+            t.contains("gdr-xfer WRITE batches") && t.contains("vs ib_write_bw"),
+            "{t}"
+        );
     }
 
     #[test]
