@@ -701,10 +701,11 @@ fn t6_a_staged_write_that_times_out_with_requests_in_flight_keeps_its_buffers_un
             eprintln!("host1: t6: the staged write after the loss verified");
         }
         2 => {
-            // ACK timeout 16 (about 268 ms a try) and 6 retries: once packets stop getting
-            // through, the NIC keeps the requests for about 1.9 s, well past the write's
-            // 300 ms deadline.
-            let i = initiator_with(6, 1, LEN, 6, |c| c.retries(16, 6));
+            // ACK timeout 18 (about 1.07 s a try) and 6 retries: once packets stop getting
+            // through, the NIC keeps the requests for about 7.5 s, well past the write's 2 s
+            // deadline, which in turn leaves the first chunk's copy and post time to happen
+            // under a loaded host (with 300 ms, one CI run posted nothing before the deadline).
+            let i = initiator_with(6, 1, LEN, 6, |c| c.retries(18, 6));
             let (gpu, seg) = i.staged(LEN, 61);
             let write = |timeout, notify| i.write_whole(&seg, timeout, notify);
             i.wait(&write(DEADLINE, None));
@@ -714,7 +715,7 @@ fn t6_a_staged_write_that_times_out_with_requests_in_flight_keeps_its_buffers_un
             losses.put(Fault::Loss, 0);
             losses.put(Fault::Loss, 1);
             let at = Instant::now();
-            let r = write(Duration::from_millis(300), None).wait(DEADLINE);
+            let r = write(Duration::from_secs(2), None).wait(DEADLINE);
             let ended = at.elapsed();
             assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
             // The transfer is over, but the NIC still holds its requests: the buffers they
