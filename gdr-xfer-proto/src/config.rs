@@ -1,0 +1,65 @@
+//! A connection's settings, fixed when it is made.
+
+use std::time::Duration;
+
+/// Most requests per post (one doorbell), and between two signalled ones.
+pub const CHUNK: usize = 32;
+
+/// A connection's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Rails shared with the peer (1..=32).
+    pub rails: usize,
+    /// Queue pairs per rail (at least 1).
+    pub lanes_per_rail: usize,
+    /// Send-queue depth of each queue pair.
+    pub send_depth: u64,
+    /// Largest request: longer runs are cut into slices of this size.
+    pub slice_size: u64,
+    /// Transfers of at most this many bytes stay on one rail.
+    pub stripe_min: u64,
+    /// Notifications in flight per rail (the peer's receive slots, at most our send slots).
+    pub send_slots: u16,
+    /// Receive slots we post per rail.
+    pub recv_slots: u16,
+    /// Largest notification we may send (the smaller of our send slots and the peer's limit).
+    pub notify_max: u32,
+    /// Whether we connected (the initiator's renewal wins when both sides renew a rail).
+    pub initiator: bool,
+    /// How long a stopped transfer (timed out, cancelled, failed) waits for its requests in
+    /// flight to complete before the queue pairs carrying them are fenced (destroyed and
+    /// renewed); and how long a fenced WRITE then waits for the peer to confirm its side.
+    pub quiesce: Duration,
+    /// How long a renewal offer waits for the peer's answer.
+    pub renew_timeout: Duration,
+}
+
+impl Config {
+    /// A configuration with the engine's defaults for `rails` x `lanes_per_rail` lanes.
+    pub fn new(rails: usize, lanes_per_rail: usize) -> Config {
+        Config {
+            rails,
+            lanes_per_rail,
+            send_depth: 256,
+            slice_size: 64 * 1024,
+            stripe_min: 256 * 1024,
+            send_slots: 64,
+            recv_slots: 64,
+            notify_max: 1024,
+            initiator: true,
+            quiesce: Duration::from_millis(500),
+            renew_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The bound on how long after its deadline a transfer's outcome may come: its requests
+    /// are fenced after [`Config::quiesce`], and a fenced WRITE waits at most as long again for
+    /// the peer.
+    pub fn outcome_bound(&self) -> Duration {
+        self.quiesce * 2
+    }
+
+    pub(crate) fn lanes(&self) -> usize {
+        self.rails * self.lanes_per_rail
+    }
+}

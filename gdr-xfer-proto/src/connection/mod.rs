@@ -1,0 +1,614 @@
+//! A connection to one peer, as a state machine: transfers submitted, requests posted on its
+//! lanes, completions credited, deadlines enforced, rails failed over and renewed,
+//! notifications sent and received. Driven by calls with time passed in; every piece of I/O
+//! goes through the driver's [`Io`].
+//!
+//! # Outcomes a caller can trust
+//!
+//! A transfer's outcome is reported (through [`Io::finished`]) only once none of its requests
+//! can touch its memory any more: every request it posted was credited by a completion, or the
+//! queue pair carrying it was destroyed. A transfer that stops early (its deadline passed, it
+//! was cancelled, one of its requests failed, the peer or every rail was lost) first stops
+//! posting, then waits for its requests in flight. Those still in flight [`Config::quiesce`]
+//! later are *fenced*: the queue pairs carrying them are destroyed (the other transfers'
+//! requests on them are posted again on new ones) and the rail is renewed with the peer at
+//! once. For a WRITE the outcome also waits until the peer confirmed that its side of those
+//! queue pairs is gone (its answer to the renewal), at most [`Config::quiesce`] more. So an
+//! outcome comes at most [`Config::outcome_bound`] after the deadline (plus the driver's timer
+//! granularity), and whatever it says, the memory is quiet.
+//!
+//! # One caller's mistake fails only its own transfer
+//!
+//! A request the driver refuses for its own reason ([`PostResult::Rejected`]) or that completes
+//! with a request error ([`Status::RequestError`]) fails its transfer only: the first posts
+//! nothing; the second broke its queue pair, so the rail is renewed at once (not paused) and
+//! the other transfers' requests are posted again.
+
+mod complete;
+mod failover;
+mod post;
+mod renew;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Instant;
+
+use crate::config::Config;
+use crate::io::{Event, Io, LaneRef};
+use crate::lane::Lane;
+use crate::notify::Seen;
+use crate::rail::{RailCounters, RailLink, RailState};
+use crate::run::{slices_of, Cursor};
+use crate::slab::Slab;
+use crate::transfer::{Failure, NotifyState, Outcome, Phase, Spec, Transfer, TransferKey};
+
+/// Whether the connection takes new transfers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Open,
+    /// The peer went away; what is in flight goes on until the driver loses it.
+    Closing(String),
+    Closed(String),
+}
+
+/// A renewal we offered the peer for one rail: the queue pairs created for it.
+#[derive(Debug)]
+struct Offer {
+    epoch: u32,
+    lanes: Vec<LaneRef>,
+}
+
+/// One rail's receive slots: which are posted on the current queue pair, and how many
+/// delivered messages the application has not taken yet (those slots stay unposted: the
+/// peer's next messages wait, which bounds what a fast sender makes us hold).
+#[derive(Debug)]
+struct RecvSlots {
+    gen: Option<u64>,
+    armed: Vec<bool>,
+    held: u16,
+}
+
+/// A connection's core. See the [module documentation](self).
+///
+/// ```text
+/// submit ──> pending ──> posted on lanes ──> credited by completions ──> finished (Ok)
+///               │              │
+///               │   deadline, cancel, request error, no rail, close
+///               └──────────────┴──> stopped: nothing more posted; in-flight requests are
+///                                   credited, or fenced after `quiesce`; WRITEs whose queue
+///                                   pairs were destroyed wait for the peer (or `quiesce`)
+///                                   ──> finished (Err, or Ok if everything had landed)
+/// ```
+pub struct Connection<I: Io> {
+    cfg: Config,
+    transfers: Slab<Transfer<I>>,
+    /// Transfers with requests not yet posted, oldest first.
+    pending: VecDeque<TransferKey>,
+    /// Transfers whose data is done and whose notification waits for a send slot.
+    notify_due: VecDeque<TransferKey>,
+    /// Deadlines of active transfers.
+    deadlines: BTreeSet<(Instant, TransferKey)>,
+    /// Transfers that stopped, or completed, and wait for their requests to be retired or
+    /// for their peer to confirm ([`Connection::try_finish`]).
+    settling: Vec<TransferKey>,
+    /// `rails x lanes_per_rail`, rail-major.
+    lanes: Vec<Lane>,
+    rails: Vec<RailLink>,
+    offers: Vec<Option<Offer>>,
+    recv: Vec<RecvSlots>,
+    next_wr: u64,
+    next_gen: u64,
+    next_notify_id: u64,
+    seen: Seen,
+    state: State,
+}
+
+impl<I: Io> std::fmt::Debug for Connection<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let transfers: Vec<String> = self
+            .transfers
+            .keys()
+            .into_iter()
+            .filter_map(|k| {
+                let t = self.transfers.get(k)?;
+                Some(format!(
+                    "{k:?}: {:?} {}/{} slices, {} in flight, notify {:?}, next {:?}, {} retry ranges, {:?}, awaiting {:#x}",
+                    t.op,
+                    t.slices_done,
+                    t.slices_total,
+                    t.inflight,
+                    t.notify_state,
+                    t.next,
+                    t.retry.len(),
+                    t.phase,
+                    t.awaiting_peer
+                ))
+            })
+            .collect();
+        let lanes: Vec<String> = self
+            .lanes
+            .iter()
+            .map(|l| {
+                format!(
+                    "gen {:?}: {} outstanding, {} records, full {}",
+                    l.gen,
+                    l.outstanding,
+                    l.posted.len(),
+                    l.full
+                )
+            })
+            .collect();
+        let rails: Vec<String> = self
+            .rails
+            .iter()
+            .map(|r| {
+                format!(
+                    "{:?} (fencing {}), {} send slots free",
+                    r.state,
+                    r.fencing,
+                    r.free_send_slots.len()
+                )
+            })
+            .collect();
+        f.debug_struct("Connection")
+            .field("state", &self.state)
+            .field("transfers", &transfers)
+            .field("pending", &self.pending)
+            .field("notify_due", &self.notify_due)
+            .field("settling", &self.settling)
+            .field("lanes", &lanes)
+            .field("rails", &rails)
+            .finish()
+    }
+}
+
+impl<I: Io> Connection<I> {
+    /// A connection whose lanes already have queue pairs: lane `i` has generation `i` (see
+    /// [`Connection::lanes`]), with every receive slot of each rail's first lane posted.
+    pub fn new(cfg: Config, now: Instant) -> Connection<I> {
+        let lanes = (0..cfg.lanes()).map(|i| Lane::new(i as u64)).collect();
+        let rails = (0..cfg.rails)
+            .map(|_| RailLink::new(cfg.send_slots, now))
+            .collect();
+        let recv = (0..cfg.rails)
+            .map(|r| RecvSlots {
+                gen: Some((r * cfg.lanes_per_rail) as u64),
+                armed: vec![true; usize::from(cfg.recv_slots)],
+                held: 0,
+            })
+            .collect();
+        Connection {
+            offers: (0..cfg.rails).map(|_| None).collect(),
+            next_gen: cfg.lanes() as u64,
+            cfg,
+            transfers: Slab::new(),
+            pending: VecDeque::new(),
+            notify_due: VecDeque::new(),
+            deadlines: BTreeSet::new(),
+            settling: Vec::new(),
+            lanes,
+            rails,
+            recv,
+            next_wr: 1,
+            next_notify_id: 1,
+            seen: Seen::default(),
+            state: State::Open,
+        }
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The current queue pair of every lane (`None` while its rail has none).
+    pub fn lanes(&self) -> Vec<Option<LaneRef>> {
+        self.lanes
+            .iter()
+            .enumerate()
+            .map(|(i, l)| l.current(i))
+            .collect()
+    }
+
+    /// Each rail's state and counters.
+    pub fn rails(&self) -> Vec<(RailState, RailCounters)> {
+        self.rails
+            .iter()
+            .map(|r| (r.state, r.stats.clone()))
+            .collect()
+    }
+
+    /// Transfers not yet finished.
+    pub fn transfers(&self) -> usize {
+        self.transfers.len()
+    }
+
+    /// Why the connection no longer takes transfers, if it does not.
+    pub fn gone_reason(&self) -> Option<&str> {
+        match &self.state {
+            State::Open => None,
+            State::Closing(r) | State::Closed(r) => Some(r),
+        }
+    }
+
+    /// Whether it was closed ([`Connection::close`]).
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closed(_))
+    }
+
+    /// Each rail's state and last error, for a [`Failure::NoRail`].
+    fn rails_detail(&self) -> String {
+        self.rails
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                format!(
+                    "rail {i} {:?}{}",
+                    r.state,
+                    r.stats
+                        .last_error
+                        .as_deref()
+                        .map_or(String::new(), |e| format!(": {e}"))
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// Takes a transfer and posts what fits now.
+    ///
+    /// # Errors
+    /// [`Failure::PeerLost`] when the connection is closing or closed, [`Failure::NoRail`]
+    /// when no rail is usable, [`Failure::Rejected`] for a transfer that names segments or keys
+    /// it does not have, an empty run, or a notification longer than [`Config::notify_max`];
+    /// nothing is kept then.
+    pub fn submit(
+        &mut self,
+        now: Instant,
+        io: &mut I,
+        spec: Spec<I>,
+    ) -> Result<TransferKey, Failure> {
+        let rejected = |detail: String| Err(Failure::Rejected { detail });
+        if spec.runs.is_empty() {
+            return rejected("a transfer without runs".into());
+        }
+        if let Some(n) = &spec.notify {
+            if n.len() as u64 > u64::from(self.cfg.notify_max) {
+                return rejected(format!(
+                    "a notification of {} bytes; at most {} can be sent to this peer",
+                    n.len(),
+                    self.cfg.notify_max
+                ));
+            }
+        }
+        let locals = spec.locals.len() as u64;
+        let mut remotes = 0u64;
+        let mut bytes = 0u64;
+        for r in &spec.runs {
+            if r.len == 0 || u64::from(r.local) >= locals {
+                return rejected(format!(
+                    "a run of {} bytes of local segment {} ({locals} given)",
+                    r.len, r.local
+                ));
+            }
+            remotes = remotes.max(u64::from(r.remote) + 1);
+            bytes = bytes.saturating_add(r.len);
+        }
+        if (spec.rkeys.len() as u64) < remotes * self.cfg.rails as u64 {
+            return rejected(format!(
+                "{} remote keys for {remotes} remote segments on {} rails",
+                spec.rkeys.len(),
+                self.cfg.rails
+            ));
+        }
+        // Bad input first: its error does not depend on the connection's state.
+        if let Some(reason) = self.gone_reason() {
+            return Err(Failure::PeerLost {
+                reason: reason.to_string(),
+            });
+        }
+        if !self.rails.iter().any(RailLink::is_usable) {
+            return Err(Failure::NoRail {
+                detail: self.rails_detail(),
+            });
+        }
+        let slices_total = slices_of(&spec.runs, self.cfg.slice_size);
+        let deadline = spec.timeout.and_then(|t| now.checked_add(t));
+        let t = Transfer {
+            op: spec.op,
+            locals: spec.locals,
+            runs: spec.runs,
+            rkeys: spec.rkeys,
+            rail_mask: spec.rail_mask,
+            handle: spec.handle,
+            timeout: spec.timeout,
+            deadline,
+            started: now,
+            notify_state: if spec.notify.is_some() {
+                NotifyState::Waiting
+            } else {
+                NotifyState::None
+            },
+            notify: spec.notify,
+            notify_id: 0,
+            bytes,
+            slices_total,
+            slices_done: 0,
+            inflight: 0,
+            next: Cursor::default(),
+            retry: Vec::new(),
+            queued: true,
+            rail_pin: None,
+            phase: Phase::Active,
+            awaiting_peer: 0,
+            quiet_at: None,
+            lanes_mask: 0,
+            rails_mask: 0,
+            retried_slices: 0,
+            posted_at: None,
+        };
+        let key = self.transfers.insert(t);
+        if let Some(d) = deadline {
+            self.deadlines.insert((d, key));
+        }
+        self.pending.push_back(key);
+        self.pump(now, io);
+        Ok(key)
+    }
+
+    /// Cancels a transfer: nothing more of it is posted; its outcome ([`Failure::Cancelled`],
+    /// or success when everything had landed already) comes once its requests are retired.
+    /// Returns whether the transfer was still active.
+    pub fn cancel(&mut self, now: Instant, io: &mut I, key: TransferKey) -> bool {
+        let active = self.transfers.get(key).is_some_and(Transfer::is_active);
+        if active {
+            self.stop(now, io, key, Failure::Cancelled);
+            self.pump(now, io);
+        }
+        active
+    }
+
+    /// Whether a transfer is still known (not finished).
+    pub fn is_pending(&self, key: TransferKey) -> bool {
+        self.transfers.get(key).is_some()
+    }
+
+    /// Stops a transfer: it posts nothing more, and reaches its outcome once its requests are
+    /// retired ([`Connection::try_finish`]).
+    fn stop(&mut self, now: Instant, io: &mut I, key: TransferKey, failure: Failure) {
+        let Some(t) = self.transfers.get_mut(key) else {
+            return;
+        };
+        if !t.is_active() {
+            return;
+        }
+        t.phase = Phase::Stopping {
+            failure,
+            since: now,
+            fenced: false,
+        };
+        t.retry.clear();
+        t.next = Cursor::new(t.runs.len(), 0);
+        if t.notify_state == NotifyState::Waiting {
+            // Never sent: the transfer did not complete.
+            t.notify_state = NotifyState::Skipped;
+        }
+        if let Some(d) = t.deadline {
+            self.deadlines.remove(&(d, key));
+        }
+        self.settling.push(key);
+        if cfg!(gdr_mutant = "outcome_before_quiet") {
+            // The bug the simulation must find: the outcome before the requests are retired.
+            let t = self.transfers.get_mut(key).expect("just stopped");
+            t.inflight = 0;
+            t.awaiting_peer = 0;
+        }
+        self.try_finish(now, io, key);
+    }
+
+    /// Finishes a transfer whose requests are all retired and whose WRITEs cannot still be on
+    /// the wire: success when everything landed, its failure otherwise. A transfer that is
+    /// blocked waits in `settling` (its timer is in [`Connection::poll_timeout`]).
+    pub(crate) fn try_finish(&mut self, now: Instant, io: &mut I, key: TransferKey) {
+        let Some(t) = self.transfers.get(key) else {
+            return;
+        };
+        let result = match &t.phase {
+            _ if t.is_complete() => Ok(()),
+            Phase::Stopping { failure, .. } => Err(failure.clone()),
+            Phase::Active => return,
+        };
+        let on_wire = t.awaiting_peer != 0
+            && t.quiet_at.is_some_and(|q| q > now)
+            && !cfg!(gdr_mutant = "no_peer_wait");
+        if t.inflight > 0 || on_wire {
+            if !self.settling.contains(&key) {
+                self.settling.push(key);
+            }
+            return;
+        }
+        self.finish(now, io, key, result);
+    }
+
+    fn finish(&mut self, now: Instant, io: &mut I, key: TransferKey, result: Result<(), Failure>) {
+        let Some(t) = self.transfers.remove(key) else {
+            return;
+        };
+        if let Some(d) = t.deadline {
+            self.deadlines.remove(&(d, key));
+        }
+        if let Some(i) = self.settling.iter().position(|&k| k == key) {
+            self.settling.swap_remove(i);
+        }
+        let stats = t.stats(now);
+        io.finished(t.handle, Outcome { result, stats });
+    }
+
+    /// Stops every transfer with `failure` (each finishes once its requests are retired).
+    fn fail_all(&mut self, now: Instant, io: &mut I, failure: &Failure) {
+        for key in self.transfers.keys() {
+            self.stop(now, io, key, failure.clone());
+        }
+        self.pending.clear();
+        self.notify_due.clear();
+    }
+
+    /// The peer is going away (it said goodbye, or its control link closed): new transfers are
+    /// refused; those in flight go on until [`Connection::close`].
+    pub fn closing(&mut self, reason: impl Into<String>) {
+        if self.state == State::Open {
+            self.state = State::Closing(reason.into());
+        }
+    }
+
+    /// Closes the connection: every transfer stops with `failure`, every queue pair is
+    /// destroyed (so their outcomes come at once), and nothing is posted any more.
+    pub fn close(&mut self, now: Instant, io: &mut I, failure: Failure) {
+        if self.is_closed() {
+            return;
+        }
+        let reason = match &failure {
+            Failure::PeerLost { reason } => reason.clone(),
+            Failure::AgentClosed => "the agent was shut down".into(),
+            other => format!("{other:?}"),
+        };
+        self.state = State::Closed(reason);
+        self.fail_all(now, io, &failure);
+        for rail in 0..self.cfg.rails {
+            self.drop_offer(io, rail);
+            self.retire_lanes(now, io, rail, None);
+        }
+        // The peer is gone or going: what it still receives is its own business.
+        for key in self.transfers.keys() {
+            if let Some(t) = self.transfers.get_mut(key) {
+                t.awaiting_peer = 0;
+            }
+            self.try_finish(now, io, key);
+        }
+    }
+
+    /// When [`Connection::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.is_closed() && self.transfers.len() == 0 {
+            return None;
+        }
+        let mut next = self.deadlines.first().map(|&(d, _)| d);
+        let mut at = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        for &key in &self.settling {
+            let Some(t) = self.transfers.get(key) else {
+                continue;
+            };
+            if let Phase::Stopping {
+                since,
+                fenced: false,
+                ..
+            } = t.phase
+            {
+                if t.inflight > 0 {
+                    at(since + self.cfg.quiesce);
+                }
+            }
+            if t.awaiting_peer != 0 && t.inflight == 0 {
+                if let Some(q) = t.quiet_at {
+                    at(q);
+                }
+            }
+        }
+        for r in &self.rails {
+            if matches!(r.state, RailState::Paused | RailState::Renewing) && !self.is_closed() {
+                at(r.until);
+            }
+            if r.stats.inflight_bytes > 0 {
+                at(r.next_sample());
+            }
+        }
+        next
+    }
+
+    /// Fails transfers past their deadline, fences stopped transfers whose requests outlived
+    /// the quiesce time, finishes those whose wait for the peer is over, samples the rails'
+    /// throughput, starts the renewals that are due, and posts what fits.
+    pub fn handle_timeout(&mut self, now: Instant, io: &mut I) {
+        while let Some(&(d, key)) = self.deadlines.first() {
+            if d > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let after = self.transfers.get(key).and_then(|t| t.timeout);
+            if let Some(after) = after {
+                self.stop(now, io, key, Failure::Timeout { after });
+            }
+        }
+        for key in self.settling.clone() {
+            let Some(t) = self.transfers.get(key) else {
+                continue;
+            };
+            if let Phase::Stopping {
+                since,
+                fenced: false,
+                ..
+            } = t.phase
+            {
+                if t.inflight > 0 && now >= since + self.cfg.quiesce {
+                    self.fence(now, io, key);
+                }
+            }
+            self.try_finish(now, io, key);
+        }
+        for r in &mut self.rails {
+            r.sample(now);
+        }
+        if !self.is_closed() {
+            self.renewals_due(now, io);
+        }
+        self.pump(now, io);
+    }
+
+    /// The application took a delivered notification: its receive slot is posted again (on
+    /// the rail's current queue pair, if it still has one).
+    pub fn consumed(&mut self, io: &mut I, receipt: Receipt) {
+        let rail = receipt.lane.lane / self.cfg.lanes_per_rail;
+        let Some(slots) = self.recv.get_mut(rail) else {
+            return;
+        };
+        slots.held = slots.held.saturating_sub(1);
+        self.arm_free_slots(io, rail);
+    }
+
+    /// Posts the receive slots of rail `rail` that are free and not held for the application.
+    fn arm_free_slots(&mut self, io: &mut I, rail: usize) {
+        if self.is_closed() {
+            return;
+        }
+        let slots = &mut self.recv[rail];
+        let Some(gen) = slots.gen else {
+            return;
+        };
+        let lane = LaneRef {
+            lane: rail * self.cfg.lanes_per_rail,
+            gen,
+        };
+        let armed = slots.armed.iter().filter(|a| **a).count();
+        let want = usize::from(self.cfg.recv_slots).saturating_sub(usize::from(slots.held));
+        let mut missing = want.saturating_sub(armed);
+        for (slot, a) in slots.armed.iter_mut().enumerate() {
+            if missing == 0 {
+                break;
+            }
+            if !*a {
+                match io.arm_recv(lane, slot as u16) {
+                    Ok(()) => *a = true,
+                    Err(detail) => {
+                        io.event(Event::RearmFailed { lane, detail });
+                        return;
+                    }
+                }
+                missing -= 1;
+            }
+        }
+    }
+}
+
+pub use crate::io::Receipt;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,814 @@
+//! Unit tests of the core with a scripted driver: each test makes completions arrive exactly
+//! when it wants and checks what the core asked the driver to do.
+
+use std::time::{Duration, Instant};
+
+use super::Connection;
+use crate::config::Config;
+use crate::control::Control;
+use crate::io::{
+    Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
+};
+use crate::run::Run;
+use crate::transfer::{Failure, Outcome, Spec, TransferKey};
+
+#[derive(Default)]
+struct Batch(Vec<(u64, u64, u64, u32, u64)>);
+
+impl Pieces for Batch {
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+    fn push(&mut self, lo: u64, ra: u64, len: u64, rkey: u32, wr_id: u64) -> bool {
+        self.0.push((lo, ra, len, rkey, wr_id));
+        true
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// A post the driver carried out: the lane and the request ids.
+#[derive(Debug, Clone, PartialEq)]
+struct Post {
+    lane: LaneRef,
+    local: u8,
+    wr_ids: Vec<u64>,
+    rkeys: Vec<u32>,
+}
+
+#[derive(Default)]
+struct Mock {
+    batch: Batch,
+    posts: Vec<Post>,
+    messages: Vec<(LaneRef, u64, Header, Vec<u8>)>,
+    armed: Vec<(LaneRef, u16)>,
+    created: Vec<LaneRef>,
+    destroyed: Vec<LaneRef>,
+    control: Vec<Control<Vec<u32>>>,
+    finished: Vec<(u32, Outcome)>,
+    delivered: Vec<(Vec<u8>, Receipt)>,
+    events: Vec<Event>,
+    /// Results for the next posts (default: posted).
+    script: Vec<PostResult>,
+    /// Local segments the driver refuses (another protection domain).
+    foreign: Vec<u8>,
+}
+
+impl Io for Mock {
+    type Local = u8;
+    type Handle = u32;
+    type Endpoints = Vec<u32>;
+    type Pieces = Batch;
+
+    fn pieces(&mut self) -> &mut Batch {
+        &mut self.batch
+    }
+    fn post_rdma(&mut self, lane: LaneRef, _op: Op, local: &u8) -> PostResult {
+        if self.foreign.contains(local) {
+            return PostResult::Rejected(format!("segment {local} is another agent's"));
+        }
+        if !self.script.is_empty() {
+            let r = self.script.remove(0);
+            if r != PostResult::Posted {
+                return r;
+            }
+        }
+        self.posts.push(Post {
+            lane,
+            local: *local,
+            wr_ids: self.batch.0.iter().map(|p| p.4).collect(),
+            rkeys: self.batch.0.iter().map(|p| p.3).collect(),
+        });
+        PostResult::Posted
+    }
+    fn post_message(
+        &mut self,
+        lane: LaneRef,
+        wr_id: u64,
+        _slot: u16,
+        h: Header,
+        data: &[u8],
+    ) -> PostResult {
+        self.messages.push((lane, wr_id, h, data.to_vec()));
+        PostResult::Posted
+    }
+    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String> {
+        self.armed.push((lane, slot));
+        Ok(())
+    }
+    fn create_lanes(&mut self, _rail: usize, lanes: &[LaneRef]) -> Result<Vec<u32>, String> {
+        self.created.extend_from_slice(lanes);
+        Ok(lanes.iter().map(|l| 100 + l.gen as u32).collect())
+    }
+    fn connect_lanes(
+        &mut self,
+        _rail: usize,
+        _lanes: &[LaneRef],
+        _remote: &Vec<u32>,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+    fn endpoint_count(&self, e: &Vec<u32>) -> usize {
+        e.len()
+    }
+    fn destroy_lanes(&mut self, lanes: &[LaneRef]) {
+        self.destroyed.extend_from_slice(lanes);
+    }
+    fn send_control(&mut self, msg: Control<Vec<u32>>) {
+        self.control.push(msg);
+    }
+    fn finished(&mut self, handle: u32, outcome: Outcome) {
+        self.finished.push((handle, outcome));
+    }
+    fn deliver(&mut self, data: Vec<u8>, receipt: Receipt) {
+        self.delivered.push((data, receipt));
+    }
+    fn event(&mut self, event: Event) {
+        self.events.push(event);
+    }
+}
+
+impl Mock {
+    fn outcome(&self, handle: u32) -> Option<&Result<(), Failure>> {
+        self.finished
+            .iter()
+            .find(|(h, _)| *h == handle)
+            .map(|(_, o)| &o.result)
+    }
+}
+
+struct T {
+    c: Connection<Mock>,
+    io: Mock,
+    t0: Instant,
+}
+
+fn cfg(rails: usize, lanes: usize) -> Config {
+    let mut c = Config::new(rails, lanes);
+    c.send_depth = 8;
+    c.slice_size = 100;
+    c.stripe_min = 0;
+    c.send_slots = 2;
+    c.recv_slots = 2;
+    c.notify_max = 16;
+    c.quiesce = Duration::from_millis(100);
+    c
+}
+
+impl T {
+    fn new(cfg: Config) -> T {
+        let t0 = Instant::now();
+        T {
+            c: Connection::new(cfg, t0),
+            io: Mock::default(),
+            t0,
+        }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    /// A transfer of `runs` runs of 100 bytes of local segment `local` (one request each).
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &mut self,
+        ms: u64,
+        handle: u32,
+        op: Op,
+        runs: u64,
+        local: u8,
+        timeout_ms: Option<u64>,
+        notify: Option<&[u8]>,
+    ) -> Result<TransferKey, Failure> {
+        let rails = self.c.config().rails;
+        let spec = Spec {
+            op,
+            locals: vec![local],
+            runs: (0..runs)
+                .map(|i| Run {
+                    local: 0,
+                    local_offset: i * 1000,
+                    remote_addr: 0x10000 + i * 1000,
+                    remote: 0,
+                    len: 100,
+                })
+                .collect(),
+            rkeys: (0..rails as u32).map(|r| 0xa0 + r).collect(),
+            timeout: timeout_ms.map(Duration::from_millis),
+            notify: notify.map(<[u8]>::to_vec),
+            rail_mask: u32::MAX,
+            handle,
+        };
+        let now = self.at(ms);
+        self.c.submit(now, &mut self.io, spec)
+    }
+
+    fn complete(&mut self, ms: u64, lane: LaneRef, wr_id: u64, status: Status) {
+        let now = self.at(ms);
+        let c = SendCompletion {
+            lane,
+            wr_id,
+            status,
+            raw_status: 0,
+            vendor_err: 0,
+            qp_num: 7,
+        };
+        self.c.handle_send_completion(now, &mut self.io, c);
+    }
+
+    /// Completes every post and message so far, in order, successfully.
+    fn complete_all(&mut self, ms: u64) {
+        while !self.io.posts.is_empty() || !self.io.messages.is_empty() {
+            let posts = std::mem::take(&mut self.io.posts);
+            for p in posts {
+                self.complete(ms, p.lane, *p.wr_ids.last().unwrap(), Status::Success);
+            }
+            let msgs = std::mem::take(&mut self.io.messages);
+            for (lane, wr, _, _) in msgs {
+                self.complete(ms, lane, wr, Status::Success);
+            }
+        }
+    }
+
+    fn tick(&mut self, ms: u64) {
+        let now = self.at(ms);
+        self.c.handle_timeout(now, &mut self.io);
+    }
+}
+
+fn lane(lane: usize, gen: u64) -> LaneRef {
+    LaneRef { lane, gen }
+}
+
+#[test]
+fn a_transfer_past_its_deadline_reports_only_once_its_requests_completed() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Read, 3, 0, Some(10), None).unwrap();
+    assert_eq!(t.io.posts.len(), 1, "one batch of three requests");
+    t.tick(10);
+    assert!(
+        t.io.finished.is_empty(),
+        "its requests are still in flight: no outcome yet"
+    );
+    // A second transfer into the same memory must not be overtaken by the first's late bytes:
+    // the first's outcome comes only after its requests completed.
+    t.complete_all(20);
+    match t.io.outcome(1) {
+        Some(Err(Failure::Timeout { .. })) | Some(Ok(())) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        t.io.destroyed.is_empty(),
+        "completed in time: nothing fenced"
+    );
+}
+
+#[test]
+fn a_timed_out_transfer_that_had_landed_everything_reports_success() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Write, 2, 0, Some(10), None).unwrap();
+    t.tick(10);
+    t.complete_all(12);
+    assert_eq!(
+        t.io.outcome(1),
+        Some(&Ok(())),
+        "every byte landed: the outcome says so"
+    );
+}
+
+#[test]
+fn requests_outliving_the_quiesce_time_are_fenced_and_a_read_then_reports() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Read, 2, 0, Some(10), None).unwrap();
+    t.tick(10);
+    t.tick(109);
+    assert!(t.io.finished.is_empty());
+    assert_eq!(
+        t.c.poll_timeout(),
+        Some(t.at(110)),
+        "the fence is due at deadline + quiesce"
+    );
+    t.tick(110);
+    assert_eq!(
+        t.io.destroyed,
+        vec![lane(0, 0)],
+        "the queue pair carrying its requests"
+    );
+    assert!(matches!(
+        t.io.outcome(1),
+        Some(Err(Failure::Timeout { .. }))
+    ));
+    // The rail is renewed at once, not paused: it counts as usable.
+    assert!(matches!(
+        t.io.control.last(),
+        Some(Control::Renew {
+            rail: 0,
+            epoch: 1,
+            ..
+        })
+    ));
+    assert!(t
+        .io
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Fenced { .. })));
+    assert!(
+        t.submit(111, 2, Op::Read, 1, 0, Some(1000), None).is_ok(),
+        "other transfers wait, not fail"
+    );
+}
+
+#[test]
+fn a_fenced_write_waits_for_the_peer_to_confirm_or_one_more_quiesce_time() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Write, 2, 0, Some(10), None).unwrap();
+    t.tick(10);
+    t.tick(110);
+    assert_eq!(t.io.destroyed, vec![lane(0, 0)]);
+    assert!(
+        t.io.finished.is_empty(),
+        "its bytes may still be on the wire towards the peer"
+    );
+    // The peer answers the renewal (it destroyed its side first): the outcome comes.
+    let epoch = match t.io.control.last() {
+        Some(Control::Renew { epoch, .. }) => *epoch,
+        other => panic!("{other:?}"),
+    };
+    let now = t.at(115);
+    t.c.handle_control(
+        now,
+        &mut t.io,
+        Control::Renewed {
+            rail: 0,
+            epoch,
+            endpoints: vec![9],
+        },
+    );
+    assert!(matches!(
+        t.io.outcome(1),
+        Some(Err(Failure::Timeout { .. }))
+    ));
+    // Without an answer, one quiesce time after the fence.
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Write, 1, 0, Some(10), None).unwrap();
+    t.tick(10);
+    t.tick(110);
+    t.tick(209);
+    assert!(t.io.finished.is_empty());
+    assert_eq!(t.c.poll_timeout(), Some(t.at(210)));
+    t.tick(210);
+    assert!(matches!(
+        t.io.outcome(1),
+        Some(Err(Failure::Timeout { .. }))
+    ));
+    assert!(t.at(210) <= t.at(10) + t.c.config().outcome_bound());
+}
+
+#[test]
+fn a_post_refused_for_its_own_memory_fails_only_that_transfer() {
+    let mut t = T::new(cfg(1, 1));
+    t.io.foreign = vec![9];
+    t.submit(0, 1, Op::Write, 2, 0, Some(1000), None).unwrap();
+    t.submit(0, 2, Op::Write, 2, 9, Some(1000), None).unwrap();
+    t.submit(0, 3, Op::Write, 2, 0, Some(1000), None).unwrap();
+    assert!(
+        matches!(t.io.outcome(2), Some(Err(Failure::Rejected { .. }))),
+        "{:?}",
+        t.io.finished
+    );
+    assert!(t.io.destroyed.is_empty(), "no rail failed");
+    t.complete_all(1);
+    assert_eq!(t.io.outcome(1), Some(&Ok(())));
+    assert_eq!(t.io.outcome(3), Some(&Ok(())));
+    assert!(t.c.rails()[0].1.errors == 0);
+}
+
+#[test]
+fn a_request_error_fails_its_transfer_and_renews_the_rail_without_failing_the_others() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Write, 1, 0, Some(1000), None).unwrap();
+    t.submit(0, 2, Op::Write, 1, 0, Some(1000), None).unwrap();
+    let first = t.io.posts[0].clone();
+    t.io.posts.clear();
+    // The first transfer's request hit a bad remote key: its queue pair is in error.
+    t.complete(1, first.lane, first.wr_ids[0], Status::RequestError);
+    assert!(
+        t.io.outcome(2).is_none(),
+        "the other is posted again, not failed"
+    );
+    assert!(
+        t.io.outcome(1).is_none(),
+        "a WRITE whose queue pair is destroyed waits for the peer"
+    );
+    assert_eq!(t.c.rails()[0].1.errors, 0, "not a rail failure");
+    let epoch = match t.io.control.last() {
+        Some(Control::Renew { epoch, .. }) => *epoch,
+        other => panic!("{other:?}"),
+    };
+    let now = t.at(2);
+    t.c.handle_control(
+        now,
+        &mut t.io,
+        Control::Renewed {
+            rail: 0,
+            epoch,
+            endpoints: vec![9],
+        },
+    );
+    assert!(matches!(
+        t.io.outcome(1),
+        Some(Err(Failure::Request { .. }))
+    ));
+    // The probe, then the transfer again on the new queue pair.
+    let probe = t.io.messages.pop().unwrap();
+    assert_eq!(probe.2.flags, Header::PROBE);
+    t.complete(3, probe.0, probe.1, Status::Success);
+    assert_eq!(t.io.posts.len(), 1);
+    assert_eq!(t.io.posts[0].lane.gen, probe.0.gen);
+    t.complete_all(4);
+    assert_eq!(
+        t.io.outcome(2),
+        Some(&Ok(())),
+        "the peer confirmed its side when it answered"
+    );
+}
+
+#[test]
+fn a_lane_error_pauses_its_rail_and_what_it_carried_goes_on_the_other() {
+    let mut t = T::new(cfg(2, 1));
+    // 12 requests, 8 fit a send queue: two batches, one per rail.
+    t.submit(0, 1, Op::Write, 12, 0, Some(1000), None).unwrap();
+    let on_rail: Vec<usize> = t.io.posts.iter().map(|p| p.lane.lane).collect();
+    assert!(
+        on_rail.contains(&0) && on_rail.contains(&1),
+        "striped: {on_rail:?}"
+    );
+    let p0 =
+        t.io.posts
+            .iter()
+            .find(|p| p.lane.lane == 0)
+            .unwrap()
+            .clone();
+    t.io.posts.retain(|p| p.lane.lane != 0);
+    t.complete(1, p0.lane, p0.wr_ids[0], Status::LaneError);
+    assert_eq!(t.c.rails()[0].0, crate::RailState::Paused);
+    assert!(t.io.destroyed.contains(&lane(0, 0)));
+    // Posted again on rail 1, with rail 1's key.
+    let again = t.io.posts.last().unwrap();
+    assert_eq!(again.lane.lane, 1);
+    assert!(again.rkeys.iter().all(|&k| k == 0xa1));
+    t.complete_all(2);
+    assert!(
+        t.io.outcome(1).is_none(),
+        "its first requests may still be on the wire"
+    );
+    t.tick(101);
+    assert_eq!(
+        t.io.outcome(1),
+        Some(&Ok(())),
+        "one quiesce time after the failure"
+    );
+    assert!(t.c.rails()[0].1.retries > 0);
+}
+
+#[test]
+fn with_no_rail_left_every_transfer_fails_once_its_queue_pairs_are_gone() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Read, 1, 0, Some(1000), None).unwrap();
+    t.submit(0, 2, Op::Read, 1, 0, Some(1000), None).unwrap();
+    let p = t.io.posts[0].clone();
+    t.complete(1, p.lane, p.wr_ids[0], Status::LaneError);
+    assert!(t.io.destroyed.contains(&lane(0, 0)));
+    assert!(matches!(t.io.outcome(1), Some(Err(Failure::NoRail { .. }))));
+    assert!(matches!(t.io.outcome(2), Some(Err(Failure::NoRail { .. }))));
+    assert!(matches!(
+        t.submit(2, 3, Op::Read, 1, 0, None, None),
+        Err(Failure::NoRail { .. })
+    ));
+    // After the cool-down the rail is renewed.
+    t.tick(1 + crate::FIRST_COOLDOWN.as_millis() as u64);
+    assert!(matches!(
+        t.io.control.last(),
+        Some(Control::Renew { rail: 0, .. })
+    ));
+}
+
+#[test]
+fn a_notification_goes_only_after_every_request_completed_and_is_sent_again_after_a_failure() {
+    let mut t = T::new(cfg(2, 1));
+    t.submit(0, 1, Op::Write, 12, 0, Some(1000), Some(b"req-1"))
+        .unwrap();
+    let posts = std::mem::take(&mut t.io.posts);
+    assert_eq!(posts.len(), 2);
+    t.complete(
+        1,
+        posts[0].lane,
+        *posts[0].wr_ids.last().unwrap(),
+        Status::Success,
+    );
+    assert!(t.io.messages.is_empty(), "half the data is still in flight");
+    t.complete(
+        1,
+        posts[1].lane,
+        *posts[1].wr_ids.last().unwrap(),
+        Status::Success,
+    );
+    let (l, wr, h, data) = t.io.messages.pop().unwrap();
+    assert_eq!((h.flags, data.as_slice()), (0, &b"req-1"[..]));
+    // Its rail fails before it completed: sent again (same id) on the other rail.
+    t.complete(2, l, wr, Status::LaneError);
+    let (l2, wr2, h2, _) = t.io.messages.pop().unwrap();
+    assert_ne!(l2.lane, l.lane);
+    assert_eq!(h2.id, h.id);
+    assert!(t.io.outcome(1).is_none());
+    t.complete(3, l2, wr2, Status::Success);
+    t.tick(102);
+    assert_eq!(t.io.outcome(1), Some(&Ok(())));
+}
+
+#[test]
+fn received_notifications_are_delivered_once_and_hold_their_slot_until_taken() {
+    let mut t = T::new(cfg(1, 1));
+    let l = lane(0, 0);
+    let msg = |id: u64, body: &[u8]| {
+        let mut m = Header { flags: 0, id }.encode().to_vec();
+        m.extend_from_slice(body);
+        m
+    };
+    let now = t.at(1);
+    t.c.handle_recv(now, &mut t.io, l, 0, Some(&msg(5, b"a")));
+    t.c.handle_recv(now, &mut t.io, l, 1, Some(&msg(5, b"a")));
+    assert_eq!(
+        t.io.delivered.len(),
+        1,
+        "a repeat (sent again after a failure) is dropped"
+    );
+    // The message is copied out, so any slot may be posted again: one now (the repeat's), the
+    // delivered one's only once the application took it. A sender faster than the application
+    // is held back by its own receiver-not-ready retries, not by our memory.
+    assert_eq!(t.io.armed.len(), 1);
+    let receipt = t.io.delivered[0].1;
+    t.c.consumed(&mut t.io, receipt);
+    assert_eq!(t.io.armed.len(), 2);
+    assert_ne!(t.io.armed[0].1, t.io.armed[1].1);
+    // A probe is never delivered; a short message neither.
+    let probe = Header {
+        flags: Header::PROBE,
+        id: 0,
+    }
+    .encode();
+    t.c.handle_recv(now, &mut t.io, l, 0, Some(&probe));
+    t.c.handle_recv(now, &mut t.io, l, 1, Some(&[1, 2]));
+    assert_eq!(t.io.delivered.len(), 1);
+}
+
+#[test]
+fn bad_submissions_are_refused_with_nothing_kept_whatever_the_state() {
+    let mut t = T::new(cfg(1, 1));
+    assert!(matches!(
+        t.submit(0, 1, Op::Write, 1, 0, None, Some(&[0; 17])),
+        Err(Failure::Rejected { .. })
+    ));
+    let spec = |runs: Vec<Run>, rkeys: Vec<u32>| Spec::<Mock> {
+        op: Op::Write,
+        locals: vec![0],
+        runs,
+        rkeys,
+        timeout: None,
+        notify: None,
+        rail_mask: 1,
+        handle: 9,
+    };
+    let run = |local, remote, len| Run {
+        local,
+        local_offset: 0,
+        remote_addr: 0,
+        remote,
+        len,
+    };
+    let now = t.at(0);
+    for s in [
+        spec(vec![], vec![1]),
+        spec(vec![run(0, 0, 0)], vec![1]),
+        spec(vec![run(1, 0, 10)], vec![1]),
+        spec(vec![run(0, 1, 10)], vec![1]),
+    ] {
+        assert!(matches!(
+            t.c.submit(now, &mut t.io, s),
+            Err(Failure::Rejected { .. })
+        ));
+    }
+    assert_eq!(t.c.transfers(), 0);
+    // Closed: still the argument error first, then the state.
+    t.c.close(
+        now,
+        &mut t.io,
+        Failure::PeerLost {
+            reason: "gone".into(),
+        },
+    );
+    assert!(matches!(
+        t.submit(0, 1, Op::Write, 1, 0, None, Some(&[0; 17])),
+        Err(Failure::Rejected { .. })
+    ));
+    assert!(matches!(
+        t.submit(0, 1, Op::Write, 1, 0, None, None),
+        Err(Failure::PeerLost { .. })
+    ));
+}
+
+#[test]
+fn a_pinned_transfer_keeps_to_its_rail_when_its_preferred_rail_comes_back() {
+    // Found by the simulation (seed 36036): pinned to rail 1 while rail 0, which it prefers,
+    // was down; once rail 0 was back the preference excluded the pin and it never posted again.
+    let mut c = cfg(2, 1);
+    c.stripe_min = 1 << 20;
+    c.send_depth = 1;
+    let mut t = T::new(c);
+    // Rail 0 fails.
+    t.submit(0, 1, Op::Write, 1, 0, Some(5000), None).unwrap();
+    let p = t.io.posts.remove(0);
+    assert_eq!(p.lane.lane, 0);
+    t.complete(1, p.lane, p.wr_ids[0], Status::LaneError);
+    t.complete_all(1);
+    t.tick(101);
+    assert_eq!(t.io.outcome(1), Some(&Ok(())), "posted again on rail 1");
+    // A two-request transfer preferring rail 0 starts on rail 1 (depth 1: one at a time).
+    let spec = Spec::<Mock> {
+        op: Op::Write,
+        locals: vec![0],
+        runs: vec![Run {
+            local: 0,
+            local_offset: 0,
+            remote_addr: 0,
+            remote: 0,
+            len: 200,
+        }],
+        rkeys: vec![0xa0, 0xa1],
+        timeout: Some(Duration::from_secs(5)),
+        notify: None,
+        rail_mask: 1,
+        handle: 2,
+    };
+    let now = t.at(2);
+    t.c.submit(now, &mut t.io, spec).unwrap();
+    let first = t.io.posts.remove(0);
+    assert_eq!(first.lane.lane, 1);
+    // Rail 0 comes back (renewal answered, probe completed).
+    t.tick(2 + crate::FIRST_COOLDOWN.as_millis() as u64);
+    let epoch = match t.io.control.last() {
+        Some(Control::Renew { epoch, .. }) => *epoch,
+        other => panic!("{other:?}"),
+    };
+    let now = t.at(300);
+    t.c.handle_control(
+        now,
+        &mut t.io,
+        Control::Renewed {
+            rail: 0,
+            epoch,
+            endpoints: vec![9],
+        },
+    );
+    let probe = t.io.messages.pop().unwrap();
+    t.complete(301, probe.0, probe.1, Status::Success);
+    assert_eq!(t.c.rails()[0].0, crate::RailState::Active);
+    // Its first request completes: the second goes on rail 1, its rail.
+    t.complete(302, first.lane, first.wr_ids[0], Status::Success);
+    let second = t.io.posts.remove(0);
+    assert_eq!(second.lane.lane, 1);
+    t.complete(303, second.lane, second.wr_ids[0], Status::Success);
+    assert_eq!(t.io.outcome(2), Some(&Ok(())));
+}
+
+#[test]
+fn a_cancelled_transfer_posts_nothing_more_and_reports_when_quiet() {
+    let mut c = cfg(1, 1);
+    c.send_depth = 2;
+    let mut t = T::new(c);
+    let k = t.submit(0, 1, Op::Write, 5, 0, None, Some(b"n")).unwrap();
+    assert_eq!(t.io.posts.len(), 1);
+    assert!(t.c.cancel(t.at(1), &mut t.io, k));
+    assert!(t.io.finished.is_empty(), "two requests still in flight");
+    t.complete_all(2);
+    assert_eq!(t.io.outcome(1), Some(&Err(Failure::Cancelled)));
+    assert!(
+        t.io.posts.is_empty() && t.io.messages.is_empty(),
+        "neither the rest nor the notification"
+    );
+    assert!(!t.c.cancel(t.at(3), &mut t.io, k), "gone");
+}
+
+#[test]
+fn renewals_cross_the_initiator_wins_and_refusals_and_silence_pause_the_rail() {
+    // Both sides offer at once: the initiator ignores the peer's offer; the other side takes it.
+    for initiator in [true, false] {
+        let mut c = cfg(1, 1);
+        c.initiator = initiator;
+        let mut t = T::new(c);
+        t.submit(0, 1, Op::Read, 1, 0, Some(1000), None).unwrap();
+        let p = t.io.posts[0].clone();
+        t.complete(1, p.lane, p.wr_ids[0], Status::LaneError);
+        t.tick(1 + crate::FIRST_COOLDOWN.as_millis() as u64);
+        let n = t.io.control.len();
+        let now = t.at(300);
+        t.c.handle_control(
+            now,
+            &mut t.io,
+            Control::Renew {
+                rail: 0,
+                epoch: 7,
+                endpoints: vec![5],
+            },
+        );
+        if initiator {
+            assert_eq!(t.io.control.len(), n, "ours wins: no answer");
+        } else {
+            assert!(matches!(
+                t.io.control.last(),
+                Some(Control::Renewed { epoch: 7, .. })
+            ));
+            assert_eq!(t.c.rails()[0].0, crate::RailState::Active);
+        }
+    }
+    // A refusal pauses it again, longer; so does silence.
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Read, 1, 0, Some(10_000), None).unwrap();
+    let p = t.io.posts[0].clone();
+    t.complete(1, p.lane, p.wr_ids[0], Status::LaneError);
+    t.tick(201);
+    let epoch = match t.io.control.last() {
+        Some(Control::Renew { epoch, .. }) => *epoch,
+        other => panic!("{other:?}"),
+    };
+    let now = t.at(202);
+    t.c.handle_control(now, &mut t.io, Control::Refused { rail: 0, epoch });
+    assert_eq!(t.c.rails()[0].0, crate::RailState::Paused);
+    t.tick(202 + 400);
+    assert_eq!(t.c.rails()[0].0, crate::RailState::Renewing);
+    let renew_timeout = t.c.config().renew_timeout.as_millis() as u64;
+    t.tick(602 + renew_timeout);
+    assert_eq!(
+        t.c.rails()[0].0,
+        crate::RailState::Paused,
+        "the peer never answered"
+    );
+    assert!(t.c.rails()[0].1.errors >= 3);
+    // An answer to nothing is ignored.
+    let now = t.at(9000);
+    t.c.handle_control(
+        now,
+        &mut t.io,
+        Control::Renewed {
+            rail: 0,
+            epoch: 999,
+            endpoints: vec![1],
+        },
+    );
+    t.c.handle_control(
+        now,
+        &mut t.io,
+        Control::Renew {
+            rail: 5,
+            epoch: 1,
+            endpoints: vec![1],
+        },
+    );
+    assert!(
+        t.io.events
+            .iter()
+            .filter(|e| matches!(e, Event::Ignored { .. }))
+            .count()
+            >= 2
+    );
+}
+
+#[test]
+fn closing_the_connection_destroys_its_queue_pairs_and_ends_every_transfer() {
+    let mut t = T::new(cfg(2, 2));
+    t.submit(0, 1, Op::Write, 8, 0, None, Some(b"x")).unwrap();
+    t.submit(0, 2, Op::Read, 1, 0, Some(5), None).unwrap();
+    let now = t.at(1);
+    t.c.close(
+        now,
+        &mut t.io,
+        Failure::PeerLost {
+            reason: "bye".into(),
+        },
+    );
+    assert_eq!(t.io.destroyed.len(), 4);
+    assert!(matches!(
+        t.io.outcome(1),
+        Some(Err(Failure::PeerLost { .. }))
+    ));
+    assert!(matches!(
+        t.io.outcome(2),
+        Some(Err(Failure::PeerLost { .. }))
+    ));
+    assert_eq!(t.c.poll_timeout(), None, "nothing left to wake for");
+    // Late completions of the destroyed queue pairs are ignored.
+    t.complete(2, lane(0, 0), 1, Status::LaneError);
+    assert_eq!(t.io.finished.len(), 2);
+}

@@ -1,0 +1,50 @@
+//! # gdr-xfer-proto: the sans-IO core of gdr-xfer
+//!
+//! The transfer engine's bookkeeping, with no I/O: which requests of which transfer are posted
+//! on which lane, what a completion credits, when a transfer has reached its outcome, when its
+//! deadline stops it and when its requests in flight are fenced, which rail a batch goes to,
+//! how a failed rail's requests are posted again and how the rail is renewed with the peer,
+//! when a notification may go and when a received one is delivered. It is driven by calls with
+//! the time passed in ([`Connection::submit`], [`Connection::handle_send_completion`],
+//! [`Connection::handle_recv`], [`Connection::handle_control`],
+//! [`Connection::handle_timeout`]) and asked when to wake ([`Connection::poll_timeout`]);
+//! every piece of I/O it needs goes through its driver's [`Io`]. It has no dependency beyond
+//! the standard library: no gdr, no libibverbs, no threads, no clock.
+//!
+//! `gdr-xfer` drives it with gdr's queue pairs, progress threads and sockets. The
+//! deterministic simulation (feature `sim`, [`sim`]) drives it with simulated RC queue pairs
+//! and faults drawn from a seed, and checks the engine's promises after every step.
+//!
+//! ## The promises
+//!
+//! - A transfer's outcome is final and means what it says: when it is reported, none of the
+//!   transfer's requests will touch its local or remote memory again (see
+//!   [`Connection`]'s documentation for how, and for the bound on how long after the deadline
+//!   an outcome may come: [`Config::outcome_bound`]).
+//! - `Ok` means every byte landed exactly where asked, and the notification, if any, was
+//!   delivered to the peer's NIC after all of them.
+//! - One transfer's bad request fails only that transfer.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod config;
+mod connection;
+mod control;
+mod io;
+mod lane;
+mod notify;
+mod rail;
+mod run;
+#[cfg(feature = "sim")]
+pub mod sim;
+mod slab;
+mod transfer;
+
+pub use config::{Config, CHUNK};
+pub use connection::Connection;
+pub use control::Control;
+pub use io::{Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status};
+pub use rail::{RailCounters, RailState, FIRST_COOLDOWN, HEALTHY, MAX_COOLDOWN, SAMPLE};
+pub use run::{slices_of, Cursor, Run};
+pub use transfer::{Failure, Outcome, Spec, Stats, TransferKey};

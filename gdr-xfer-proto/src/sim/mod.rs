@@ -1,0 +1,189 @@
+//! Deterministic simulation of the core (feature `sim`).
+//!
+//! Agents with real memory connect over simulated RC queue pairs (requests executed one at a
+//! time and in order per queue pair, packets that take time on the wire, remote keys checked,
+//! receives needed for SENDs, errors that flush a queue pair), driven by [`crate::Connection`]
+//! cores exactly as `gdr-xfer` drives them. Everything random (sizes, timings, which faults,
+//! when) comes from one seed, with a virtual clock, so a seed replays exactly.
+//!
+//! Faults drawn (by the seed's class, `seed % 4`): slow paths that hold a queue pair's requests
+//! past the quiesce time, peers deregistering segments under transfers (request errors),
+//! misuse (local memory of another agent, notifications longer than the peer takes), tight
+//! deadlines in every phase, cancellations, slow notification consumers; then lane failures
+//! and failing queue pair creation (`Lanes`), links down and up (`Links`), or an agent killed
+//! (`Kill`).
+//!
+//! Checked after every step:
+//! - no request reads or writes a transfer's memory after the transfer reported its outcome
+//!   (every DMA is checked as it happens);
+//! - a notification reaches the peer only after every byte of its transfer landed, and is
+//!   delivered to the application once;
+//! - every transfer reported done has every byte exactly where asked;
+//! - every transfer reaches its outcome by its deadline plus [`crate::Config::outcome_bound`];
+//! - the core never posts beyond a send queue's depth; no panic;
+//! - without link faults, a transfer with nothing wrong with it (a generous deadline, no
+//!   misuse, not cancelled, its keys valid) succeeds, whatever the others do; when an agent
+//!   dies, transfers between the survivors are unaffected;
+//! - at the end, every transfer of a live agent has its outcome and no core holds one.
+
+mod io;
+mod net;
+mod rng;
+mod world;
+mod xfers;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub use io::{SimIo, SimLocal, SimPieces};
+pub use rng::Rng;
+
+/// The kind of faults a run draws (besides those every run draws).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultClass {
+    /// Only slow paths, deregistrations, misuse, deadlines and cancels.
+    Clean,
+    /// Lane failures and failing queue pair creation too.
+    Lanes,
+    /// Links down and up.
+    Links,
+    /// An agent killed.
+    Kill,
+}
+
+/// What one run did.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Events processed.
+    pub events: u64,
+    /// Virtual time until nothing was left to happen.
+    pub virtual_time: Duration,
+    /// Transfers submitted, and those refused at submission.
+    pub submitted: u64,
+    /// Refused at submission.
+    pub refused: u64,
+    /// Done.
+    pub done: u64,
+    /// Failed, by kind.
+    pub failed: BTreeMap<&'static str, u64>,
+    /// Notifications delivered.
+    pub notifications: u64,
+    /// Fences, renewals offered, rails paused.
+    pub fences: u64,
+    /// Renewals offered.
+    pub renewals: u64,
+    /// Rails paused.
+    pub rail_pauses: u64,
+    /// Faults injected.
+    pub stalls: u64,
+    /// Lane faults.
+    pub lane_faults: u64,
+    /// Links cut.
+    pub link_faults: u64,
+    /// Agents killed.
+    pub kills: u64,
+    /// Segments deregistered.
+    pub deregistrations: u64,
+    /// DMAs checked.
+    pub dmas: u64,
+}
+
+impl Report {
+    /// Adds another run's counts.
+    pub fn add(&mut self, o: &Report) {
+        self.events += o.events;
+        self.virtual_time += o.virtual_time;
+        self.submitted += o.submitted;
+        self.refused += o.refused;
+        self.done += o.done;
+        for (k, v) in &o.failed {
+            *self.failed.entry(k).or_default() += v;
+        }
+        self.notifications += o.notifications;
+        self.fences += o.fences;
+        self.renewals += o.renewals;
+        self.rail_pauses += o.rail_pauses;
+        self.stalls += o.stalls;
+        self.lane_faults += o.lane_faults;
+        self.link_faults += o.link_faults;
+        self.kills += o.kills;
+        self.deregistrations += o.deregistrations;
+        self.dmas += o.dmas;
+    }
+}
+
+/// A seed's violation: what broke, the scenario, and (when traced) the last events.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// The seed.
+    pub seed: u64,
+    /// What broke.
+    pub what: String,
+    /// The scenario drawn.
+    pub scenario: String,
+    /// The last events (with [`run_traced`]).
+    pub trace: Vec<String>,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "seed {}: {}", self.seed, self.what)?;
+        writeln!(f, "  scenario: {}", self.scenario)?;
+        for l in &self.trace {
+            writeln!(f, "  {l}")?;
+        }
+        write!(f, "  replay: cargo xtask sim --seed {}", self.seed)
+    }
+}
+
+fn run_inner(seed: u64, traced: bool) -> Result<Report, Violation> {
+    let outcome = std::panic::catch_unwind(|| {
+        let mut w = world::World::new(seed, None);
+        w.set_verbose(traced);
+        let r = w.run();
+        let scenario = format!("{:?}", w.params());
+        (
+            r,
+            w.report.clone(),
+            scenario,
+            w.trace.iter().cloned().collect::<Vec<_>>(),
+        )
+    });
+    match outcome {
+        Ok((Ok(()), report, _, _)) => Ok(report),
+        Ok((Err(what), _, scenario, trace)) => Err(Violation {
+            seed,
+            what,
+            scenario,
+            trace,
+        }),
+        Err(p) => Err(Violation {
+            seed,
+            what: format!(
+                "panic: {}",
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+            ),
+            scenario: String::new(),
+            trace: Vec::new(),
+        }),
+    }
+}
+
+/// Runs the simulation of one seed.
+///
+/// # Errors
+/// The first violation of the engine's promises (a panic counts as one).
+pub fn run(seed: u64) -> Result<Report, Violation> {
+    run_inner(seed, false)
+}
+
+/// As [`run`], keeping the last events for the report of a violation.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_traced(seed: u64) -> Result<Report, Violation> {
+    run_inner(seed, true)
+}

@@ -1,0 +1,1004 @@
+//! The simulated world: agents with memory and connections, their applications submitting,
+//! cancelling and consuming, the faults drawn from the seed, and the event loop that checks
+//! the engine's promises after every step.
+
+use std::cell::RefCell;
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use super::io::{SimIo, SimLocal};
+use super::net::{rkey, Net, Payload, QpState, SEG, SEGS};
+use super::rng::Rng;
+use super::xfers::{Misuse, XRun, XState, Xfer, GRAIN};
+use super::{FaultClass, Report};
+use crate::config::Config;
+use crate::connection::Connection;
+use crate::control::Control;
+use crate::io::{Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
+use crate::run::Run;
+use crate::transfer::{Failure, Spec};
+
+/// Everything that happens in the simulation.
+#[derive(Debug)]
+pub(crate) enum Ev {
+    Exec {
+        qp: usize,
+        token: u64,
+    },
+    Arrive {
+        qp: usize,
+        token: u64,
+        payload: Payload,
+        lose_ack: bool,
+        xfer: Option<usize>,
+    },
+    Ack {
+        qp: usize,
+        token: u64,
+        data: Option<Vec<u8>>,
+    },
+    Fail {
+        qp: usize,
+        token: u64,
+        status: Status,
+    },
+    Cqe {
+        agent: usize,
+        peer: usize,
+        c: SendCompletion,
+    },
+    Recv {
+        agent: usize,
+        peer: usize,
+        lane: LaneRef,
+        slot: u16,
+        msg: Option<Vec<u8>>,
+    },
+    Timer {
+        agent: usize,
+        peer: usize,
+    },
+    Control {
+        from: usize,
+        to: usize,
+        msg: Control<Vec<usize>>,
+    },
+    Submit {
+        agent: usize,
+        peer: usize,
+        left: u32,
+    },
+    Cancel {
+        xfer: usize,
+    },
+    Consume {
+        agent: usize,
+        peer: usize,
+    },
+    /// A random ready queue pair's head request waits until `until` from now.
+    Stall {
+        until: Duration,
+    },
+    /// A random ready queue pair's next request fails.
+    Doom,
+    Deregister {
+        agent: usize,
+        seg: usize,
+    },
+    LinkDown {
+        rail: usize,
+        up_after: Duration,
+    },
+    LinkUp {
+        rail: usize,
+    },
+    Kill {
+        agent: usize,
+    },
+    Lost {
+        agent: usize,
+        peer: usize,
+        close: bool,
+    },
+}
+
+struct Scheduled {
+    at: Duration,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// One agent's connection to one peer.
+struct Conn {
+    core: Connection<SimIo>,
+    io: SimIo,
+    timer: Option<Duration>,
+    inbox: VecDeque<Receipt>,
+}
+
+/// The scenario a seed draws.
+#[derive(Debug, Clone)]
+pub(crate) struct Params {
+    pub(crate) class: FaultClass,
+    pub(crate) agents: usize,
+    pub(crate) cfg: Config,
+    pub(crate) transfers_per_pair: u32,
+    pub(crate) slow_consumer: bool,
+}
+
+pub(crate) struct World {
+    p: Params,
+    rng: Rng,
+    base: Instant,
+    now: Duration,
+    seq: u64,
+    queue: BinaryHeap<Scheduled>,
+    net: Rc<RefCell<Net>>,
+    conns: Vec<Vec<Option<Conn>>>,
+    /// When the last control message from `a` to `b` is delivered (in order per direction).
+    control_at: Vec<Vec<Duration>>,
+    flagged: Vec<bool>,
+    pub(crate) report: Report,
+    pub(crate) trace: VecDeque<String>,
+    pub(crate) verbose: bool,
+}
+
+/// Most events a run may take before it counts as not settling.
+const MAX_EVENTS: u64 = 2_000_000;
+/// Latest virtual time.
+const MAX_TIME: Duration = Duration::from_secs(300);
+/// The timer and poll granularity the simulated driver adds to the outcome bound.
+const SLACK: Duration = Duration::from_millis(1);
+
+impl World {
+    pub(crate) fn new(seed: u64, class: Option<FaultClass>) -> World {
+        let mut rng = Rng::new(seed);
+        let class = class.unwrap_or(match seed % 4 {
+            0 => FaultClass::Clean,
+            1 => FaultClass::Lanes,
+            2 => FaultClass::Links,
+            _ => FaultClass::Kill,
+        });
+        let agents = if class == FaultClass::Kill {
+            3
+        } else {
+            2 + rng.index(2)
+        };
+        let mut cfg = Config::new(1 + rng.index(2), 1 + rng.index(2));
+        cfg.send_depth = rng.range(3, 17);
+        cfg.slice_size = 64 * rng.range(2, 17);
+        cfg.stripe_min = 64 * rng.range(0, 64);
+        cfg.recv_slots = rng.range(1, 5) as u16;
+        cfg.send_slots = cfg.recv_slots;
+        cfg.notify_max = rng.range(8, 64) as u32;
+        cfg.quiesce = Duration::from_millis(rng.range(15, 60));
+        cfg.renew_timeout = Duration::from_millis(rng.range(40, 150));
+        let p = Params {
+            class,
+            agents,
+            cfg,
+            transfers_per_pair: rng.range(4, 14) as u32,
+            slow_consumer: rng.percent(30),
+        };
+        let mut net = Net::new(agents, p.cfg.rails, Rng::new(rng.next_u64()));
+        if class == FaultClass::Lanes {
+            net.create_fail = 8;
+        }
+        let mut w = World {
+            rng,
+            base: Instant::now(),
+            now: Duration::ZERO,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            net: Rc::new(RefCell::new(net)),
+            conns: (0..agents)
+                .map(|_| (0..agents).map(|_| None).collect())
+                .collect(),
+            control_at: vec![vec![Duration::ZERO; agents]; agents],
+            flagged: Vec::new(),
+            report: Report::default(),
+            trace: VecDeque::new(),
+            verbose: false,
+            p,
+        };
+        w.connect_all();
+        w.plan();
+        w
+    }
+
+    /// Keeps a trace of the last events (and the network's notes).
+    pub(crate) fn set_verbose(&mut self, on: bool) {
+        self.verbose = on;
+        self.net.borrow_mut().trace = on.then(Vec::new);
+    }
+
+    pub(crate) fn params(&self) -> &Params {
+        &self.p
+    }
+
+    fn at(&mut self, delay: Duration, ev: Ev) {
+        let at = self.now + delay;
+        self.push(at, ev);
+    }
+
+    fn push(&mut self, at: Duration, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Scheduled {
+            at,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    fn instant(&self) -> Instant {
+        self.base + self.now
+    }
+
+    fn us(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_micros(self.rng.range(lo, hi))
+    }
+
+    /// Connects every pair of agents: both cores, their queue pairs, receives posted.
+    fn connect_all(&mut self) {
+        let cfg = self.p.cfg.clone();
+        let send_max = cfg.notify_max as usize + Header::LEN;
+        let depth = cfg.send_depth as usize;
+        for a in 0..self.p.agents {
+            for b in a + 1..self.p.agents {
+                let mut ios = [
+                    SimIo::new(self.net.clone(), a, b, send_max, depth),
+                    SimIo::new(self.net.clone(), b, a, send_max, depth),
+                ];
+                for lane in 0..cfg.lanes() {
+                    let rail = lane / cfg.lanes_per_rail;
+                    let l = LaneRef {
+                        lane,
+                        gen: lane as u64,
+                    };
+                    let qa = ios[0].add_qp(rail, l);
+                    let qb = ios[1].add_qp(rail, l);
+                    ios[0].connect(qa, qb);
+                    ios[1].connect(qb, qa);
+                    if lane % cfg.lanes_per_rail == 0 {
+                        for io in &mut ios {
+                            for slot in 0..cfg.recv_slots {
+                                io.arm_recv(l, slot).expect("a new queue pair");
+                            }
+                        }
+                    }
+                }
+                let [ia, ib] = ios;
+                let mut ca = cfg.clone();
+                ca.initiator = true;
+                let mut cb = cfg.clone();
+                cb.initiator = false;
+                let now = self.instant();
+                self.conns[a][b] = Some(Conn {
+                    core: Connection::new(ca, now),
+                    io: ia,
+                    timer: None,
+                    inbox: VecDeque::new(),
+                });
+                self.conns[b][a] = Some(Conn {
+                    core: Connection::new(cb, now),
+                    io: ib,
+                    timer: None,
+                    inbox: VecDeque::new(),
+                });
+            }
+        }
+    }
+
+    /// The applications' first submissions and the faults of the run.
+    fn plan(&mut self) {
+        for a in 0..self.p.agents {
+            for b in 0..self.p.agents {
+                if a != b {
+                    let d = self.us(0, 3000);
+                    let left = self.p.transfers_per_pair;
+                    self.at(
+                        d,
+                        Ev::Submit {
+                            agent: a,
+                            peer: b,
+                            left,
+                        },
+                    );
+                }
+            }
+        }
+        let horizon = 120_000;
+        // Every class: slow paths, and peers deregistering segments under transfers.
+        for _ in 0..self.rng.range(0, 4) {
+            let d = self.us(0, horizon);
+            let q = self.p.cfg.quiesce.as_micros() as u64;
+            let until = self.us(0, 3 * q);
+            self.at(d, Ev::Stall { until });
+        }
+        if self.rng.percent(40) {
+            let d = self.us(0, horizon);
+            let agent = self.rng.index(self.p.agents);
+            let seg = self.rng.index(SEGS);
+            self.at(d, Ev::Deregister { agent, seg });
+        }
+        match self.p.class {
+            FaultClass::Clean => {}
+            FaultClass::Lanes => {
+                for _ in 0..self.rng.range(1, 5) {
+                    let d = self.us(0, horizon);
+                    self.at(d, Ev::Doom);
+                }
+            }
+            FaultClass::Links => {
+                for _ in 0..self.rng.range(1, 4) {
+                    let d = self.us(0, horizon);
+                    let rail = self.rng.index(self.p.cfg.rails);
+                    let up_after = self.us(1000, 300_000);
+                    self.at(d, Ev::LinkDown { rail, up_after });
+                }
+            }
+            FaultClass::Kill => {
+                let d = self.us(0, horizon);
+                self.at(d, Ev::Kill { agent: 2 });
+            }
+        }
+    }
+
+    fn log(&mut self, line: impl FnOnce() -> String) {
+        if self.verbose {
+            let l = format!("{:>12?} {}", self.now, line());
+            self.trace.push_back(l);
+            if self.trace.len() > 200_000 {
+                self.trace.pop_front();
+            }
+        }
+    }
+
+    /// Runs until nothing is left to happen; the first violation ends it.
+    pub(crate) fn run(&mut self) -> Result<(), String> {
+        while let Some(s) = self.queue.pop() {
+            if s.at > MAX_TIME || self.report.events > MAX_EVENTS {
+                return Err(format!(
+                    "the simulation did not settle: {} events, {:?} of virtual time",
+                    self.report.events, s.at
+                ));
+            }
+            self.now = s.at;
+            self.net.borrow_mut().now = s.at;
+            self.report.events += 1;
+            self.handle(s.ev);
+            let notes = self.net.borrow_mut().trace.as_mut().map(std::mem::take);
+            for n in notes.into_iter().flatten() {
+                self.log(|| n);
+            }
+            self.drain_net();
+            self.watchdog();
+            let v = std::mem::take(&mut self.net.borrow_mut().violations);
+            if let Some(first) = v.into_iter().next() {
+                return Err(first);
+            }
+        }
+        self.report.virtual_time = self.now;
+        self.final_checks()
+    }
+
+    fn drain_net(&mut self) {
+        let out = std::mem::take(&mut self.net.borrow_mut().out);
+        for (at, ev) in out {
+            self.push(at, ev);
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
+        match ev {
+            Ev::Exec { qp, token } => {
+                self.log(|| format!("exec qp {qp}"));
+                self.net.borrow_mut().exec(qp, token)
+            }
+            Ev::Arrive {
+                qp,
+                token,
+                payload,
+                lose_ack,
+                xfer,
+            } => self
+                .net
+                .borrow_mut()
+                .arrive(qp, token, payload, lose_ack, xfer),
+            Ev::Ack { qp, token, data } => self.net.borrow_mut().ack(qp, token, data),
+            Ev::Fail { qp, token, status } => self.net.borrow_mut().fail(qp, token, status),
+            Ev::Cqe { agent, peer, c } => {
+                self.log(|| format!("cqe {agent}->{peer} {c:?}"));
+                self.call(agent, peer, |core, io, now| {
+                    core.handle_send_completion(now, io, c)
+                });
+            }
+            Ev::Recv {
+                agent,
+                peer,
+                lane,
+                slot,
+                msg,
+            } => {
+                self.log(|| {
+                    format!(
+                        "recv {agent}<-{peer} {lane:?} slot {slot} ok={}",
+                        msg.is_some()
+                    )
+                });
+                self.call(agent, peer, |core, io, now| {
+                    core.handle_recv(now, io, lane, slot, msg.as_deref())
+                });
+            }
+            Ev::Timer { agent, peer } => {
+                let due = self.conns[agent][peer]
+                    .as_ref()
+                    .is_some_and(|c| c.timer.is_some_and(|t| t <= self.now));
+                if due {
+                    if self.verbose {
+                        let dump =
+                            format!("{:#?}", self.conns[agent][peer].as_ref().map(|c| &c.core));
+                        self.log(|| format!("timer {agent}->{peer}: {dump}"));
+                    }
+                    if let Some(c) = self.conns[agent][peer].as_mut() {
+                        c.timer = None;
+                    }
+                    self.call(agent, peer, |core, io, now| core.handle_timeout(now, io));
+                }
+            }
+            Ev::Control { from, to, msg } => {
+                self.log(|| format!("control {from}->{to} {msg:?}"));
+                self.call(to, from, |core, io, now| core.handle_control(now, io, msg));
+            }
+            Ev::Submit { agent, peer, left } => self.submit(agent, peer, left),
+            Ev::Cancel { xfer } => {
+                let (agent, peer, key, live) = {
+                    let net = self.net.borrow();
+                    let x = &net.xfers.list[xfer];
+                    (x.agent, x.peer, x.key, x.state == XState::Live)
+                };
+                if let (Some(key), true) = (key, live) {
+                    self.log(|| format!("cancel {xfer}"));
+                    self.call(agent, peer, |core, io, now| {
+                        core.cancel(now, io, key);
+                    });
+                }
+            }
+            Ev::Consume { agent, peer } => {
+                let r = self.conns[agent][peer]
+                    .as_mut()
+                    .and_then(|c| c.inbox.pop_front());
+                if let Some(r) = r {
+                    self.call(agent, peer, |core, io, _| core.consumed(io, r));
+                }
+            }
+            Ev::Stall { until } => {
+                let mut net = self.net.borrow_mut();
+                let ready: Vec<usize> = (0..net.qps.len())
+                    .filter(|&q| net.qps[q].state == QpState::Ready)
+                    .collect();
+                if !ready.is_empty() {
+                    let q = ready[self.rng.index(ready.len())];
+                    let now = net.now;
+                    net.qps[q].slow_until = now + until;
+                    self.report.stalls += 1;
+                }
+            }
+            Ev::Doom => {
+                let mut net = self.net.borrow_mut();
+                let ready: Vec<usize> = (0..net.qps.len())
+                    .filter(|&q| net.qps[q].state == QpState::Ready)
+                    .collect();
+                if !ready.is_empty() {
+                    let q = ready[self.rng.index(ready.len())];
+                    net.qps[q].doomed = true;
+                    self.report.lane_faults += 1;
+                }
+            }
+            Ev::Deregister { agent, seg } => {
+                let mut net = self.net.borrow_mut();
+                net.key_epoch[agent][seg] += 1;
+                // Transfers using it as their remote side may now fail: not innocent any more.
+                for x in &mut net.xfers.list {
+                    if x.peer == agent
+                        && x.state == XState::Live
+                        && x.runs.iter().any(|r| r.remote / SEG == seg)
+                    {
+                        x.innocent = false;
+                    }
+                }
+                self.report.deregistrations += 1;
+            }
+            Ev::LinkDown { rail, up_after } => {
+                self.log(|| format!("link {rail} down"));
+                self.net.borrow_mut().link_up[rail] = false;
+                self.report.link_faults += 1;
+                self.at(up_after, Ev::LinkUp { rail });
+            }
+            Ev::LinkUp { rail } => {
+                self.log(|| format!("link {rail} up"));
+                self.net.borrow_mut().link_up[rail] = true;
+            }
+            Ev::Kill { agent } => self.kill(agent),
+            Ev::Lost { agent, peer, close } => {
+                let reason = format!("agent {peer} vanished");
+                if close {
+                    self.call(agent, peer, |core, io, now| {
+                        core.close(now, io, Failure::PeerLost { reason })
+                    });
+                } else {
+                    if let Some(c) = self.conns[agent][peer].as_mut() {
+                        c.core.closing(reason);
+                    }
+                    let d = self.us(100, 2000);
+                    self.at(
+                        d,
+                        Ev::Lost {
+                            agent,
+                            peer,
+                            close: true,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Calls the core of `agent`'s connection to `peer` (if both live), then acts on what it
+    /// produced.
+    fn call(
+        &mut self,
+        agent: usize,
+        peer: usize,
+        f: impl FnOnce(&mut Connection<SimIo>, &mut SimIo, Instant),
+    ) {
+        let now = self.instant();
+        let Some(c) = self.conns[agent][peer].as_mut() else {
+            return;
+        };
+        f(&mut c.core, &mut c.io, now);
+        self.settle(agent, peer);
+    }
+
+    /// Acts on what a core call produced: control messages sent, outcomes checked,
+    /// notifications queued for the application, the timer set.
+    fn settle(&mut self, agent: usize, peer: usize) {
+        let Some(c) = self.conns[agent][peer].as_mut() else {
+            return;
+        };
+        let out = std::mem::take(&mut c.io.out);
+        let next = c.core.poll_timeout();
+        for msg in out.control {
+            if !self.net.borrow().alive[peer] {
+                continue;
+            }
+            let d = self.us(30, 1500);
+            let at = (self.now + d).max(self.control_at[agent][peer] + Duration::from_nanos(1));
+            self.control_at[agent][peer] = at;
+            self.push(
+                at,
+                Ev::Control {
+                    from: agent,
+                    to: peer,
+                    msg,
+                },
+            );
+        }
+        for (x, o) in out.finished {
+            self.log(|| format!("outcome {x}: {:?}", o.result));
+            let bound = self.p.cfg.outcome_bound() + SLACK;
+            let mut net = self.net.borrow_mut();
+            let alive = net.alive[peer];
+            let now = self.now;
+            let Net { xfers, mem, .. } = &mut *net;
+            let mut v = xfers.outcome(x, &o, mem, alive, bound, now);
+            let t = &xfers.list[x];
+            if let (Err(f), true, true) = (&o.result, t.innocent, self.p.class == FaultClass::Clean)
+            {
+                v.push(format!(
+                    "transfer {x} had nothing wrong with it, yet failed with {f:?} (one caller's mistake or a fault harmed it)"
+                ));
+            }
+            if let (Err(f), true, FaultClass::Kill) = (&o.result, t.innocent, self.p.class) {
+                if !matches!(f, Failure::PeerLost { .. }) && t.peer != 2 && t.agent != 2 {
+                    v.push(format!(
+                        "transfer {x} between two surviving agents failed with {f:?} when another agent died"
+                    ));
+                }
+            }
+            match &o.result {
+                Ok(()) => self.report.done += 1,
+                Err(f) => *self.report.failed.entry(failure_kind(f)).or_default() += 1,
+            }
+            net.violations.extend(v);
+        }
+        for (data, receipt) in out.delivered {
+            if data.len() >= 8 {
+                let x = u64::from_be_bytes(data[..8].try_into().expect("8 bytes")) as usize;
+                let mut net = self.net.borrow_mut();
+                if let Some(t) = net.xfers.list.get_mut(x) {
+                    t.deliveries += 1;
+                    if t.deliveries > 1 {
+                        net.violation(format!("transfer {x}'s notification was delivered twice"));
+                    }
+                }
+            }
+            self.report.notifications += 1;
+            let d = if self.p.slow_consumer {
+                self.us(500, 30_000)
+            } else {
+                self.us(0, 100)
+            };
+            if let Some(c) = self.conns[agent][peer].as_mut() {
+                c.inbox.push_back(receipt);
+            }
+            self.at(d, Ev::Consume { agent, peer });
+        }
+        for e in out.events {
+            match e {
+                Event::Fenced { .. } => self.report.fences += 1,
+                Event::Renewing { .. } => self.report.renewals += 1,
+                Event::RailPaused { .. } => self.report.rail_pauses += 1,
+                _ => {}
+            }
+        }
+        if let Some(t) = next {
+            let at = t.saturating_duration_since(self.base).max(self.now);
+            let c = self.conns[agent][peer].as_mut().expect("checked above");
+            if c.timer.is_none_or(|cur| at < cur || cur < self.now) {
+                c.timer = Some(at);
+                self.push(at, Ev::Timer { agent, peer });
+            }
+        }
+    }
+
+    /// One application submission from `agent` to `peer`.
+    fn submit(&mut self, agent: usize, peer: usize, left: u32) {
+        if left > 1 {
+            let d = self.us(0, 8000);
+            self.at(
+                d,
+                Ev::Submit {
+                    agent,
+                    peer,
+                    left: left - 1,
+                },
+            );
+        }
+        if !self.net.borrow().alive[agent] || self.conns[agent][peer].is_none() {
+            return;
+        }
+        let op = if self.rng.percent(50) {
+            Op::Write
+        } else {
+            Op::Read
+        };
+        let misuse = if self.rng.percent(6) {
+            Some(Misuse::ForeignLocal)
+        } else if self.rng.percent(4) {
+            Some(Misuse::LongNotify)
+        } else {
+            None
+        };
+        let max_grains = (3 * self.p.cfg.slice_size as usize / GRAIN).max(1);
+        let nruns = 1 + self.rng.index(3);
+        let x = self.net.borrow().xfers.list.len();
+        let mut runs = Vec::new();
+        let mut locals: Vec<SimLocal> = Vec::new();
+        let mut remote_segs: Vec<usize> = Vec::new();
+        let mut xruns = Vec::new();
+        let mut foreign_added = false;
+        for i in 0..nruns {
+            let len = GRAIN * (1 + self.rng.index(max_grains));
+            let foreign = misuse == Some(Misuse::ForeignLocal) && i == nruns - 1;
+            let local_agent = if foreign {
+                (agent + 1 + self.rng.index(self.p.agents - 1)) % self.p.agents
+            } else {
+                agent
+            };
+            let (Some(l), Some(r)) = (
+                self.free_range(local_agent, len),
+                self.free_range(peer, len),
+            ) else {
+                break;
+            };
+            let mut net = self.net.borrow_mut();
+            if !foreign {
+                net.xfers.reserve(agent, l, len, x);
+            }
+            net.xfers.reserve(peer, r, len, x);
+            drop(net);
+            let sl = SimLocal {
+                agent: local_agent,
+                seg: l / SEG,
+            };
+            let li = match locals.iter().position(|&s| s == sl) {
+                Some(i) => i,
+                None => {
+                    locals.push(sl);
+                    locals.len() - 1
+                }
+            };
+            let rs = r / SEG;
+            let ri = match remote_segs.iter().position(|&s| s == rs) {
+                Some(i) => i,
+                None => {
+                    remote_segs.push(rs);
+                    remote_segs.len() - 1
+                }
+            };
+            runs.push(Run {
+                local: li as u32,
+                local_offset: (l % SEG) as u64,
+                remote_addr: r as u64,
+                remote: ri as u32,
+                len: len as u64,
+            });
+            xruns.push(XRun {
+                local_agent,
+                local: l,
+                remote: r,
+                len,
+            });
+            foreign_added |= foreign;
+        }
+        // A foreign run that found no room was not added: the transfer is an honest one.
+        let misuse = match misuse {
+            Some(Misuse::ForeignLocal) if !foreign_added => None,
+            m => m,
+        };
+        let generous = self.rng.percent(75);
+        let timeout = if generous {
+            Duration::from_millis(self.rng.range(1500, 3000))
+        } else {
+            self.us(50, 8000)
+        };
+        let cancel = self.rng.percent(8);
+        let notify = (self.rng.percent(50) || misuse == Some(Misuse::LongNotify)).then(|| {
+            let max = self.p.cfg.notify_max as usize;
+            let len = if misuse == Some(Misuse::LongNotify) {
+                max + 1 + self.rng.index(16)
+            } else {
+                8 + self.rng.index(max - 7)
+            };
+            let mut d = vec![0xabu8; len];
+            d[..8].copy_from_slice(&(x as u64).to_be_bytes());
+            d
+        });
+        let epochs: Vec<u32> = {
+            let net = self.net.borrow();
+            remote_segs
+                .iter()
+                .map(|&s| net.key_epoch[peer][s])
+                .collect()
+        };
+        let rails = self.p.cfg.rails;
+        let rkeys = remote_segs
+            .iter()
+            .zip(&epochs)
+            .flat_map(|(&s, &e)| (0..rails).map(move |r| rkey(peer, s, r, e)))
+            .collect();
+        let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
+        {
+            let mut net = self.net.borrow_mut();
+            net.xfers.list.push(Xfer {
+                agent,
+                peer,
+                op,
+                runs: xruns,
+                notify: notify.is_some(),
+                misuse,
+                deadline: Some(self.now + timeout),
+                innocent: generous && misuse.is_none() && !cancel,
+                state: XState::Live,
+                key: None,
+                arrivals: 0,
+                deliveries: 0,
+            });
+            let Net { xfers, mem, .. } = &mut *net;
+            xfers.fill_source(x, mem);
+        }
+        if runs.is_empty() {
+            self.net.borrow_mut().xfers.refused(x);
+            return;
+        }
+        let spec = Spec {
+            op,
+            locals,
+            runs,
+            rkeys,
+            timeout: Some(timeout),
+            notify,
+            rail_mask,
+            handle: x,
+        };
+        self.report.submitted += 1;
+        self.log(|| {
+            format!("submit {x}: {agent}->{peer} {op:?} misuse {misuse:?} timeout {timeout:?}")
+        });
+        let mut result = None;
+        self.call(agent, peer, |core, io, now| {
+            result = Some(core.submit(now, io, spec))
+        });
+        match result {
+            Some(Ok(key)) => {
+                self.net.borrow_mut().xfers.list[x].key = Some(key);
+                if cancel {
+                    let d = self.us(0, 5000);
+                    self.at(d, Ev::Cancel { xfer: x });
+                }
+            }
+            Some(Err(f)) => {
+                self.report.refused += 1;
+                let mut net = self.net.borrow_mut();
+                let t = &net.xfers.list[x];
+                let bad = match (&f, t.misuse) {
+                    (Failure::Rejected { .. }, Some(Misuse::LongNotify)) => None,
+                    (_, Some(Misuse::LongNotify)) => Some(format!(
+                        "a notification longer than the peer takes was refused with {f:?}"
+                    )),
+                    (_, _) if t.innocent && self.p.class == FaultClass::Clean => Some(format!(
+                        "transfer {x} had nothing wrong with it, yet was refused: {f:?}"
+                    )),
+                    _ => None,
+                };
+                if let Some(b) = bad {
+                    net.violation(b);
+                }
+                net.xfers.refused(x);
+            }
+            None => {
+                // The connection is gone (closed after its peer died): never submitted.
+                self.net.borrow_mut().xfers.refused(x);
+            }
+        }
+        if self.net.borrow().xfers.list[x].misuse == Some(Misuse::LongNotify)
+            && self.net.borrow().xfers.list[x].state == XState::Live
+        {
+            self.net.borrow_mut().violation(format!(
+                "transfer {x}'s notification is longer than the peer takes, yet it was accepted"
+            ));
+        }
+    }
+
+    /// A free range of `len` bytes in `agent`'s memory (inside one segment).
+    fn free_range(&mut self, agent: usize, len: usize) -> Option<usize> {
+        for _ in 0..20 {
+            let seg = self.rng.index(SEGS);
+            let grains = (SEG - len) / GRAIN + 1;
+            let at = seg * SEG + GRAIN * self.rng.index(grains);
+            if self.net.borrow().xfers.is_free(agent, at, len) {
+                return Some(at);
+            }
+        }
+        None
+    }
+
+    /// Kills `agent`: its queue pairs vanish, its cores stop; its peers notice a little later.
+    fn kill(&mut self, agent: usize) {
+        self.log(|| format!("kill {agent}"));
+        self.report.kills += 1;
+        {
+            let mut net = self.net.borrow_mut();
+            net.alive[agent] = false;
+            for q in &mut net.qps {
+                if q.agent == agent {
+                    q.state = QpState::Destroyed;
+                    q.sq.clear();
+                    q.busy = None;
+                }
+            }
+        }
+        for p in 0..self.p.agents {
+            self.conns[agent][p] = None;
+            if p != agent && self.conns[p][agent].is_some() {
+                let d = self.us(500, 20_000);
+                self.at(
+                    d,
+                    Ev::Lost {
+                        agent: p,
+                        peer: agent,
+                        close: false,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Every live transfer reaches its outcome by its deadline plus the bound.
+    fn watchdog(&mut self) {
+        let bound = self.p.cfg.outcome_bound() + SLACK;
+        let net = self.net.borrow();
+        if self.flagged.len() < net.xfers.list.len() {
+            self.flagged.resize(net.xfers.list.len(), false);
+        }
+        let mut late = Vec::new();
+        for (x, t) in net.xfers.list.iter().enumerate() {
+            if t.state == XState::Live && !self.flagged[x] && net.alive[t.agent] {
+                if let Some(d) = t.deadline {
+                    if self.now > d + bound {
+                        late.push(x);
+                    }
+                }
+            }
+        }
+        drop(net);
+        for &x in &late {
+            let (a, p) = {
+                let net = self.net.borrow();
+                (net.xfers.list[x].agent, net.xfers.list[x].peer)
+            };
+            if let Some(c) = self.conns[a][p].as_ref() {
+                let dump = format!("{:#?}", c.core);
+                self.log(|| format!("agent {a}'s core for peer {p}: {dump}"));
+            }
+        }
+        let mut net = self.net.borrow_mut();
+        for x in late {
+            self.flagged[x] = true;
+            net.violation(format!(
+                "transfer {x} has no outcome {bound:?} after its deadline"
+            ));
+        }
+    }
+
+    fn final_checks(&mut self) -> Result<(), String> {
+        let net = self.net.borrow();
+        for (x, t) in net.xfers.list.iter().enumerate() {
+            if t.state == XState::Live && net.alive[t.agent] {
+                return Err(format!("transfer {x} never reached an outcome"));
+            }
+        }
+        for (a, row) in self.conns.iter().enumerate() {
+            for (p, c) in row.iter().enumerate() {
+                if let Some(c) = c {
+                    if c.core.transfers() > 0 {
+                        return Err(format!(
+                            "agent {a}'s connection to {p} still holds {} transfers",
+                            c.core.transfers()
+                        ));
+                    }
+                }
+            }
+        }
+        self.report.dmas = net.dmas;
+        if net.overposts > 0 {
+            return Err(format!(
+                "the core posted beyond a send queue's depth {} times",
+                net.overposts
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn failure_kind(f: &Failure) -> &'static str {
+    match f {
+        Failure::Timeout { .. } => "timeout",
+        Failure::Cancelled => "cancelled",
+        Failure::PeerLost { .. } => "peer lost",
+        Failure::Request { .. } => "request error",
+        Failure::NoRail { .. } => "no rail",
+        Failure::Rejected { .. } => "rejected",
+        Failure::AgentClosed => "agent closed",
+    }
+}
