@@ -22,6 +22,11 @@ pub struct Config {
     pub send_slots: u16,
     /// Receive slots we post per rail.
     pub recv_slots: u16,
+    /// Notifications delivered and not yet taken by the application that the connection
+    /// buffers while it keeps posting receive slots; past that, each new one holds its slot
+    /// until taken, and the peer's next messages wait (receiver not ready) instead of piling
+    /// up. What a peer can make us hold is at most this plus the slots.
+    pub recv_buffered: u32,
     /// Largest notification we may send (the smaller of our send slots and the peer's limit).
     pub notify_max: u32,
     /// Whether we connected (the initiator's renewal wins when both sides renew a rail).
@@ -45,6 +50,7 @@ impl Config {
             stripe_min: 256 * 1024,
             send_slots: 64,
             recv_slots: 64,
+            recv_buffered: 1024,
             notify_max: 1024,
             initiator: true,
             quiesce: Duration::from_millis(500),

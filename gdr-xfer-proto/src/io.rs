@@ -153,6 +153,8 @@ pub struct Receipt {
     pub lane: LaneRef,
     /// Its receive slot.
     pub slot: u16,
+    /// Whether the slot waits for the application (the buffer was full when it arrived).
+    pub holds: bool,
 }
 
 /// Things worth a log line or a counter, reported through [`Io::event`].

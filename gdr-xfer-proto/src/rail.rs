@@ -241,45 +241,113 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cooldown_doubles_up_to_the_cap_and_resets_after_healthy_service() {
+    fn cooldowns_grow_and_reset_after_healthy_service() {
         let t0 = Instant::now();
         let mut r = RailLink::new(4, t0);
         r.pause(t0, "x".into());
         assert_eq!(r.until, t0 + FIRST_COOLDOWN);
-        for _ in 0..10 {
-            r.pause(t0, "x".into());
+        r.admit(t0, 4);
+        r.pause(t0 + Duration::from_millis(1), "y".into());
+        assert_eq!(
+            r.until,
+            t0 + Duration::from_millis(1) + FIRST_COOLDOWN * 2,
+            "a rail that fails again soon waits twice as long"
+        );
+        for _ in 0..20 {
+            r.pause(t0, "z".into());
         }
         assert_eq!(r.cooldown, MAX_COOLDOWN);
-        assert!(r.free_send_slots.is_empty());
+        r.admit(t0, 4);
+        r.pause(t0 + HEALTHY, "later".into());
+        assert_eq!(r.until, t0 + HEALTHY + FIRST_COOLDOWN);
+        assert_eq!(r.stats.errors, 23);
+        assert!(
+            r.free_send_slots.is_empty(),
+            "a paused rail's queue pairs are gone, and its slots"
+        );
         r.admit(t0, 4);
         assert_eq!(r.free_send_slots.len(), 4);
-        let later = t0 + HEALTHY;
-        r.pause(later, "y".into());
-        assert_eq!(r.until, later + FIRST_COOLDOWN);
-        assert_eq!(r.stats.errors, 12);
     }
 
     #[test]
-    fn throughput_is_bytes_over_busy_time_and_a_stalled_rail_sinks() {
+    fn the_cheaper_rail_is_the_faster_or_emptier_one() {
         let t0 = Instant::now();
-        let mut r = RailLink::new(1, t0);
-        r.posted(1000, t0);
-        r.completed(1000, 1, t0 + Duration::from_millis(10));
-        r.sample(t0 + SAMPLE);
-        assert!(
-            (r.stats.throughput - 100_000.0).abs() < 1.0,
-            "{}",
-            r.stats.throughput
-        );
-        // Idle: the estimate stays.
-        r.sample(t0 + 2 * SAMPLE);
-        assert!((r.stats.throughput - 100_000.0).abs() < 1.0);
-        // Busy with nothing completing: it sinks.
-        r.posted(1000, t0 + 2 * SAMPLE);
-        for k in 3..40 {
-            r.sample(t0 + k * SAMPLE);
+        let (mut fast, mut slow) = (RailLink::new(1, t0), RailLink::new(1, t0));
+        assert_eq!(fast.cost(100), slow.cost(100), "unmeasured rails are equal");
+        fast.stats.inflight_bytes = 10;
+        assert!(fast.cost(100) > slow.cost(100), "queued bytes count");
+        for (r, bytes) in [(&mut fast, 4_000_000u64), (&mut slow, 1_000_000)] {
+            r.stats.inflight_bytes = 0;
+            r.posted(bytes, t0);
+            r.completed(bytes, 1, t0);
+            // Busy from t0 until now (the completion); the sample comes after the window.
+            r.busy = Duration::from_millis(40);
+            r.sample(t0 + Duration::from_millis(40));
         }
-        assert!(r.stats.throughput < 20_000.0, "{}", r.stats.throughput);
-        assert!(r.cost(0) > RailLink::new(1, t0).cost(0));
+        assert!(fast.stats.throughput > 3.0 * slow.stats.throughput);
+        fast.stats.inflight_bytes = 3_000_000;
+        slow.stats.inflight_bytes = 1_000_000;
+        assert!(fast.cost(65536) < slow.cost(65536));
+        // An idle rail keeps its estimate.
+        let before = slow.stats.throughput;
+        slow.stats.inflight_bytes = 0;
+        slow.sample(t0 + Duration::from_secs(5));
+        assert_eq!(slow.stats.throughput, before);
+        // A stalled rail (work queued, nothing completing) sinks towards the floor and costs
+        // more than any working one; re-admitted, it is unmeasured (assumed fast) again.
+        slow.posted(1 << 20, t0);
+        slow.busy_since = Some(t0 + Duration::from_secs(5));
+        for k in 1..40 {
+            slow.sample(t0 + Duration::from_secs(5) + SAMPLE * k);
+        }
+        assert!(
+            slow.stats.throughput < fast.stats.throughput / 100.0,
+            "{} vs {}",
+            slow.stats.throughput,
+            fast.stats.throughput
+        );
+        assert!(slow.cost(65536) > 100.0 * fast.cost(65536));
+        slow.admit(t0, 1);
+        slow.stats.inflight_bytes = 0;
+        assert!(slow.cost(65536) < fast.cost(65536));
+        // Idle time does not count: a fast rail that waited between short bursts keeps its
+        // speed (4 MB in 10 ms of busy time in a 1 s window is 400 MB/s, not 4 MB/s).
+        // Bursty completions do not swing it: a rail completing 2 MB every 100 ms, busy all
+        // along, reads 20 MB/s whatever the phase of the samples.
+        let mut steady = RailLink::new(1, t0);
+        steady.posted(1 << 30, t0);
+        steady.busy_since = Some(t0);
+        let mut seen = Vec::new();
+        for k in 1..=50u32 {
+            let at = t0 + SAMPLE * k;
+            if k % 5 == 0 {
+                steady.completed(2_000_000, 1, at);
+            }
+            steady.sample(at);
+            if k > 20 {
+                seen.push(steady.stats.throughput);
+            }
+        }
+        let (lo, hi) = seen
+            .iter()
+            .fold((f64::MAX, 0f64), |(l, h), &v| (l.min(v), h.max(v)));
+        assert!(lo > 12.0e6 && hi < 30.0e6, "between {lo} and {hi}");
+        let mut bursty = RailLink::new(1, t0);
+        bursty.posted(4_000_000, t0);
+        bursty.busy_since = None;
+        bursty.busy = Duration::from_millis(10);
+        bursty.completed(4_000_000, 1, t0);
+        bursty.sample(t0 + Duration::from_secs(1));
+        assert!(
+            (bursty.stats.throughput - 4.0e8).abs() < 1.0,
+            "{}",
+            bursty.stats.throughput
+        );
+        // An unmeasured rail with work but nothing completed yet stays unmeasured.
+        let mut fresh = RailLink::new(1, t0);
+        fresh.posted(1 << 20, t0);
+        fresh.busy_since = Some(t0);
+        fresh.sample(t0 + SAMPLE);
+        assert_eq!(fresh.cost(0), (1u64 << 20) as f64 / UNMEASURED);
     }
 }

@@ -17,13 +17,15 @@ use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::CompletionQueue;
 
+use gdr_xfer_proto::{Failure as CoreFailure, LaneRef};
+
 use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;
-use crate::connection::{Connection, Ids};
+use crate::connection::Connection;
 use crate::control;
 use crate::error::{Error, Result};
 use crate::location::Location;
-use crate::notify::Notification;
+use crate::notify::{Delivered, Notification};
 use crate::peer::Peer;
 use crate::rail::AgentRail;
 use crate::segment::{Backing, Segment};
@@ -45,8 +47,10 @@ type Retiring = (Arc<Connection>, Vec<u64>, Option<Failure>);
 /// What the agent's threads share.
 pub(crate) struct AgentShared {
     pub(crate) config: AgentConfig,
+    /// This agent's number in the process (segments carry it: another agent's segment is
+    /// refused before anything is posted).
+    pub(crate) id: u64,
     pub(crate) rails: Vec<AgentRail>,
-    pub(crate) ids: Arc<Ids>,
     /// Per memory location, the rails its transfers stripe over (bit per rail; see
     /// [`crate::rail::preferred_rails`]).
     rail_masks: Mutex<HashMap<Location, u32>>,
@@ -54,20 +58,26 @@ pub(crate) struct AgentShared {
     next_segment: AtomicU32,
     cache: Mutex<RegistrationCache>,
     peers: Mutex<HashMap<String, Arc<Connection>>>,
-    /// (rail, queue pair number) -> (connection, its lane); numbers are per device, so two
-    /// rails may have the same ones ([`qp_key`]). A connection stays
-    /// here (and alive) after it was lost until the progress thread drained the completion
-    /// queue past the loss (`retiring`), so that completions already queued, a notification
-    /// that arrived just before the peer said goodbye among them, are still handled.
-    by_qpn: RwLock<HashMap<u64, (Arc<Connection>, usize)>>,
+    /// (rail, queue pair number) -> (connection, its lane and the queue pair's generation);
+    /// numbers are per device, so two rails may have the same ones ([`qp_key`]). A connection
+    /// stays here (and alive) after it was lost until the progress thread drained the
+    /// completion queue past the loss (`retiring`), so that completions already queued, a
+    /// notification that arrived just before the peer said goodbye among them, are still
+    /// handled.
+    by_qpn: RwLock<HashMap<u64, (Arc<Connection>, LaneRef)>>,
     /// Connections forgotten by name, with the drain count at that moment, and the failure to
     /// give what is still in flight on them once the completions queued then were handled.
     retiring: Mutex<Vec<Retiring>>,
     /// Per rail, how many polls found its completion queue drained (fewer completions than
     /// asked for).
     drains: Vec<AtomicU64>,
-    notifications: Mutex<VecDeque<Notification>>,
+    /// Notifications delivered and not taken yet; each holds its receive slot until taken, so
+    /// the queue is bounded by the peers' slots.
+    notifications: Mutex<VecDeque<Delivered>>,
     notified: Condvar,
+    /// When the connections' timers last ran; whichever progress thread finds it free and due
+    /// runs them.
+    timers: Mutex<Instant>,
     peers_changed: Condvar,
     pub(crate) shutdown: AtomicBool,
     /// Threads to join at drop (control readers, directory watches).
@@ -135,10 +145,11 @@ impl Agent {
             rails.iter().map(|r| r.pd.clone()).collect(),
             config.staging,
         ));
+        static AGENTS: AtomicU64 = AtomicU64::new(1);
         let shared = Arc::new(AgentShared {
             config,
+            id: AGENTS.fetch_add(1, Ordering::Relaxed),
             rails,
-            ids: Arc::new(Ids::default()),
             rail_masks: Mutex::new(HashMap::new()),
             segments: Mutex::new(BTreeMap::new()),
             next_segment: AtomicU32::new(1),
@@ -149,6 +160,7 @@ impl Agent {
             drains: (0..nrails).map(|_| AtomicU64::new(0)).collect(),
             notifications: Mutex::new(VecDeque::new()),
             notified: Condvar::new(),
+            timers: Mutex::new(Instant::now()),
             peers_changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
@@ -362,13 +374,19 @@ impl Agent {
             // Never announced: no address or key a peer could use.
             Backing::Staged(_) => (0, Vec::new()),
         };
-        let id = self.shared.next_segment.fetch_add(1, Ordering::Relaxed);
-        if id == 0 || id == u32::MAX {
-            return Err(Error::invalid(
-                "segment ids are exhausted (2^32 registrations)",
-                "restart the agent",
-            ));
-        }
+        // Never wraps: an id is never given twice, even after 2^32 registrations.
+        let id = self
+            .shared
+            .next_segment
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < u32::MAX).then_some(n + 1)
+            })
+            .map_err(|_| {
+                Error::invalid(
+                    "segment ids are exhausted (2^32 - 1 registrations by this agent)",
+                    "restart the agent",
+                )
+            })?;
         let info = SegmentInfo {
             id,
             name: name.to_string(),
@@ -377,7 +395,7 @@ impl Agent {
             rkeys,
             location,
         };
-        let seg = Segment::new(info.clone(), backing, base)?;
+        let seg = Segment::new(info.clone(), backing, base, self.shared.id)?;
         // Ranked now, so that the first transfer from this memory does not pay for it.
         self.shared.rail_mask(location);
         let peers = {
@@ -405,8 +423,9 @@ impl Agent {
     }
 
     /// Removes a segment from the table peers see (they are told at once; their new transfers
-    /// to it fail with [`Error::UnknownSegment`]). Its memory is deregistered once no segment
-    /// and no request in flight uses the registration any more.
+    /// to it fail with [`Error::UnknownSegment`]) and from this agent's own transfers (new ones
+    /// with it as their local side fail the same way). Its memory is deregistered once no
+    /// segment and no request in flight uses the registration any more.
     ///
     /// # Errors
     /// [`Error::UnknownSegment`] when it is not (or no longer) registered with this agent.
@@ -424,6 +443,7 @@ impl Agent {
                 }
             }
             table.remove(&segment.id());
+            segment.inner.set_deregistered();
             if !segment.is_published() {
                 return Ok(());
             }
@@ -551,17 +571,19 @@ impl Agent {
             "{} closed the connection",
             self.name()
         )));
-        peer.conn.lose(Failure::PeerLost {
+        peer.conn.lose(Failure::Core(CoreFailure::PeerLost {
             reason: "disconnected by this agent".into(),
-        });
+        }));
         self.shared.remove_peer(&peer.conn);
     }
 
     // ----- notifications -----
 
-    /// Takes every notification received so far.
+    /// Takes every notification received so far (their receive slots are posted again: the
+    /// peers may send more).
     pub fn take_notifications(&self) -> Vec<Notification> {
-        self.shared.lock_notifications().drain(..).collect()
+        let taken: Vec<Delivered> = self.shared.lock_notifications().drain(..).collect();
+        taken.into_iter().map(Delivered::take).collect()
     }
 
     /// Waits for the next notification (`Ok(None)` when `timeout` passes first).
@@ -573,7 +595,8 @@ impl Agent {
         let mut q = self.shared.lock_notifications();
         loop {
             if let Some(n) = q.pop_front() {
-                return Ok(Some(n));
+                drop(q);
+                return Ok(Some(n.take()));
             }
             let left = end.map_or(Duration::from_secs(3600), |e| {
                 e.saturating_duration_since(Instant::now())
@@ -602,7 +625,7 @@ impl Drop for Agent {
                 "{} shut down",
                 self.shared.config.name
             )));
-            c.lose(Failure::AgentClosed);
+            c.lose(Failure::Core(CoreFailure::AgentClosed));
             self.shared.remove_peer(&c);
         }
         for (_, h) in self
@@ -739,7 +762,7 @@ impl AgentShared {
         self.peers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lock_notifications(&self) -> MutexGuard<'_, VecDeque<Notification>> {
+    fn lock_notifications(&self) -> MutexGuard<'_, VecDeque<Delivered>> {
         self.notifications.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -820,37 +843,27 @@ impl AgentShared {
             }
             peers.insert(conn.name.clone(), conn.clone());
         }
-        let q = conn.lock();
-        let nums: Vec<(u32, usize)> = q
-            .lanes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.qp.as_ref().map(|qp| (qp.qp_num(), i)))
-            .collect();
-        drop(q);
-        self.route_qps(conn, &nums);
+        for (rail, qpn, lane) in conn.routes() {
+            self.route_qps(rail, conn, &[(qpn, lane)]);
+        }
         Ok(())
     }
 
-    /// Routes the completions of queue pairs `(number, lane)` to `conn`.
-    pub(crate) fn route_qps(&self, conn: &Arc<Connection>, nums: &[(u32, usize)]) {
+    /// Routes the completions of rail `rail`'s queue pairs `(number, lane)` to `conn`.
+    pub(crate) fn route_qps(&self, rail: usize, conn: &Arc<Connection>, nums: &[(u32, LaneRef)]) {
         let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
         for &(n, lane) in nums {
-            by_qpn.insert(qp_key(lane / conn.qps_per_rail, n), (conn.clone(), lane));
+            by_qpn.insert(qp_key(rail, n), (conn.clone(), lane));
         }
     }
 
-    /// Forgets the routes of queue pairs `nums` of rail `rail` of `conn` (replaced ones).
-    pub(crate) fn unroute(&self, rail: usize, nums: &[u32], conn: &Connection) {
+    /// Forgets the route of rail `rail`'s queue pair `qpn` (destroyed), if it still names
+    /// `lane`.
+    pub(crate) fn unroute(&self, rail: usize, qpn: u32, lane: LaneRef) {
         let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
-        for &n in nums {
-            let key = qp_key(rail, n);
-            if by_qpn
-                .get(&key)
-                .is_some_and(|(c, _)| std::ptr::eq(Arc::as_ptr(c), conn))
-            {
-                by_qpn.remove(&key);
-            }
+        let key = qp_key(rail, qpn);
+        if by_qpn.get(&key).is_some_and(|(_, l)| *l == lane) {
+            by_qpn.remove(&key);
         }
     }
 
@@ -936,15 +949,30 @@ impl AgentShared {
     }
 
     /// The connection and lane of a queue pair number.
-    pub(crate) fn route(&self, rail: usize, qp_num: u32) -> Option<(Arc<Connection>, usize)> {
+    pub(crate) fn route(&self, rail: usize, qp_num: u32) -> Option<(Arc<Connection>, LaneRef)> {
         let by_qpn = self.by_qpn.read().unwrap_or_else(|p| p.into_inner());
         let (c, i) = by_qpn.get(&qp_key(rail, qp_num))?;
         Some((c.clone(), *i))
     }
 
-    pub(crate) fn deliver(&self, n: Notification) {
+    pub(crate) fn deliver(&self, n: Delivered) {
         self.lock_notifications().push_back(n);
         self.notified.notify_all();
+    }
+
+    /// Runs every connection's timers when [`crate::progress::TICK`] has passed since they
+    /// last ran; any progress thread (or a waiter past its deadline) may do it, one at a time.
+    pub(crate) fn run_timers(&self, now: Instant) {
+        let Ok(mut last) = self.timers.try_lock() else {
+            return;
+        };
+        if now.saturating_duration_since(*last) < crate::progress::TICK {
+            return;
+        }
+        *last = now;
+        for conn in self.peer_list() {
+            conn.tick(now);
+        }
     }
 }
 

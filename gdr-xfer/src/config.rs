@@ -45,8 +45,20 @@ pub struct AgentConfig {
     pub notify_slots: u16,
     /// Largest notification in bytes (default 1024, at most 4096).
     pub notify_max: u32,
+    /// Notifications from one peer the agent keeps for the application before it stops
+    /// posting that peer's receive slots (default 1024). Past it, each further notification
+    /// holds its slot until the application takes one, and the peer's next notifications wait
+    /// in its NIC (receiver not ready, retried without limit; their transfers' deadlines still
+    /// apply): a peer cannot make the agent hold more than this plus `notify_slots` per rail.
+    pub notify_queue: u32,
     /// Deadline of a transfer when its options give none (default 30 s).
     pub default_timeout: Duration,
+    /// How long a transfer that stopped early (deadline, cancel, failure) waits for its
+    /// requests in flight before the queue pairs carrying them are destroyed and renewed (a
+    /// *fence*), and how long a fenced WRITE then waits at most for the peer to confirm its side
+    /// of them is gone (default 500 ms). A transfer's outcome comes at most twice this (plus
+    /// 5 ms) after its deadline; whatever it says, its memory is quiet by then.
+    pub quiesce: Duration,
     /// Timeout of connection handshakes (default 10 s).
     pub connect_timeout: Duration,
     /// How long the progress thread keeps polling after the last completion before it sleeps on
@@ -92,7 +104,9 @@ impl AgentConfig {
             max_peers: 16,
             notify_slots: 64,
             notify_max: 1024,
+            notify_queue: 1024,
             default_timeout: Duration::from_secs(30),
+            quiesce: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(10),
             busy_poll: Duration::from_micros(200),
             gpu_staging: GpuStaging::Fallback,
@@ -161,6 +175,56 @@ impl AgentConfig {
         self
     }
 
+    /// Sets how long a stopped transfer waits for its requests in flight before they are
+    /// fenced ([`AgentConfig::quiesce`]).
+    pub fn quiesce(mut self, t: Duration) -> Self {
+        self.quiesce = t;
+        self
+    }
+
+    /// Sets the GID index of every rail.
+    pub fn gid_index(mut self, index: u32) -> Self {
+        self.gid_index = Some(index);
+        self
+    }
+
+    /// Sets the most peers at once.
+    pub fn max_peers(mut self, n: u32) -> Self {
+        self.max_peers = n;
+        self
+    }
+
+    /// Sets the notification receive slots per peer and rail.
+    pub fn notify_slots(mut self, n: u16) -> Self {
+        self.notify_slots = n;
+        self
+    }
+
+    /// Sets how many notifications from one peer are kept for the application before that
+    /// peer is held back ([`AgentConfig::notify_queue`]).
+    pub fn notify_queue(mut self, n: u32) -> Self {
+        self.notify_queue = n;
+        self
+    }
+
+    /// Sets the largest notification, in bytes (at most 4096).
+    pub fn notify_max(mut self, bytes: u32) -> Self {
+        self.notify_max = bytes;
+        self
+    }
+
+    /// Sets the handshake timeout.
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// Sets how long the progress threads poll after the last completion before sleeping.
+    pub fn busy_poll(mut self, t: Duration) -> Self {
+        self.busy_poll = t;
+        self
+    }
+
     /// Checks the values.
     pub(crate) fn validate(&self) -> Result<()> {
         let bad = |what: String, hint: &'static str| Err(Error::invalid(what, hint));
@@ -201,6 +265,12 @@ impl AgentConfig {
             );
         }
         self.staging.validate()?;
+        if self.quiesce.is_zero() || self.quiesce > Duration::from_secs(60) {
+            return bad(
+                format!("quiesce time {:?}", self.quiesce),
+                "use 1 ms..=60 s (500 ms is a good start)",
+            );
+        }
         if self.max_peers == 0 {
             return bad("max_peers 0".into(), "allow at least one peer");
         }

@@ -1,222 +1,212 @@
-//! The connection to a peer: its lanes (queue pairs, per shared rail), its segment table, the
-//! queues of transfers to it, and its lifecycle.
+//! The connection to a peer: its segment table, its control link, and its core
+//! ([`gdr_xfer_proto::Connection`]) with the queue pairs that core drives ([`Lanes`]).
 //!
-//! # Lanes, sequence numbers and records
+//! Every call into the core goes through [`Connection::drive`]: the core is locked, called with
+//! the time and the lanes, and what the call left to do ([`crate::lanes::After`]) is done once
+//! the core is unlocked, in order: destroy queue pairs, report outcomes, deliver notifications,
+//! send control messages (under the writer lock taken before the core was released, so that
+//! messages leave in the order the core produced them).
 //!
-//! A connection has `qps_per_peer` queue pairs on each rail it shares with the peer; each is a
-//! *lane*. Every send-queue request gets an agent-wide increasing number as its `wr_id`; a
-//! record per chunk of requests says which transfer (and which range of its runs) the numbers
-//! belong to. A successful completion with number `s` on a lane means every request up to `s`
-//! on that lane completed (RC completes in order), so the records up to `s` are credited.
-//!
-//! A queue pair is replaced when its rail fails ([`crate::failover`]). Its completions still
-//! queued are recognised as stale, and ignored, by the queue pair number and the lane's first
-//! number (a replacement gets numbers above every earlier one); receive completions carry
-//! the queue pair's generation.
-//!
-//! Posting is in [`crate::pump`], completions and failover in [`crate::failover`].
+//! Lock order: the core, then the writer; the agent's routing table (`by_qpn`) may be taken
+//! while the core is held, never the other way round; a transfer cell's lock is never held
+//! while taking any of these.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::Instant;
 
 use gdr::connect::TcpLink;
-use gdr::qp::{QueuePair, RdmaPiece};
+use gdr::{Completion, WcStatus};
+use gdr_xfer_proto::{
+    Config, Connection as Core, Control, Failure as CoreFailure, LaneRef, Receipt, SendCompletion,
+    Spec, Status, TransferKey,
+};
 
 use crate::agent::AgentShared;
-use crate::notify::{NotifyPool, Seen};
-use crate::rail::{RailLink, RailStats};
-use crate::transfer::{Cursor, Failure, NotifyState, TransferState};
-use crate::wire::{Message, SegmentInfo};
+use crate::lanes::{After, Lanes};
+use crate::notify::{split_recv_wr_id, Delivered, Notification};
+use crate::rail::RailStats;
+use crate::transfer::Failure;
+use crate::wire::{Message, RailRenew, SegmentInfo};
 
-/// Most requests per `ibv_post_send` call (one doorbell), and between two signalled ones.
-pub(crate) const CHUNK: usize = 32;
-
-/// Agent-wide numbers: work request ids and queue pair generations, both only increasing.
-#[derive(Default)]
-pub(crate) struct Ids {
-    pub(crate) wr: AtomicU64,
-    pub(crate) gen: AtomicU64,
-}
-
-/// What a run of sequence numbers on one lane belongs to.
-pub(crate) enum Posted {
-    Slices {
-        first: u64,
-        last: u64,
-        transfer: Arc<TransferState>,
-        /// The range of the transfer's runs these requests cover (to post again elsewhere).
-        from: Cursor,
-        to: Cursor,
-        bytes: u64,
-    },
-    Notify {
-        seq: u64,
-        transfer: Arc<TransferState>,
-        slot: u16,
-    },
-    Probe {
-        seq: u64,
-        slot: u16,
-    },
-}
-
-/// One queue pair of a connection, on one rail.
-pub(crate) struct Lane {
-    /// `None` while its rail is down (destroyed at the failure, replaced at the renewal).
-    pub(crate) qp: Option<QueuePair>,
-    /// The queue pair's generation (agent-wide), in its receive wr_ids.
-    pub(crate) gen: u64,
-    /// The lowest wr_id the queue pair can have given: completions below are stale.
-    pub(crate) first_wr: u64,
-    pub(crate) posted: VecDeque<Posted>,
-}
-
-impl Lane {
-    pub(crate) fn new(qp: QueuePair, ids: &Ids) -> Lane {
-        Lane {
-            qp: Some(qp),
-            gen: ids.gen.fetch_add(1, Ordering::AcqRel),
-            first_wr: ids.wr.load(Ordering::Acquire),
-            posted: VecDeque::new(),
-        }
-    }
-}
-
-/// A renewal we offered the peer for one rail.
-pub(crate) struct Offer {
-    pub(crate) epoch: u32,
-    pub(crate) lanes: Vec<Lane>,
-}
-
-/// The mutable part of a peer: its transfers, lanes and rails.
-pub(crate) struct Queues {
-    /// Transfers with slices not yet posted, oldest first.
-    pub(crate) pending: VecDeque<Arc<TransferState>>,
-    /// Transfers whose data is done and whose notification waits for a send slot.
-    pub(crate) notify_due: VecDeque<Arc<TransferState>>,
-    /// Every unfinished transfer (for deadlines and for failing them all at once).
-    pub(crate) active: Vec<Arc<TransferState>>,
-    /// `rails x qps_per_rail` lanes, rail-major.
-    pub(crate) lanes: Vec<Lane>,
-    pub(crate) rails: Vec<RailLink>,
-    pub(crate) offers: Vec<Option<Offer>>,
-    pub(crate) next_notify_id: u64,
-    /// Notification ids delivered from the peer.
-    pub(crate) seen: Seen,
-    /// Set when the peer is lost: nothing is posted any more.
-    pub(crate) closed: bool,
-    /// The pieces of the batch being posted (kept to post without allocating).
-    pub(crate) scratch: Vec<RdmaPiece>,
-    /// Queue pairs of failed rails (rail, queue pairs), destroyed at the end of the pump that
-    /// posts what they carried elsewhere: after the re-posts left, before the queues are
-    /// unlocked (so before any of those re-posts can be seen complete). Destroying a queue
-    /// pair with much in flight can take a while in the provider.
-    pub(crate) graveyard: Vec<(usize, Vec<QueuePair>)>,
+/// The core and the lanes it drives, under one lock.
+pub(crate) struct Driven {
+    pub(crate) core: Core<Lanes>,
+    pub(crate) io: Lanes,
 }
 
 /// Everything about one connected peer.
 pub(crate) struct Connection {
     pub(crate) name: String,
     pub(crate) agent: Weak<AgentShared>,
-    /// Whether we connected (the initiator's renewal wins when both sides renew a rail).
-    pub(crate) initiator: bool,
-    pub(crate) ids: Arc<Ids>,
     /// Rails shared with the peer.
     pub(crate) nrails: usize,
     pub(crate) qps_per_rail: usize,
     /// (device, port) of each shared rail.
     pub(crate) rail_names: Vec<(String, u8)>,
-    pub(crate) max_send: u64,
-    pub(crate) slice_size: u64,
-    /// Transfers up to this many bytes stay on one rail.
-    pub(crate) stripe_min: u64,
     pub(crate) remote: RwLock<HashMap<u32, SegmentInfo>>,
-    /// The largest notification the peer accepts.
-    pub(crate) peer_notify_max: u32,
-    /// Notification buffers, one pool per shared rail.
-    pub(crate) notify: Vec<NotifyPool>,
+    /// The largest notification that can be sent to the peer (the smaller of its limit and
+    /// our send slots).
+    pub(crate) notify_max: u32,
     pub(crate) writer: Mutex<TcpLink>,
     /// A clone of the control socket, to shut it down (which ends the reader thread).
     pub(crate) socket: TcpStream,
     lost: AtomicBool,
-    /// Set when the peer went away (its goodbye, or its socket closed): new transfers are
-    /// refused at once; those in flight are failed once the completions already queued were
-    /// handled (see `AgentShared::remove_peer_after_drain`).
+    /// Set when the peer went away: new transfers are refused at once; those in flight are
+    /// failed once the completions already queued were handled.
     closing: Mutex<Option<String>>,
     /// Set once both sides exchanged their tables: the peer is visible to the application.
     ready: AtomicBool,
     lost_reason: Mutex<Option<String>>,
-    queues: Mutex<Queues>,
+    driven: Mutex<Driven>,
 }
 
 /// What a new connection is made of.
 pub(crate) struct Parts {
     pub(crate) name: String,
     pub(crate) agent: Weak<AgentShared>,
-    pub(crate) initiator: bool,
-    pub(crate) ids: Arc<Ids>,
-    pub(crate) lanes: Vec<Lane>,
-    pub(crate) qps_per_rail: usize,
+    pub(crate) config: Config,
     pub(crate) rail_names: Vec<(String, u8)>,
-    pub(crate) slice_size: u64,
-    pub(crate) stripe_min: u64,
-    pub(crate) peer_notify_max: u32,
-    pub(crate) notify: Vec<NotifyPool>,
+    /// Per lane (rail-major), its queue pair: generation `i` for lane `i` (the core's start).
+    pub(crate) qps: Vec<gdr::qp::QueuePair>,
+    pub(crate) notify: Vec<crate::notify::NotifyPool>,
     pub(crate) writer: TcpLink,
     pub(crate) socket: TcpStream,
 }
 
 impl Connection {
-    pub(crate) fn new(p: Parts) -> Connection {
-        let max_send = p
-            .lanes
-            .first()
-            .and_then(|l| l.qp.as_ref())
-            .map_or(1, |q| u64::from(q.config().max_send_wr));
-        let nrails = p.rail_names.len();
-        let now = Instant::now();
-        let slots = p.notify.first().map_or(0, |n| n.slots);
-        Connection {
-            name: p.name,
-            agent: p.agent,
-            initiator: p.initiator,
-            ids: p.ids,
-            nrails,
-            qps_per_rail: p.qps_per_rail,
-            rail_names: p.rail_names,
-            max_send,
-            slice_size: p.slice_size,
-            stripe_min: p.stripe_min,
-            remote: RwLock::new(HashMap::new()),
-            peer_notify_max: p.peer_notify_max,
-            notify: p.notify,
-            writer: Mutex::new(p.writer),
-            socket: p.socket,
-            lost: AtomicBool::new(false),
-            closing: Mutex::new(None),
-            ready: AtomicBool::new(false),
-            lost_reason: Mutex::new(None),
-            queues: Mutex::new(Queues {
-                pending: VecDeque::new(),
-                notify_due: VecDeque::new(),
-                active: Vec::new(),
-                lanes: p.lanes,
-                rails: (0..nrails).map(|_| RailLink::new(slots, now)).collect(),
-                offers: (0..nrails).map(|_| None).collect(),
-                next_notify_id: 1,
-                seen: Seen::default(),
-                closed: false,
-                scratch: Vec::with_capacity(CHUNK),
-                graveyard: Vec::new(),
-            }),
-        }
+    pub(crate) fn new(p: Parts) -> Arc<Connection> {
+        let cfg = p.config;
+        let notify_max = cfg.notify_max;
+        let nrails = cfg.rails;
+        let qps_per_rail = cfg.lanes_per_rail;
+        Arc::new_cyclic(|me| {
+            let core = Core::new(cfg, Instant::now());
+            let io = Lanes {
+                peer: p.name.clone(),
+                agent: p.agent.clone(),
+                conn: me.clone(),
+                per_rail: qps_per_rail,
+                qps: p
+                    .qps
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, qp)| vec![(i as u64, qp)])
+                    .collect(),
+                notify: p.notify,
+                batch: Default::default(),
+                after: After::default(),
+            };
+            Connection {
+                name: p.name,
+                agent: p.agent,
+                nrails,
+                qps_per_rail,
+                rail_names: p.rail_names,
+                remote: RwLock::new(HashMap::new()),
+                notify_max,
+                writer: Mutex::new(p.writer),
+                socket: p.socket,
+                lost: AtomicBool::new(false),
+                closing: Mutex::new(None),
+                ready: AtomicBool::new(false),
+                lost_reason: Mutex::new(None),
+                driven: Mutex::new(Driven { core, io }),
+            }
+        })
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Queues> {
-        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Driven> {
+        self.driven.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Calls the core, then does what the call left to do (see the module documentation).
+    pub(crate) fn drive<R>(&self, f: impl FnOnce(&mut Core<Lanes>, &mut Lanes, Instant) -> R) -> R {
+        let mut g = self.lock();
+        let d = &mut *g;
+        let r = f(&mut d.core, &mut d.io, Instant::now());
+        if d.io.after.is_empty() {
+            return r;
+        }
+        let after = std::mem::take(&mut d.io.after);
+        let me = d.io.conn.clone();
+        let writer = (!after.control.is_empty())
+            .then(|| self.writer.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(g);
+        self.carry_out(after, writer, me);
+        r
+    }
+
+    fn carry_out(
+        &self,
+        after: After,
+        writer: Option<MutexGuard<'_, TcpLink>>,
+        me: Weak<Connection>,
+    ) {
+        // The NIC no longer touches their memory once they are destroyed: before any outcome.
+        drop(after.graveyard);
+        for (cell, outcome) in after.finished {
+            cell.finish_core(outcome);
+        }
+        if !after.delivered.is_empty() {
+            if let Some(agent) = self.agent.upgrade() {
+                for (data, receipt) in after.delivered {
+                    agent.deliver(Delivered {
+                        notification: Notification {
+                            peer: self.name.clone(),
+                            data,
+                        },
+                        conn: me.clone(),
+                        receipt,
+                    });
+                }
+            }
+        }
+        if let Some(mut w) = writer {
+            let mut failed = None;
+            for msg in after.control {
+                let msg = match msg {
+                    Control::Renew {
+                        rail,
+                        epoch,
+                        endpoints,
+                    } => Message::RailRenew(RailRenew {
+                        rail: rail as u8,
+                        epoch,
+                        endpoints,
+                    }),
+                    Control::Renewed {
+                        rail,
+                        epoch,
+                        endpoints,
+                    } => Message::RailRenewed(RailRenew {
+                        rail: rail as u8,
+                        epoch,
+                        endpoints,
+                    }),
+                    Control::Refused { rail, epoch } => Message::RailRefused {
+                        rail: rail as u8,
+                        epoch,
+                    },
+                };
+                if let Err(e) = msg
+                    .encode()
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| w.send_bytes(&b).map_err(|e| e.to_string()))
+                {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            drop(w);
+            if let Some(e) = failed {
+                self.lose(Failure::Core(CoreFailure::PeerLost {
+                    reason: format!("control connection: {e}"),
+                }));
+            }
+        }
     }
 
     pub(crate) fn set_ready(&self) {
@@ -245,7 +235,9 @@ impl Connection {
     /// Marks the peer as gone without failing what is in flight yet (see `closing`).
     pub(crate) fn set_closing(&self, reason: String) {
         let mut c = self.closing.lock().unwrap_or_else(|p| p.into_inner());
-        c.get_or_insert(reason);
+        c.get_or_insert(reason.clone());
+        drop(c);
+        self.drive(|core, _, _| core.closing(reason));
     }
 
     /// Why the peer is gone, if it is (closing or lost).
@@ -260,170 +252,149 @@ impl Connection {
 
     /// The queue pair numbers of the live lanes, rail-major.
     pub(crate) fn qp_nums(&self) -> Vec<u32> {
-        let q = self.lock();
-        q.lanes
-            .iter()
-            .filter_map(|l| l.qp.as_ref().map(|qp| qp.qp_num()))
+        let g = self.lock();
+        g.io.qp_nums(&g.core.lanes())
+    }
+
+    /// The live lanes: (rail, queue pair number, lane) of every current queue pair.
+    pub(crate) fn routes(&self) -> Vec<(usize, u32, LaneRef)> {
+        let g = self.lock();
+        let lanes: Vec<LaneRef> = g.core.lanes().into_iter().flatten().collect();
+        lanes
+            .into_iter()
+            .filter_map(|l| {
+                let qp =
+                    g.io.qps
+                        .get(l.lane)?
+                        .iter()
+                        .find(|(gen, _)| *gen == l.gen)?;
+                Some((l.lane / self.qps_per_rail, qp.1.qp_num(), l))
+            })
             .collect()
     }
 
     /// Telemetry of every shared rail.
     pub(crate) fn rail_stats(&self) -> Vec<RailStats> {
-        let q = self.lock();
-        q.rails
-            .iter()
+        let rails = self.lock().core.rails();
+        rails
+            .into_iter()
             .enumerate()
-            .map(|(i, r)| {
-                let (dev, port) = self.rail_names[i].clone();
-                r.snapshot(i, dev, port)
+            .map(|(i, (state, c))| {
+                let (device, port) = self.rail_names[i].clone();
+                RailStats::new(i, device, port, state, c)
             })
             .collect()
     }
 
-    /// Why no rail is usable: each rail's state and last error.
-    pub(crate) fn rails_down_detail(&self, q: &Queues) -> String {
-        q.rails
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                format!(
-                    "rail {i} ({}:{}) {:?}{}",
-                    self.rail_names[i].0,
-                    self.rail_names[i].1,
-                    r.state,
-                    r.stats
-                        .last_error
-                        .as_deref()
-                        .map_or(String::new(), |e| format!(": {e}"))
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
-
     /// Queues a transfer and posts what fits now.
-    pub(crate) fn submit(&self, t: Arc<TransferState>) -> Result<(), Failure> {
-        let mut q = self.lock();
-        if q.closed || self.gone_reason().is_some() {
-            return Err(Failure::PeerLost {
-                reason: self
-                    .gone_reason()
-                    .unwrap_or_else(|| "connection closed".into()),
-            });
+    pub(crate) fn submit(&self, spec: Spec<Lanes>) -> Result<TransferKey, CoreFailure> {
+        if let Some(reason) = self.gone_reason() {
+            return Err(CoreFailure::PeerLost { reason });
         }
-        if !q.rails.iter().any(|r| r.is_active()) {
-            return Err(Failure::NoRail {
-                detail: self.rails_down_detail(&q),
-            });
-        }
-        q.active.push(t.clone());
-        if t.slices_total == 0 {
-            // Nothing to move (cannot happen through the public API, which refuses empty
-            // lists); finish it right away.
-            let mut p = t.lock();
-            t.credit(&mut p, 0);
-            if p.notify == NotifyState::Waiting {
-                drop(p);
-                q.notify_due.push_back(t);
-            }
-        } else {
-            t.lock().queued = true;
-            q.pending.push_back(t);
-        }
-        self.pump(&mut q);
-        Ok(())
+        self.drive(|core, io, now| core.submit(now, io, spec))
     }
 
-    /// Fails transfers past their deadline, forgets finished ones, samples the rails'
-    /// throughput, starts the renewals that are due, and posts what fits (room may have been
-    /// freed by completions gdr consumed on its own). Returns the control messages to send
-    /// (after the lock is released) and whether transfers remain.
-    pub(crate) fn tick(&self, now: Instant) -> (Vec<Message>, bool) {
-        let mut q = self.lock();
-        q.active.retain(|t| {
-            let mut p = t.lock();
-            if p.outcome.is_some() {
-                return false;
-            }
-            if t.deadline.is_some_and(|d| now >= d) {
-                t.finish(&mut p, Err(Failure::Timeout { after: t.timeout }));
-                return false;
-            }
-            true
+    /// Cancels a transfer (see [`gdr_xfer_proto::Connection::cancel`]).
+    pub(crate) fn cancel(&self, key: TransferKey) {
+        self.drive(|core, io, now| {
+            core.cancel(now, io, key);
         });
-        for r in &mut q.rails {
-            r.sample(now);
+    }
+
+    /// The application took a notification: its slot is posted again.
+    pub(crate) fn consumed(&self, receipt: Receipt) {
+        self.drive(|core, io, _| core.consumed(io, receipt));
+    }
+
+    /// Runs the core's timers when they are due.
+    pub(crate) fn tick(&self, now: Instant) {
+        let due = self.lock().core.poll_timeout().is_some_and(|t| t <= now);
+        if due {
+            self.drive(|core, io, now| core.handle_timeout(now, io));
         }
-        let msgs = if q.closed {
-            Vec::new()
-        } else {
-            self.renewals_due(&mut q, now)
+    }
+
+    /// Handles a send-queue completion of lane `lane`.
+    pub(crate) fn on_send_completion(&self, lane: LaneRef, c: &Completion) {
+        let status = match c.status {
+            WcStatus::Success => Status::Success,
+            WcStatus::RemoteAccess
+            | WcStatus::LocalProtection
+            | WcStatus::LocalLength
+            | WcStatus::LocalAccess
+            | WcStatus::RemoteInvalidRequest => Status::RequestError,
+            _ => Status::LaneError,
         };
-        self.pump(&mut q);
-        (msgs, !q.active.is_empty())
+        if status != Status::Success && !self.is_lost() {
+            log::warn!(
+                "peer {}: request {} on QP {:#x} (lane {}) completed with {} (vendor error {:#x})",
+                self.name,
+                c.wr_id,
+                c.qp_num,
+                lane.lane,
+                c.status,
+                c.vendor_err
+            );
+        }
+        let sc = SendCompletion {
+            lane,
+            wr_id: c.wr_id,
+            status,
+            raw_status: c.status.raw(),
+            vendor_err: c.vendor_err,
+            qp_num: c.qp_num,
+        };
+        self.drive(|core, io, now| core.handle_send_completion(now, io, sc));
     }
 
-    /// Marks the peer lost: every unfinished transfer fails with `failure`, nothing more is
-    /// posted, the queue pairs move to the error state (their requests complete as flushed;
-    /// gdr keeps their memory until then), and the control socket is shut down.
-    pub(crate) fn lose(&self, failure: Failure) {
-        let mut q = self.lock();
-        self.lose_locked(&mut q, failure);
-    }
-
-    pub(crate) fn lose_locked(&self, q: &mut Queues, failure: Failure) {
-        if q.closed {
+    /// Handles a receive completion (a notification or a probe) of lane `lane`.
+    pub(crate) fn on_recv_completion(&self, lane: LaneRef, c: &Completion) {
+        let (gen, slot) = split_recv_wr_id(c.wr_id);
+        if gen != lane.gen {
             return;
         }
-        q.closed = true;
-        let reason = match &failure {
-            Failure::PeerLost { reason } => reason.clone(),
-            Failure::Slice { status, qp_num, .. } => {
-                format!("a request on QP {qp_num:#x} completed with {status}")
-            }
-            Failure::NoRail { detail } => format!("no rail left: {detail}"),
-            Failure::Timeout { after } => format!("timed out after {after:?}"),
-            Failure::AgentClosed => "the agent was shut down".into(),
-            Failure::Staging { detail } => format!("staging failed: {detail}"),
-        };
-        *self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
-        self.lost.store(true, Ordering::Release);
-        self.fail_all(q, &failure);
-        for lane in &mut q.lanes {
-            lane.posted.clear();
-        }
-        for lane in q
-            .lanes
-            .iter()
-            .chain(q.offers.iter().flatten().flat_map(|o| o.lanes.iter()))
-        {
-            if let Some(qp) = &lane.qp {
-                if let Err(e) = qp.disconnect() {
-                    log::debug!(
-                        "peer {}: moving QP {:#x} to error: {e}",
-                        self.name,
-                        qp.qp_num()
-                    );
+        self.drive(|core, io, now| {
+            let rail = lane.lane / io.per_rail;
+            let msg = if c.status == WcStatus::Success {
+                match io.notify.get(rail).map(|p| p.read(slot, c.byte_len)) {
+                    Some(Ok(m)) => Some(m),
+                    Some(Err(e)) => {
+                        log::error!("peer {}: reading notification slot {slot}: {e}", io.peer);
+                        None
+                    }
+                    None => None,
                 }
-            }
+            } else {
+                None
+            };
+            core.handle_recv(now, io, lane, slot, msg.as_deref());
+        });
+    }
+
+    /// Marks the peer lost: every unfinished transfer fails with `failure` (once its queue
+    /// pairs are destroyed, which is at once), nothing more is posted, and the control socket
+    /// is shut down.
+    pub(crate) fn lose(&self, failure: Failure) {
+        let core_failure = match failure {
+            Failure::Core(f) => f,
+            Failure::Staging { detail } => CoreFailure::PeerLost { reason: detail },
+        };
+        let reason = match &core_failure {
+            CoreFailure::PeerLost { reason } => reason.clone(),
+            CoreFailure::AgentClosed => "the agent was shut down".into(),
+            other => format!("{other:?}"),
+        };
+        {
+            let mut r = self.lost_reason.lock().unwrap_or_else(|p| p.into_inner());
+            r.get_or_insert(reason);
         }
+        self.lost.store(true, Ordering::Release);
+        self.drive(|core, io, now| core.close(now, io, core_failure));
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
     }
 
-    /// Fails every unfinished transfer with `failure` and forgets the queues (records of
-    /// requests in flight stay: their completions still free their slots).
-    pub(crate) fn fail_all(&self, q: &mut Queues, failure: &Failure) {
-        for t in q.active.drain(..) {
-            let mut p = t.lock();
-            t.finish(&mut p, Err(failure.clone()));
-            p.queued = false;
-        }
-        q.pending.clear();
-        q.notify_due.clear();
-    }
-
     /// Sends a control message to the peer; a failure loses the peer. Never call it with the
-    /// queues locked.
+    /// core locked.
     pub(crate) fn send_control(&self, msg: &Message) {
         let result = msg.encode().map_err(|e| e.to_string()).and_then(|bytes| {
             self.writer
@@ -433,27 +404,34 @@ impl Connection {
                 .map_err(|e| e.to_string())
         });
         if let Err(e) = result {
-            self.lose(Failure::PeerLost {
+            self.lose(Failure::Core(CoreFailure::PeerLost {
                 reason: format!("control connection: {e}"),
-            });
+            }));
         }
     }
 
-    /// Applies a control message from the peer (after the handshake); returns the answer to
-    /// send, if any. An error means the peer must be dropped.
-    pub(crate) fn apply(self: &Arc<Self>, msg: Message) -> Result<Option<Message>, String> {
-        match msg {
-            Message::RailRenew(r) => Ok(self.on_rail_renew(r)),
-            Message::RailRenewed(r) => {
-                self.on_rail_renewed(r);
-                Ok(None)
-            }
-            Message::RailRefused { rail, epoch } => {
-                self.on_rail_refused(usize::from(rail), epoch);
-                Ok(None)
-            }
-            msg => self.apply_table(msg).map(|()| None),
-        }
+    /// Applies a control message from the peer (after the handshake). An error means the peer
+    /// must be dropped.
+    pub(crate) fn apply(&self, msg: Message) -> Result<(), String> {
+        let control = match msg {
+            Message::RailRenew(r) => Control::Renew {
+                rail: usize::from(r.rail),
+                epoch: r.epoch,
+                endpoints: r.endpoints,
+            },
+            Message::RailRenewed(r) => Control::Renewed {
+                rail: usize::from(r.rail),
+                epoch: r.epoch,
+                endpoints: r.endpoints,
+            },
+            Message::RailRefused { rail, epoch } => Control::Refused {
+                rail: usize::from(rail),
+                epoch,
+            },
+            msg => return self.apply_table(msg),
+        };
+        self.drive(|core, io, now| core.handle_control(now, io, control));
+        Ok(())
     }
 
     /// Applies a segment-table message (the handshake's; a rail renewal there is an error).
@@ -531,18 +509,6 @@ mod tests {
             rkeys: vec![id, id + 1],
             location: Location::Cpu { numa: None },
         }
-    }
-
-    /// The engine's memory per transfer is what the crate docs say ("Memory the engine keeps
-    /// per transfer"): a fixed record per run and one per chunk of up to [`CHUNK`] requests.
-    #[test]
-    fn the_records_per_run_and_per_chunk_are_the_documented_sizes() {
-        let run = std::mem::size_of::<crate::transfer::Run>();
-        let chunk = std::mem::size_of::<Posted>();
-        eprintln!("run {run} B, chunk record {chunk} B");
-        assert_eq!(run, 32);
-        assert_eq!(chunk, 72);
-        assert_eq!(CHUNK, 32);
     }
 
     #[test]

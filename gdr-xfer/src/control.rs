@@ -10,16 +10,23 @@ use gdr::connect::TcpLink;
 use gdr::qp::QueuePair;
 
 use crate::agent::AgentShared;
-use crate::connection::{Connection, Lane, Parts};
+use gdr_xfer_proto::{Config, Failure as CoreFailure};
+
+use crate::connection::{Connection, Parts};
 use crate::error::{Error, Result};
 use crate::notify::NotifyPool;
 use crate::transfer::Failure;
-use crate::wire::{Hello, Message, MAX_QPS, MAX_SEGMENTS_PER_MESSAGE};
+use crate::wire::{segment_messages, Hello, Message, MAX_QPS};
+
+/// How long a rail renewal waits for the peer's answer (the control link normally answers
+/// within milliseconds; an offer lost with a stalled link is made again after the cool-down).
+const RENEW_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens a TCP connection to `addr`, retrying refused attempts until `timeout` (the peer may
 /// not listen yet).
 pub(crate) fn dial(addr: &str, timeout: Duration) -> Result<TcpStream> {
-    let end = Instant::now() + timeout;
+    // No end for a timeout past what the clock can count (`Duration::MAX`).
+    let end = Instant::now().checked_add(timeout);
     let mut last = None;
     loop {
         let addrs: Vec<_> = addr
@@ -27,14 +34,16 @@ pub(crate) fn dial(addr: &str, timeout: Duration) -> Result<TcpStream> {
             .map_err(|e| Error::io(format!("resolving {addr:?}"), e))?
             .collect();
         for a in &addrs {
-            let left = end.saturating_duration_since(Instant::now());
+            let left = end.map_or(Duration::MAX, |e| {
+                e.saturating_duration_since(Instant::now())
+            });
             let attempt = left.clamp(Duration::from_millis(1), Duration::from_millis(500));
             match TcpStream::connect_timeout(a, attempt) {
                 Ok(s) => return Ok(s),
                 Err(e) => last = Some(e),
             }
         }
-        if Instant::now() >= end {
+        if end.is_some_and(|e| Instant::now() >= e) {
             return Err(match last {
                 Some(e) => Error::io(format!("connecting to {addr} for {timeout:?}"), e),
                 None => {
@@ -209,39 +218,47 @@ pub(crate) fn establish(
         ));
     }
 
-    let mut lanes = Vec::with_capacity(n * qps_per_rail);
+    // Lane `i` (rail-major) starts with generation `i`, as the core does; each rail's receive
+    // slots are posted on its first lane.
+    let mut qps = Vec::with_capacity(n * qps_per_rail);
     let mut notify = Vec::with_capacity(n);
-    for (r, qps) in rails.into_iter().enumerate() {
+    for (r, rail_qps) in rails.into_iter().enumerate() {
         let pool = NotifyPool::new(&agent.rails[r].pd, cfg.notify_slots, cfg.notify_max)?;
-        let first = lanes.len();
-        lanes.extend(qps.into_iter().map(|qp| Lane::new(qp, &agent.ids)));
-        if let Some(qp) = &lanes[first].qp {
-            pool.post_all(qp, lanes[first].gen)?;
-        }
+        let first = qps.len();
+        pool.post_all(&rail_qps[0], first as u64)?;
+        qps.extend(rail_qps);
         notify.push(pool);
     }
-    for (lane, e) in lanes.iter().zip(theirs.rails.iter().flatten()) {
-        if let Some(qp) = &lane.qp {
-            qp.connect(e)?;
-        }
+    for (qp, e) in qps.iter().zip(theirs.rails.iter().flatten()) {
+        qp.connect(e)?;
     }
     let mut rail_names = agent.rail_names();
     rail_names.truncate(n);
-    let conn = Arc::new(Connection::new(Parts {
-        name: theirs.name.clone(),
-        agent: Arc::downgrade(agent),
-        initiator,
-        ids: agent.ids.clone(),
-        lanes,
-        qps_per_rail,
-        rail_names,
+    let config = Config {
+        rails: n,
+        lanes_per_rail: qps_per_rail,
+        send_depth: u64::from(cfg.send_queue_depth),
         slice_size: cfg.slice_size,
         stripe_min: cfg.stripe_min,
-        peer_notify_max: theirs.notify_max,
+        // The peer posts its own count of receive slots; we have our count of send slots.
+        send_slots: cfg.notify_slots.min(theirs.notify_slots).max(1),
+        recv_slots: cfg.notify_slots,
+        recv_buffered: cfg.notify_queue,
+        notify_max: cfg.notify_max.min(theirs.notify_max),
+        initiator,
+        quiesce: cfg.quiesce,
+        renew_timeout: RENEW_TIMEOUT.min(cfg.connect_timeout),
+    };
+    let conn = Connection::new(Parts {
+        name: theirs.name.clone(),
+        agent: Arc::downgrade(agent),
+        config,
+        rail_names,
+        qps,
         notify,
         writer,
         socket,
-    }));
+    });
     // Publish the connection (so later registrations reach it) and send our segment table in
     // one step under the segment table's lock, holding the writer across it: any announcement
     // made after the snapshot is sent after it, in order.
@@ -266,9 +283,9 @@ pub(crate) fn establish(
             .map(|s| s.info().clone())
             .collect();
         drop(segments);
-        let sent = infos
-            .chunks(MAX_SEGMENTS_PER_MESSAGE)
-            .try_for_each(|c| send(&mut w, &Message::Segments(c.to_vec())))
+        let sent = segment_messages(&infos)
+            .iter()
+            .try_for_each(|m| send(&mut w, m))
             .and_then(|()| send(&mut w, &Message::Ready));
         drop(w);
         if let Err(e) = sent {
@@ -289,9 +306,9 @@ pub(crate) fn establish(
         }
     };
     if let Err(e) = result {
-        conn.lose(Failure::PeerLost {
+        conn.lose(Failure::Core(CoreFailure::PeerLost {
             reason: format!("handshake: {e}"),
-        });
+        }));
         agent.remove_peer(&conn);
         return Err(e);
     }
@@ -321,11 +338,11 @@ pub(crate) fn establish(
 fn read_control(agent: Weak<AgentShared>, conn: Arc<Connection>, mut link: TcpLink) {
     let reason = loop {
         match recv(&mut link, &conn.name) {
-            Ok(msg) => match conn.apply(msg) {
-                Ok(Some(answer)) => conn.send_control(&answer),
-                Ok(None) => {}
-                Err(detail) => break detail,
-            },
+            Ok(msg) => {
+                if let Err(detail) = conn.apply(msg) {
+                    break detail;
+                }
+            }
             Err(e) => break format!("control connection: {e}"),
         }
     };
@@ -340,8 +357,9 @@ fn read_control(agent: Weak<AgentShared>, conn: Arc<Connection>, mut link: TcpLi
     // queued handled first (a peer that read our last notification and said goodbye must not
     // turn that transfer into a failure), then fail.
     conn.set_closing(reason.clone());
+    let failure = Failure::Core(CoreFailure::PeerLost { reason });
     match agent.upgrade() {
-        Some(a) => a.remove_peer_after_drain(&conn, Failure::PeerLost { reason }),
-        None => conn.lose(Failure::PeerLost { reason }),
+        Some(a) => a.remove_peer_after_drain(&conn, failure),
+        None => conn.lose(failure),
     }
 }

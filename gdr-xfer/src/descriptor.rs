@@ -6,14 +6,9 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::segment::{Segment, SegmentInner};
 
-/// The direction of a one-sided transfer, seen from the initiator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Op {
-    /// Local memory is written into the peer's memory (RDMA WRITE).
-    Write,
-    /// The peer's memory is read into local memory (RDMA READ).
-    Read,
-}
+/// The direction of a one-sided transfer, seen from the initiator (the core's: one enum for
+/// the concept).
+pub use gdr_xfer_proto::Op;
 
 /// One contiguous piece of a transfer: `len` bytes at `local_offset` of a local segment, and at
 /// `remote_offset` of the peer's segment `remote`.

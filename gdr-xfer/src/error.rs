@@ -52,6 +52,37 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// A transfer's local side is a segment of another agent (another protection domain);
+    /// nothing was posted, no other transfer was affected.
+    #[error("descriptor {index}: segment {segment} belongs to another agent{hint}")]
+    ForeignSegment {
+        /// Position of the descriptor (or table) in the request.
+        index: usize,
+        /// The segment's id (in its own agent).
+        segment: u32,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// The transfer was cancelled ([`crate::Transfer::cancel`]); its memory is quiet.
+    #[error("transfer to {peer:?} cancelled")]
+    Cancelled {
+        /// The peer's name.
+        peer: String,
+    },
+
+    /// The engine refused to post one of the transfer's requests for the request's own reason
+    /// (gdr refused its memory); only this transfer failed.
+    #[error("transfer to {peer:?}: a request was refused: {detail}{hint}")]
+    Rejected {
+        /// The peer's name.
+        peer: String,
+        /// What gdr said.
+        detail: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// The lengths of a descriptor's two sides differ; nothing was posted.
     #[error(
         "descriptor {index}: local length {local_len} differs from remote length {remote_len}"
@@ -115,8 +146,9 @@ pub enum Error {
         hint: Hint,
     },
 
-    /// A request of the transfer completed with an error on one of the peer's queue pairs; the
-    /// connection to that peer is broken and every transfer pending to it failed too.
+    /// A request of the transfer completed with an error that names the request (a remote
+    /// key the peer no longer honours, a protection error): only this transfer failed; the
+    /// queue pairs it broke were renewed and the other transfers went on.
     #[error("transfer to {peer:?}: a request on QP {qp_num:#x} completed with {status} (vendor error {vendor_err:#x}){hint}")]
     SliceFailed {
         /// The peer's name.

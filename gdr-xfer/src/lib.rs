@@ -161,13 +161,12 @@ pub mod directory;
 #[cfg(feature = "etcd")]
 mod discovery;
 pub mod error;
-mod failover;
+mod lanes;
 mod location;
 mod notify;
 mod peer;
 mod plan;
 mod progress;
-mod pump;
 mod rail;
 mod segment;
 pub mod staged;

@@ -7,9 +7,11 @@ use crate::config::TransferOptions;
 use crate::connection::Connection;
 use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
 use crate::error::{Error, Result};
+use gdr_xfer_proto::Spec;
+
 use crate::plan::Planner;
 use crate::staged::driver::Job;
-use crate::transfer::{Transfer, TransferState};
+use crate::transfer::{Failure, Stopper, Transfer, TransferCell};
 use crate::wire::SegmentInfo;
 
 /// A connected peer. Cheap to clone. Transfers to it are one-sided: the peer's CPU takes no
@@ -88,13 +90,14 @@ impl Peer {
         name: &str,
         timeout: std::time::Duration,
     ) -> Result<SegmentInfo> {
-        let end = Instant::now() + timeout;
+        // No end for a timeout past what the clock can count (`Duration::MAX`).
+        let end = Instant::now().checked_add(timeout);
         loop {
             if let Some(s) = self.segment_named(name) {
                 return Ok(s);
             }
             self.check_connected()?;
-            if Instant::now() >= end {
+            if end.is_some_and(|e| Instant::now() >= e) {
                 return Err(Error::Timeout {
                     what: format!("waiting for {}'s segment {name:?}", self.name()),
                     after: timeout,
@@ -225,13 +228,13 @@ impl Peer {
         let agent = self.conn.agent.upgrade().ok_or(Error::AgentClosed)?;
         self.check_connected()?;
         if let Some(n) = &opts.notify {
-            if n.len() > self.conn.peer_notify_max as usize {
+            if n.len() > self.conn.notify_max as usize {
                 return Err(Error::invalid(
                     format!(
-                        "notification of {} bytes; {} accepts at most {}",
+                        "notification of {} bytes; at most {} can be sent to {} (the smaller of its limit and this agent's notify_max)",
                         n.len(),
-                        self.conn.name,
-                        self.conn.peer_notify_max
+                        self.conn.notify_max,
+                        self.conn.name
                     ),
                     "send a short key and keep the payload in a segment",
                 ));
@@ -239,7 +242,13 @@ impl Peer {
         }
         let plan = {
             let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
-            let mut planner = Planner::new(&self.conn.name, &table, self.conn.nrails, capacity);
+            let mut planner = Planner::new(
+                &self.conn.name,
+                &table,
+                self.conn.nrails,
+                capacity,
+                agent.id,
+            );
             plan(&mut planner)?;
             planner.finish()?
         };
@@ -249,42 +258,44 @@ impl Peer {
             .locals
             .first()
             .map_or(u32::MAX, |l| agent.rail_mask(l.info.location));
-        let staged = plan.locals.iter().any(|l| l.is_staged());
-        let job_locals = if staged {
-            plan.locals.clone()
-        } else {
-            Vec::new()
-        };
-        let mut state = TransferState::new(
+        let bytes = plan.runs.iter().fold(0u64, |b, r| b.saturating_add(r.len));
+        let cell = Arc::new(TransferCell::new(
             op,
             self.conn.name.clone(),
-            timeout,
-            plan.locals,
-            plan.runs,
-            plan.rkeys,
-            self.conn.nrails,
-            self.conn.slice_size,
+            bytes,
             plan.descriptors,
-            opts.notify.clone(),
-        );
-        state.rail_mask = rail_mask;
-        let state = Arc::new(state);
-        if staged {
+            timeout,
+        ));
+        if plan.locals.iter().any(|l| l.is_staged()) {
             // Staged local memory: the staging driver moves it in chunks, each a child transfer
             // from or to a bounce buffer (crate::staged).
-            let job = Job::new(state.clone(), self.conn.clone(), job_locals);
-            agent.staging.submit(job).map_err(|f| state.error(&f))?;
+            let job = Job::new(
+                cell.clone(),
+                self.conn.clone(),
+                plan,
+                rail_mask,
+                opts.notify.clone(),
+            );
+            agent.staging.submit(job).map_err(|f| cell.error(&f))?;
         } else {
+            let spec = Spec {
+                op,
+                locals: plan.locals,
+                runs: plan.runs,
+                rkeys: plan.rkeys,
+                timeout: Some(timeout),
+                notify: opts.notify.clone(),
+                rail_mask,
+                handle: cell.clone(),
+            };
             // Refused at once (peer gone, no rail left): the same error the transfer would give.
-            self.conn
-                .submit(state.clone())
-                .map_err(|f| state.error(&f))?;
+            let key = self
+                .conn
+                .submit(spec)
+                .map_err(|f| cell.error(&Failure::Core(f)))?;
+            cell.set_stopper(Stopper::Core(Arc::downgrade(&self.conn), key));
         }
-        {
-            let mut p = state.lock();
-            p.submit_time = started.elapsed();
-            p.plan_time = plan_time;
-        }
-        Ok(Transfer { state })
+        cell.set_times(plan_time, started.elapsed());
+        Ok(Transfer { cell })
     }
 }

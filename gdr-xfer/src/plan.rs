@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use crate::descriptor::{check_local, BlockTable, Desc, LocalList, RemoteList};
 use crate::error::{Error, Result};
+use gdr_xfer_proto::Run;
+
 use crate::segment::SegmentInner;
-use crate::transfer::Run;
 use crate::wire::SegmentInfo;
 
 /// The checked, merged form of a transfer.
@@ -22,6 +23,8 @@ pub(crate) struct Plan {
 /// Builds a plan: distinct local segments by identity, runs merged as they are pushed.
 pub(crate) struct Planner<'t> {
     peer: &'t str,
+    /// The submitting agent: local segments must be its own.
+    agent: u64,
     table: &'t HashMap<u32, SegmentInfo>,
     /// Rails shared with the peer (remote keys kept per remote segment).
     rails: usize,
@@ -41,9 +44,11 @@ impl<'t> Planner<'t> {
         table: &'t HashMap<u32, SegmentInfo>,
         rails: usize,
         capacity: usize,
+        agent: u64,
     ) -> Self {
         Planner {
             peer,
+            agent,
             table,
             rails: rails.max(1),
             locals: Vec::new(),
@@ -56,20 +61,35 @@ impl<'t> Planner<'t> {
         }
     }
 
-    /// The index of a local segment in the plan (added on first use).
-    fn local(&mut self, seg: &Arc<SegmentInner>) -> u32 {
+    /// The index of a local segment in the plan (added on first use, once checked: it must be
+    /// this agent's and still registered). `index`: the descriptor's position, for the error.
+    fn local(&mut self, index: usize, seg: &Arc<SegmentInner>) -> Result<u32> {
         if self.last_local < self.locals.len() && Arc::ptr_eq(&self.locals[self.last_local], seg) {
-            return self.last_local as u32;
+            return Ok(self.last_local as u32);
         }
         let i = match self.locals.iter().position(|p| Arc::ptr_eq(p, seg)) {
             Some(i) => i,
             None => {
+                if seg.agent != self.agent {
+                    return Err(Error::ForeignSegment {
+                        index,
+                        segment: seg.info.id,
+                        hint: "a transfer's local side must be a segment of the agent that submits it: register the memory with this agent (register_host, register_gpu, register_within)".into(),
+                    });
+                }
+                if !seg.is_registered() {
+                    return Err(Error::UnknownSegment {
+                        owner: "local".into(),
+                        segment: seg.info.id,
+                        hint: "it was deregistered: register the memory again".into(),
+                    });
+                }
                 self.locals.push(seg.clone());
                 self.locals.len() - 1
             }
         };
         self.last_local = i;
-        i as u32
+        Ok(i as u32)
     }
 
     /// (address, length, index in the plan's remote segments) of a remote segment.
@@ -142,7 +162,7 @@ impl<'t> Planner<'t> {
             check_local(i, d.local, d.local_offset, d.len)?;
             let (addr, seg_len, remote) = self.remote(d.remote)?;
             Self::check_remote(i, d.remote, seg_len, d.remote_offset, d.len)?;
-            let l = self.local(&d.local.inner);
+            let l = self.local(i, &d.local.inner)?;
             self.push(l, d.local_offset, addr + d.remote_offset, remote, d.len);
         }
         Ok(())
@@ -170,7 +190,7 @@ impl<'t> Planner<'t> {
         let local_blocks = t.local.len().saturating_sub(t.local_base) / t.block_len;
         let (addr, seg_len, remote) = self.remote(t.remote)?;
         let remote_blocks = seg_len.saturating_sub(t.remote_base) / t.block_len;
-        let l = self.local(&t.local.inner);
+        let l = self.local(0, &t.local.inner)?;
         self.runs.reserve(t.local_blocks.len());
         // Wrapping: a base past the segment (a caller's u64::MAX) would overflow here, and it
         // is used only for blocks in range, where `addr + base` lies inside the segment (whose
@@ -284,7 +304,7 @@ impl<'t> Planner<'t> {
             // prepared: look it up again.
             let (addr, seg_len, remote) = self.remote(rid)?;
             Self::check_remote(i, rid, seg_len, roff, rlen)?;
-            let l = self.local(seg);
+            let l = self.local(i, seg)?;
             self.push(l, *loff, addr + roff, remote, rlen);
         }
         Ok(())
@@ -334,7 +354,7 @@ mod tests {
             bounce: 0,
             describe: String::new(),
         };
-        Segment::new(info, Backing::Staged(Arc::new(m)), 0).unwrap()
+        Segment::new(info, Backing::Staged(Arc::new(m)), 0, 1).unwrap()
     }
 
     fn table() -> HashMap<u32, SegmentInfo> {
@@ -360,7 +380,7 @@ mod tests {
     fn blocks_merge_only_where_both_sides_continue_and_across_tables() {
         let seg = local(1 << 20);
         let t = table();
-        let mut p = Planner::new("peer", &t, 2, 0);
+        let mut p = Planner::new("peer", &t, 2, 0, 1);
         // A descriptor, then blocks continuing it on both sides, then a gap, then two more.
         p.descs(&[Desc::new(&seg, 0, 7, 0, 4096)]).unwrap();
         let (lb, rb) = ([1u32, 2, 5, 3, 4], [1u32, 2, 9, 3, 4]);
@@ -403,7 +423,7 @@ mod tests {
             (0, 4096, huge - 100),
             (4096, (1 << 20) - 4095, 0),
         ] {
-            let mut p = Planner::new("peer", &t, 1, 0);
+            let mut p = Planner::new("peer", &t, 1, 0, 1);
             match p.descs(&[Desc::new(&seg, off, 7, roff, len)]) {
                 Err(Error::OutOfSegment { .. }) => {}
                 other => panic!("({off}, {len}, {roff}): {other:?}"),
@@ -414,7 +434,7 @@ mod tests {
         // huge bases leave none either.
         let (lb, rb) = ([0u32], [0u32]);
         for (len, lbase, rbase) in [(huge, 0, 0), (4096, huge, 0), (4096, 0, huge)] {
-            let mut p = Planner::new("peer", &t, 1, 0);
+            let mut p = Planner::new("peer", &t, 1, 0, 1);
             let r = p.blocks(&BlockTable {
                 local: &seg,
                 local_base: lbase,
@@ -451,7 +471,7 @@ mod tests {
             local_blocks: lb,
             remote_blocks: rb,
         };
-        let mut p = Planner::new("peer", &t, 1, 0);
+        let mut p = Planner::new("peer", &t, 1, 0, 1);
         // 7 whole blocks after the local base: index 7 is out.
         match p.blocks(&table(&[0, 7], &[0, 1])) {
             Err(Error::IndexOutOfRange {
@@ -459,7 +479,7 @@ mod tests {
             }) => {}
             other => panic!("{other:?}"),
         }
-        let mut p = Planner::new("peer", &t, 1, 0);
+        let mut p = Planner::new("peer", &t, 1, 0, 1);
         match p.blocks(&table(&[0], &[256])) {
             Err(Error::IndexOutOfRange {
                 index: 256,
@@ -468,13 +488,13 @@ mod tests {
             }) => {}
             other => panic!("{other:?}"),
         }
-        let mut p = Planner::new("peer", &t, 1, 0);
+        let mut p = Planner::new("peer", &t, 1, 0, 1);
         assert!(matches!(
             p.blocks(&table(&[0, 1], &[0])),
             Err(Error::InvalidArgument { .. })
         ));
         assert!(matches!(
-            Planner::new("peer", &t, 1, 0).finish(),
+            Planner::new("peer", &t, 1, 0, 1).finish(),
             Err(Error::InvalidArgument { .. })
         ));
     }

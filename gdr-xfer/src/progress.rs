@@ -1,26 +1,34 @@
-//! The progress threads: one per rail. Each reaps its rail's completion queue, credits
-//! completions to transfers, posts what waits for room, delivers notifications; rail 0's also
-//! fails transfers past their deadline, samples the rails' throughput and starts rail
-//! renewals. It polls while work completes and sleeps on the completion
-//! channel otherwise (waking at least every [`TICK`] for deadlines), so an idle agent costs no
-//! CPU. The caller's thread never waits for it: submitting posts what fits at once.
+//! The progress threads: one per rail. Each reaps its rail's completion queue and hands every
+//! completion to its connection's core; every one of them also runs the connections' timers
+//! (deadlines, fences, renewals, throughput samples) when they are due and no other thread is
+//! running them, so timers do not depend on one thread. A thread polls while work completes and
+//! sleeps on the completion channel otherwise (waking at least every [`TICK`] for the timers),
+//! so an idle agent costs no CPU. The caller's thread never waits for it: submitting posts what
+//! fits at once.
+//!
+//! The core does not panic (the simulation checks it on every seed); should a completion's
+//! handling panic all the same, the progress thread survives it: the connection is closed
+//! (its transfers fail, their queue pairs destroyed) and the thread goes on for the others.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gdr::Completion;
+use gdr_xfer_proto::Failure as CoreFailure;
 
 use crate::agent::AgentShared;
+use crate::transfer::Failure;
 
-/// Longest sleep, and the period of deadline checks.
+/// Longest sleep, and the period of the timers: an outcome may come this much after its due
+/// time.
 pub(crate) const TICK: Duration = Duration::from_millis(5);
 
 pub(crate) fn run(agent: Arc<AgentShared>, rail: usize) {
     let cq = agent.rails[rail].cq.clone();
     let mut wcs = vec![Completion::default(); 64];
     let mut last_work = Instant::now();
-    let mut last_tick = Instant::now();
     let mut armed = false;
     while !agent.shutdown.load(Ordering::Acquire) {
         let n = match cq.poll(&mut wcs) {
@@ -42,14 +50,11 @@ pub(crate) fn run(agent: Arc<AgentShared>, rail: usize) {
             last_work = now;
             armed = false;
         }
-        if rail == 0 && now.duration_since(last_tick) >= TICK {
-            last_tick = now;
-            for conn in agent.peer_list() {
-                let (msgs, _) = conn.tick(now);
-                for m in &msgs {
-                    conn.send_control(m);
-                }
-            }
+        if catch_unwind(AssertUnwindSafe(|| agent.run_timers(now))).is_err() {
+            log::error!(
+                "{}: a panic running the timers (a bug); going on",
+                agent.config.name
+            );
         }
         if n == 0 && now.duration_since(last_work) >= agent.config.busy_poll {
             if !armed {
@@ -77,11 +82,30 @@ fn handle(agent: &AgentShared, rail: usize, c: &Completion) {
         log::debug!("completion for QP {:#x} of no live peer dropped", c.qp_num);
         return;
     };
-    if c.is_recv {
-        if let Some(n) = conn.on_recv_completion(lane, c) {
-            agent.deliver(n);
+    let handled = catch_unwind(AssertUnwindSafe(|| {
+        if c.is_recv {
+            conn.on_recv_completion(lane, c);
+        } else {
+            conn.on_send_completion(lane, c);
         }
-    } else {
-        conn.on_send_completion(lane, c);
+    }));
+    if handled.is_err() {
+        log::error!(
+            "{}: a panic handling a completion of peer {} (a bug): the connection is closed",
+            agent.config.name,
+            conn.name
+        );
+        let closed = catch_unwind(AssertUnwindSafe(|| {
+            conn.lose(Failure::Core(CoreFailure::PeerLost {
+                reason: "the engine failed handling one of its completions".into(),
+            }))
+        }));
+        if closed.is_err() {
+            log::error!(
+                "{}: closing peer {} panicked too",
+                agent.config.name,
+                conn.name
+            );
+        }
     }
 }

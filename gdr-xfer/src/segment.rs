@@ -8,6 +8,7 @@
 //! destroyed, after which the NIC cannot touch it).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use gdr::gpu_mr::GpuMemoryRegion;
@@ -39,11 +40,23 @@ pub(crate) struct SegmentInner {
     /// Offset of the segment's byte 0 in its registration.
     pub(crate) base: usize,
     pub(crate) backing: Backing,
+    /// The agent that registered it (its number in the process).
+    pub(crate) agent: u64,
+    /// Cleared when its agent deregisters it: new transfers from it are refused.
+    pub(crate) registered: AtomicBool,
 }
 
 impl SegmentInner {
     pub(crate) fn is_staged(&self) -> bool {
         matches!(self.backing, Backing::Staged(_))
+    }
+
+    pub(crate) fn is_registered(&self) -> bool {
+        self.registered.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_deregistered(&self) {
+        self.registered.store(false, Ordering::Release);
     }
 }
 
@@ -70,7 +83,12 @@ impl fmt::Debug for Segment {
 }
 
 impl Segment {
-    pub(crate) fn new(info: SegmentInfo, backing: Backing, base: usize) -> Result<Segment> {
+    pub(crate) fn new(
+        info: SegmentInfo,
+        backing: Backing,
+        base: usize,
+        agent: u64,
+    ) -> Result<Segment> {
         let end = base + info.len as usize;
         let whole = match &backing {
             Backing::Host(m) => m
@@ -100,6 +118,8 @@ impl Segment {
                 whole,
                 base,
                 backing,
+                agent,
+                registered: AtomicBool::new(true),
             }),
         })
     }

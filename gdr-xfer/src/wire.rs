@@ -491,6 +491,38 @@ impl Message {
     }
 }
 
+/// Bytes of a message's header (magic, version, kind, reserved).
+const HEADER_LEN: usize = 8;
+
+/// The encoded size of one entry of a [`Message::Segments`].
+fn segment_entry_len(s: &SegmentInfo) -> usize {
+    4 + 8 + 8 + 1 + 4 * s.rkeys.len() + 1 + 4 + 1 + s.name.len()
+}
+
+/// A segment table as [`Message::Segments`] messages that each fit one frame
+/// ([`gdr::connect::wire::MAX_BODY`] bytes, and at most [`MAX_SEGMENTS_PER_MESSAGE`] entries):
+/// packed by encoded size, not by count (1,024 entries with 64-byte names and 8 keys would be
+/// twice a frame).
+pub fn segment_messages(list: &[SegmentInfo]) -> Vec<Message> {
+    let limit = gdr::connect::wire::MAX_BODY - HEADER_LEN - 2;
+    let mut out = Vec::new();
+    let mut cur: Vec<SegmentInfo> = Vec::new();
+    let mut size = 0;
+    for s in list {
+        let n = segment_entry_len(s);
+        if !cur.is_empty() && (size + n > limit || cur.len() == MAX_SEGMENTS_PER_MESSAGE) {
+            out.push(Message::Segments(std::mem::take(&mut cur)));
+            size = 0;
+        }
+        size += n;
+        cur.push(s.clone());
+    }
+    if !cur.is_empty() {
+        out.push(Message::Segments(cur));
+    }
+    out
+}
+
 /// A queue pair count and that many endpoints.
 fn encode_endpoints(v: &mut Vec<u8>, endpoints: &[Endpoint]) -> Result<()> {
     if endpoints.is_empty() || endpoints.len() > MAX_QPS {
@@ -854,5 +886,38 @@ mod tests {
         let reason = "é".repeat(MAX_REASON);
         let m = Message::decode("p", &Message::Bye(reason).encode().unwrap()).unwrap();
         assert!(matches!(m, Message::Bye(r) if r.len() <= MAX_REASON));
+    }
+
+    #[test]
+    fn a_large_segment_table_is_split_by_encoded_size_and_every_part_fits_a_frame() {
+        // 2,000 segments with 64-byte names and 8 keys: 123 bytes each, so 1,024 of them would
+        // be 126 KB, twice a frame.
+        let list: Vec<SegmentInfo> = (1..=2000u32)
+            .map(|id| SegmentInfo {
+                id,
+                name: format!("{id:064}"),
+                addr: 0x1000,
+                len: 4096,
+                rkeys: vec![id; MAX_RAILS],
+                location: Location::Cuda { ordinal: 3 },
+            })
+            .collect();
+        let msgs = segment_messages(&list);
+        assert!(msgs.len() >= 4, "{} messages", msgs.len());
+        let mut back = Vec::new();
+        for m in &msgs {
+            let bytes = m.encode().unwrap();
+            assert!(
+                bytes.len() <= gdr::connect::wire::MAX_BODY,
+                "{} bytes",
+                bytes.len()
+            );
+            match Message::decode("p", &bytes).unwrap() {
+                Message::Segments(v) => back.extend(v),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(back, list);
+        assert!(segment_messages(&[]).is_empty());
     }
 }

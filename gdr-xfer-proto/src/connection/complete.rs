@@ -166,12 +166,17 @@ impl<I: Io> Connection<I> {
                 None
             }
         };
-        match deliver {
-            Some(data) => {
+        if let Some(data) = deliver {
+            self.untaken = self.untaken.saturating_add(1);
+            let holds = self.untaken > self.cfg.recv_buffered;
+            if holds {
                 self.recv[rail].held += 1;
-                io.deliver(data, Receipt { lane, slot });
             }
-            None => self.arm_free_slots(io, rail),
+            io.deliver(data, Receipt { lane, slot, holds });
+            if holds {
+                return;
+            }
         }
+        self.arm_free_slots(io, rail);
     }
 }

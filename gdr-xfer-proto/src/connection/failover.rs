@@ -11,8 +11,11 @@
 //! to; its queue pair is in error, so the rail is renewed at once, like a fence: not paused,
 //! no error counted, the other transfers' requests posted again on the new queue pairs.
 //!
-//! When no rail is usable (active, or being renewed by a fence), every transfer fails with
-//! [`Failure::NoRail`]; the connection stays, and rails come back after their cool-down.
+//! When no rail has been usable (active, or being renewed by a fence) for a quiesce time,
+//! every transfer fails with [`Failure::NoRail`]; until then they wait, since a rail may come
+//! back (our renewal after its cool-down, or the peer's: a request error on the peer's side
+//! breaks the queue pairs both sides share, and ours then see their retries exceeded). The
+//! connection stays, and rails come back after their cool-down.
 
 use std::time::Instant;
 
@@ -76,11 +79,20 @@ impl<I: Io> Connection<I> {
         self.check_rails(now, io);
     }
 
-    /// Fails every transfer when no rail is usable.
+    /// Notes when no rail is usable any more, and fails every transfer once none has been for
+    /// a quiesce time (a rail that comes back meanwhile, renewed by us or by the peer, carries
+    /// them on).
     pub(crate) fn check_rails(&mut self, now: Instant, io: &mut I) {
         if self.rails.iter().any(RailLink::is_usable) {
+            self.no_rail_since = None;
+            self.no_rail_failed = false;
             return;
         }
+        let since = *self.no_rail_since.get_or_insert(now);
+        if now < since + self.cfg.quiesce || self.transfers.len() == 0 || self.no_rail_failed {
+            return;
+        }
+        self.no_rail_failed = true;
         let detail = self.rails_detail();
         io.event(Event::NoRail {
             detail: detail.clone(),

@@ -99,6 +99,14 @@ pub struct Connection<I: Io> {
     next_gen: u64,
     next_notify_id: u64,
     seen: Seen,
+    /// Notifications delivered and not taken yet.
+    untaken: u32,
+    /// Since when no rail is usable (transfers wait one quiesce time for one to come back:
+    /// the peer may be renewing it already, e.g. after its own request broke the queue pairs
+    /// both sides share).
+    no_rail_since: Option<Instant>,
+    /// Whether this outage already failed the transfers.
+    no_rail_failed: bool,
     state: State,
 }
 
@@ -191,6 +199,9 @@ impl<I: Io> Connection<I> {
             next_wr: 1,
             next_notify_id: 1,
             seen: Seen::default(),
+            untaken: 0,
+            no_rail_since: None,
+            no_rail_failed: false,
             state: State::Open,
         }
     }
@@ -306,7 +317,7 @@ impl<I: Io> Connection<I> {
                 reason: reason.to_string(),
             });
         }
-        if !self.rails.iter().any(RailLink::is_usable) {
+        if self.no_rail_for(now) {
             return Err(Failure::NoRail {
                 detail: self.rails_detail(),
             });
@@ -513,6 +524,11 @@ impl<I: Io> Connection<I> {
                 }
             }
         }
+        if let Some(since) = self.no_rail_since {
+            if !self.no_rail_failed && self.transfers.len() > 0 {
+                at(since + self.cfg.quiesce);
+            }
+        }
         for r in &self.rails {
             if matches!(r.state, RailState::Paused | RailState::Renewing) && !self.is_closed() {
                 at(r.until);
@@ -559,13 +575,27 @@ impl<I: Io> Connection<I> {
         }
         if !self.is_closed() {
             self.renewals_due(now, io);
+            self.check_rails(now, io);
         }
         self.pump(now, io);
+    }
+
+    /// Whether no rail has been usable for a quiesce time (transfers fail with
+    /// [`Failure::NoRail`] then).
+    fn no_rail_for(&self, now: Instant) -> bool {
+        !self.rails.iter().any(RailLink::is_usable)
+            && self
+                .no_rail_since
+                .is_some_and(|s| now >= s + self.cfg.quiesce)
     }
 
     /// The application took a delivered notification: its receive slot is posted again (on
     /// the rail's current queue pair, if it still has one).
     pub fn consumed(&mut self, io: &mut I, receipt: Receipt) {
+        self.untaken = self.untaken.saturating_sub(1);
+        if !receipt.holds {
+            return;
+        }
         let rail = receipt.lane.lane / self.cfg.lanes_per_rail;
         let Some(slots) = self.recv.get_mut(rail) else {
             return;

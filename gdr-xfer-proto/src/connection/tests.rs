@@ -151,6 +151,7 @@ fn cfg(rails: usize, lanes: usize) -> Config {
     c.stripe_min = 0;
     c.send_slots = 2;
     c.recv_slots = 2;
+    c.recv_buffered = 0;
     c.notify_max = 16;
     c.quiesce = Duration::from_millis(100);
     c
@@ -474,17 +475,27 @@ fn a_lane_error_pauses_its_rail_and_what_it_carried_goes_on_the_other() {
 }
 
 #[test]
-fn with_no_rail_left_every_transfer_fails_once_its_queue_pairs_are_gone() {
+fn with_no_rail_for_a_quiesce_time_every_transfer_fails() {
     let mut t = T::new(cfg(1, 1));
     t.submit(0, 1, Op::Read, 1, 0, Some(1000), None).unwrap();
     t.submit(0, 2, Op::Read, 1, 0, Some(1000), None).unwrap();
     let p = t.io.posts[0].clone();
     t.complete(1, p.lane, p.wr_ids[0], Status::LaneError);
     assert!(t.io.destroyed.contains(&lane(0, 0)));
-    assert!(matches!(t.io.outcome(1), Some(Err(Failure::NoRail { .. }))));
-    assert!(matches!(t.io.outcome(2), Some(Err(Failure::NoRail { .. }))));
+    // They wait: the peer may renew the rail (its own request may have broken it).
+    assert!(t.io.finished.is_empty());
+    assert!(t.submit(2, 3, Op::Read, 1, 0, Some(1000), None).is_ok());
+    t.tick(100);
+    assert!(t.io.finished.is_empty());
+    t.tick(101);
+    for h in [1, 2, 3] {
+        assert!(
+            matches!(t.io.outcome(h), Some(Err(Failure::NoRail { .. }))),
+            "{h}"
+        );
+    }
     assert!(matches!(
-        t.submit(2, 3, Op::Read, 1, 0, None, None),
+        t.submit(102, 4, Op::Read, 1, 0, None, None),
         Err(Failure::NoRail { .. })
     ));
     // After the cool-down the rail is renewed.
@@ -493,6 +504,33 @@ fn with_no_rail_left_every_transfer_fails_once_its_queue_pairs_are_gone() {
         t.io.control.last(),
         Some(Control::Renew { rail: 0, .. })
     ));
+}
+
+#[test]
+fn a_rail_the_peer_renews_within_the_quiesce_time_carries_the_waiting_transfers_on() {
+    // The peer's bad request broke the queue pairs both sides share: ours see their retries
+    // exceeded and the only rail pauses; the peer's renewal arrives before the quiesce time.
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Read, 1, 0, Some(1000), None).unwrap();
+    let p = t.io.posts.remove(0);
+    t.complete(1, p.lane, p.wr_ids[0], Status::LaneError);
+    let now = t.at(20);
+    t.c.handle_control(
+        now,
+        &mut t.io,
+        Control::Renew {
+            rail: 0,
+            epoch: 1,
+            endpoints: vec![5],
+        },
+    );
+    assert!(matches!(
+        t.io.control.last(),
+        Some(Control::Renewed { epoch: 1, .. })
+    ));
+    t.complete_all(21);
+    t.tick(200);
+    assert_eq!(t.io.outcome(1), Some(&Ok(())));
 }
 
 #[test]

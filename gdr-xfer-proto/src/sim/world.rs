@@ -189,6 +189,12 @@ impl World {
         cfg.stripe_min = 64 * rng.range(0, 64);
         cfg.recv_slots = rng.range(1, 5) as u16;
         cfg.send_slots = cfg.recv_slots;
+        // Mostly none buffered, so that held slots and the peers' waits are exercised.
+        cfg.recv_buffered = if rng.percent(70) {
+            0
+        } else {
+            rng.range(1, 8) as u32
+        };
         cfg.notify_max = rng.range(8, 64) as u32;
         cfg.quiesce = Duration::from_millis(rng.range(15, 60));
         cfg.renew_timeout = Duration::from_millis(rng.range(40, 150));

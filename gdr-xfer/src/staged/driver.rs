@@ -2,19 +2,23 @@
 //! stager tickets and child transfers, and gives every bounce buffer back only once the NIC can
 //! no longer touch it.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use gdr::pd::ProtectionDomain;
+use gdr_xfer_proto::{Failure as CoreFailure, Run, Spec, TransferKey};
 
 use super::{Bounce, StagedDevice};
 use crate::connection::Connection;
 use crate::descriptor::Op;
 use crate::error::{Error, Result};
+use crate::plan::Plan;
 use crate::segment::{Backing, SegmentInner};
 use crate::staging::{Chunk, Direction, Outcome, StagingConfig, StagingEvent, Ticket};
-use crate::transfer::{Failure, Run, TransferState};
+use crate::transfer::{Failure, Stopper, TransferCell, TransferStats};
 
 /// The failure a copy engine's error gives the transfer.
 fn staging_failure(e: &Error) -> Failure {
@@ -22,6 +26,10 @@ fn staging_failure(e: &Error) -> Failure {
         detail: e.to_string(),
     }
 }
+
+/// How long [`Driver::stop`] lets the jobs of a closing agent drain (their children failed
+/// with the connections; copies and bounce buffers come back within this).
+const STOP_DRAIN: Duration = Duration::from_secs(5);
 
 /// How long the driver sleeps between polls while its work moves (copies and children progress
 /// without it; this bounds the added latency per chunk). Polls that find nothing changed double
@@ -54,7 +62,8 @@ struct Lent {
 
 /// A child transfer and the chunk it moves (none for a run of a directly registered segment).
 struct Child {
-    state: Arc<TransferState>,
+    cell: Arc<TransferCell>,
+    key: TransferKey,
     chunk: Option<(usize, Chunk)>,
 }
 
@@ -72,8 +81,23 @@ enum Held {
 
 /// A transfer with staged local segments.
 pub(crate) struct Job {
-    parent: Arc<TransferState>,
+    id: u64,
+    parent: Arc<TransferCell>,
     conn: Arc<Connection>,
+    runs: Vec<Run>,
+    /// Remote keys, `rails` per remote segment of the runs.
+    rkeys: Vec<u32>,
+    rails: usize,
+    rail_mask: u32,
+    notify: Option<Vec<u8>>,
+    /// Set by [`Driver::cancel`].
+    cancelled: bool,
+    posted_at: Option<Instant>,
+    /// Telemetry gathered from the children.
+    qps_used: u32,
+    rails_used: u32,
+    retried: u64,
+    slices: u64,
     /// The plan's local segments (held until the job ends), and for each its bounce buffers and
     /// device memory when it is staged.
     locals: Vec<Arc<SegmentInner>>,
@@ -89,10 +113,13 @@ pub(crate) struct Job {
 
 impl Job {
     pub(crate) fn new(
-        parent: Arc<TransferState>,
+        parent: Arc<TransferCell>,
         conn: Arc<Connection>,
-        locals: Vec<Arc<SegmentInner>>,
+        plan: Plan,
+        rail_mask: u32,
+        notify: Option<Vec<u8>>,
     ) -> Job {
+        let locals = plan.locals;
         let staged = locals
             .iter()
             .map(|l| match &l.backing {
@@ -100,9 +127,22 @@ impl Job {
                 _ => None,
             })
             .collect();
+        static JOBS: AtomicU64 = AtomicU64::new(1);
         Job {
+            id: JOBS.fetch_add(1, Ordering::Relaxed),
             parent,
+            rails: conn.nrails.max(1),
             conn,
+            runs: plan.runs,
+            rkeys: plan.rkeys,
+            rail_mask,
+            notify,
+            cancelled: false,
+            posted_at: None,
+            qps_used: 0,
+            rails_used: 0,
+            retried: 0,
+            slices: 0,
             locals,
             staged,
             next_run: 0,
@@ -121,21 +161,22 @@ impl Job {
         }
     }
 
-    /// Records the first failure and fails the transfer at once (what the NIC still holds is
-    /// drained before the job ends).
+    /// Records the first failure and stops the children; the transfer reports it once the job
+    /// is over (every child ended, every copy complete, every bounce buffer quiet), so that no
+    /// copy or request touches its memory after its outcome.
     fn fail(&mut self, f: Failure) {
         if self.failure.is_some() {
             return;
         }
         let f = match f {
-            Failure::Timeout { .. } => Failure::Timeout {
+            Failure::Core(CoreFailure::Timeout { .. }) => Failure::Core(CoreFailure::Timeout {
                 after: self.parent.timeout,
-            },
+            }),
             f => f,
         };
-        let mut p = self.parent.lock();
-        self.parent.finish(&mut p, Err(f.clone()));
-        drop(p);
+        for c in &self.children {
+            self.conn.cancel(c.key);
+        }
         self.failure = Some(f);
     }
 
@@ -148,26 +189,39 @@ impl Job {
         remote: u32,
         len: u64,
         notify: Option<Vec<u8>>,
-    ) -> std::result::Result<Arc<TransferState>, Failure> {
+    ) -> std::result::Result<(Arc<TransferCell>, TransferKey), Failure> {
         let parent = &self.parent;
         let left = match parent.deadline {
             Some(d) => d.saturating_duration_since(Instant::now()),
             None => parent.timeout,
         };
         if left.is_zero() {
-            return Err(Failure::Timeout {
+            return Err(Failure::Core(CoreFailure::Timeout {
                 after: parent.timeout,
-            });
+            }));
         }
-        let rails = parent.rails;
+        let rails = self.rails;
         let at = remote as usize * rails;
-        let rkeys = parent.rkeys[at..at + rails].to_vec();
-        let mut state = TransferState::new(
+        let rkeys = self
+            .rkeys
+            .get(at..at + rails)
+            .ok_or_else(|| {
+                Failure::Core(CoreFailure::Rejected {
+                    detail: format!("remote segment {remote} has no keys"),
+                })
+            })?
+            .to_vec();
+        let cell = Arc::new(TransferCell::new(
             parent.op,
             parent.peer.clone(),
+            len,
+            1,
             left,
-            vec![local],
-            vec![Run {
+        ));
+        let spec = Spec {
+            op: parent.op,
+            locals: vec![local],
+            runs: vec![Run {
                 local: 0,
                 local_offset,
                 remote_addr,
@@ -175,19 +229,18 @@ impl Job {
                 len,
             }],
             rkeys,
-            rails,
-            self.conn.slice_size,
-            1,
+            timeout: Some(left),
             notify,
-        );
-        state.rail_mask = parent.rail_mask;
-        let state = Arc::new(state);
-        self.conn.submit(state.clone())?;
-        Ok(state)
+            rail_mask: self.rail_mask,
+            handle: cell.clone(),
+        };
+        let key = self.conn.submit(spec)?;
+        cell.set_stopper(Stopper::Core(Arc::downgrade(&self.conn), key));
+        Ok((cell, key))
     }
 
     fn is_last_piece(&self, run: usize, end: usize, tr_end: usize) -> bool {
-        run + 1 == self.parent.runs.len() && end == tr_end
+        run + 1 == self.runs.len() && end == tr_end
     }
 
     /// Gives a chunk that was never posted (or whose child ended) to the draining list.
@@ -212,8 +265,9 @@ impl Job {
         notify: Option<Vec<u8>>,
     ) {
         match self.child(local, 0, remote_addr, remote, chunk.len() as u64, notify) {
-            Ok(state) => self.children.push(Child {
-                state,
+            Ok((cell, key)) => self.children.push(Child {
+                cell,
+                key,
                 chunk: Some((bounce, chunk)),
             }),
             Err(f) => {
@@ -225,8 +279,13 @@ impl Job {
 
     /// Posts run `i` of a directly registered segment as one child.
     fn post_direct(&mut self, i: usize, notify: Option<Vec<u8>>) {
-        let run = self.parent.runs[i];
-        let seg = self.locals[run.local as usize].clone();
+        let run = self.runs[i];
+        let Some(seg) = self.locals.get(run.local as usize).cloned() else {
+            self.fail(Failure::Core(CoreFailure::Rejected {
+                detail: format!("run {i} names a local segment the transfer does not have"),
+            }));
+            return;
+        };
         match self.child(
             seg,
             run.local_offset,
@@ -235,7 +294,11 @@ impl Job {
             run.len,
             notify,
         ) {
-            Ok(state) => self.children.push(Child { state, chunk: None }),
+            Ok((cell, key)) => self.children.push(Child {
+                cell,
+                key,
+                chunk: None,
+            }),
             Err(f) => self.fail(f),
         }
     }
@@ -256,11 +319,11 @@ impl Job {
             self.give_back(bounce, chunk);
             return;
         }
-        let run = self.parent.runs[tr.run];
+        let run = self.runs[tr.run];
         let offset = (chunk.device_offset() - tr.dev_start) as u64;
         let remote_addr = run.remote_addr + offset;
         let last = self.is_last_piece(tr.run, chunk.device_offset() + chunk.len(), tr.dev_end);
-        if last && self.parent.notify.is_some() {
+        if last && self.notify.is_some() {
             self.held = Some(Held::Chunk {
                 bounce,
                 chunk,
@@ -269,7 +332,14 @@ impl Job {
             });
             return;
         }
-        let local = segments[chunk.slot()].clone();
+        let Some(local) = segments.get(chunk.slot()).cloned() else {
+            self.give_back(bounce, chunk);
+            self.fail(staging_failure(&Error::invalid(
+                "a chunk names a bounce slot its buffers do not have",
+                "this is a bug in gdr-xfer's staging driver",
+            )));
+            return;
+        };
         self.post_chunk(bounce, chunk, local, (remote_addr, run.remote), None);
     }
 
@@ -284,19 +354,26 @@ impl Job {
     /// Starts tickets (or direct children) for the next runs, at most `window` tickets at once.
     fn start_runs(&mut self, bounces: &mut [Bounce], window: usize) {
         while self.failure.is_none()
-            && self.next_run < self.parent.runs.len()
+            && self.next_run < self.runs.len()
             && self.tickets.len() < window
         {
             let i = self.next_run;
-            let run = self.parent.runs[i];
+            let run = self.runs[i];
             let local = run.local as usize;
-            match &self.staged[local] {
+            match self.staged.get(local).cloned().flatten() {
                 Some((b, dev)) => {
+                    let Some(bounce) = bounces.get_mut(b) else {
+                        self.fail(staging_failure(&Error::invalid(
+                            format!("segment of run {i} names bounce buffers {b} this agent does not have"),
+                            "stage only segments registered with this agent",
+                        )));
+                        break;
+                    };
                     let start = self.locals[local].base + run.local_offset as usize;
                     let end = start + run.len as usize;
-                    match bounces[*b].stage.start(self.direction(), dev, start..end) {
+                    match bounce.stage.start(self.direction(), &dev, start..end) {
                         Ok(ticket) => self.tickets.push(TicketRun {
-                            bounce: *b,
+                            bounce: b,
                             ticket,
                             run: i,
                             dev_start: start,
@@ -313,7 +390,7 @@ impl Job {
                     }
                 }
                 None => {
-                    if i + 1 == self.parent.runs.len() && self.parent.notify.is_some() {
+                    if i + 1 == self.runs.len() && self.notify.is_some() {
                         self.held = Some(Held::Direct(i));
                     } else {
                         self.post_direct(i, None);
@@ -324,27 +401,21 @@ impl Job {
         }
     }
 
-    /// Collects children that ended: their chunks go to draining, their telemetry to the
-    /// parent; a failed one fails the job.
+    /// Collects children that ended (their memory is quiet): their chunks go to draining,
+    /// their telemetry to the parent; a failed one fails the job.
     fn reap_children(&mut self) {
         let mut i = 0;
         while i < self.children.len() {
-            let outcome = {
-                let p = self.children[i].state.lock();
-                p.outcome
-                    .clone()
-                    .map(|o| (o, p.qps_mask, p.rails_mask, p.retried_slices))
-            };
-            let Some((outcome, qps, rails, retried)) = outcome else {
+            let Some(outcome) = self.children[i].cell.outcome() else {
                 i += 1;
                 continue;
             };
             let child = self.children.swap_remove(i);
-            {
-                let mut p = self.parent.lock();
-                p.qps_mask |= qps;
-                p.rails_mask |= rails;
-                p.retried_slices += retried;
+            if let Ok(s) = &outcome {
+                self.qps_used = self.qps_used.max(s.qps_used);
+                self.rails_used = self.rails_used.max(s.rails_used);
+                self.retried += s.retried_slices;
+                self.slices += s.slices;
             }
             let ok = outcome.is_ok();
             if let Some((bounce, chunk)) = child.chunk {
@@ -368,7 +439,10 @@ impl Job {
         let mut i = 0;
         while i < self.draining.len() {
             let l = &mut self.draining[i];
-            if !bounces[l.bounce].slots.is_quiet(l.chunk.slot()) {
+            if !bounces
+                .get(l.bounce)
+                .is_some_and(|b| b.slots.is_quiet(l.chunk.slot()))
+            {
                 l.waited = true;
                 i += 1;
                 continue;
@@ -379,7 +453,9 @@ impl Job {
                 stats.chunks += 1;
                 stats.bytes += l.chunk.len() as u64;
             }
-            let stage = &mut bounces[l.bounce].stage;
+            let Some(stage) = bounces.get_mut(l.bounce).map(|b| &mut b.stage) else {
+                continue;
+            };
             let r = if l.commit && self.failure.is_none() {
                 stage.commit(l.chunk)
             } else {
@@ -400,7 +476,7 @@ impl Job {
             self.held = None;
             return;
         }
-        if !self.children.is_empty() || self.next_run < self.parent.runs.len() {
+        if !self.children.is_empty() || self.next_run < self.runs.len() {
             return;
         }
         // Every other piece must have been posted and completed: no ticket may be left but the
@@ -419,7 +495,7 @@ impl Job {
         let Some(held) = self.held.take() else {
             return;
         };
-        let notify = self.parent.notify.clone();
+        let notify = self.notify.clone();
         match held {
             Held::Chunk {
                 bounce,
@@ -427,17 +503,28 @@ impl Job {
                 remote_addr,
                 remote,
             } => {
-                let local = segments[bounce][chunk.slot()].clone();
+                let Some(local) = segments
+                    .get(bounce)
+                    .and_then(|s| s.get(chunk.slot()))
+                    .cloned()
+                else {
+                    self.give_back(bounce, chunk);
+                    self.fail(staging_failure(&Error::invalid(
+                        "the held chunk names a bounce slot its buffers do not have",
+                        "this is a bug in gdr-xfer's staging driver",
+                    )));
+                    return;
+                };
                 self.post_chunk(bounce, chunk, local, (remote_addr, remote), notify);
             }
             Held::Direct(i) => self.post_direct(i, notify),
         }
-        self.parent.lock().posted_at = Some(Instant::now());
+        self.posted_at = Some(Instant::now());
     }
 
     /// Whether nothing of the job is left anywhere (it is then finished).
     fn is_over(&self) -> bool {
-        (self.failure.is_some() || self.next_run >= self.parent.runs.len())
+        (self.failure.is_some() || self.next_run >= self.runs.len())
             && self.tickets.is_empty()
             && self.children.is_empty()
             && self.draining.is_empty()
@@ -447,8 +534,35 @@ impl Job {
     fn cancel_tickets(&self, bounces: &mut [Bounce]) {
         for t in &self.tickets {
             // A ticket already cancelled, or finishing, is refused: nothing to do then.
-            let _ = bounces[t.bounce].stage.cancel(t.ticket);
+            if let Some(b) = bounces.get_mut(t.bounce) {
+                let _ = b.stage.cancel(t.ticket);
+            }
         }
+    }
+
+    /// Reports the outcome (the job is over: nothing of it touches the memory any more).
+    fn finish(&self, now: Instant) {
+        let p = &self.parent;
+        let outcome = match &self.failure {
+            Some(f) => Err(f.clone()),
+            None => Ok(TransferStats {
+                bytes: p.bytes,
+                descriptors: p.descriptors,
+                runs: self.runs.len() as u64,
+                slices: self.slices,
+                qps_used: self.qps_used,
+                rails_used: self.rails_used,
+                retried_slices: self.retried,
+                time_to_post: self
+                    .posted_at
+                    .unwrap_or(now)
+                    .saturating_duration_since(p.started),
+                time_to_complete: now.saturating_duration_since(p.started),
+                plan_time: Duration::ZERO,
+                submit_time: Duration::ZERO,
+            }),
+        };
+        p.finish(outcome);
     }
 }
 
@@ -533,14 +647,27 @@ impl Driver {
         dev: &StagedDevice,
         agent: &str,
     ) -> Result<(usize, String)> {
-        let mut st = self.lock();
-        if let Some(i) = st.bounces.iter().position(|b| b.key == dev.key()) {
-            return Ok((i, st.bounces[i].describe.clone()));
+        {
+            let st = self.lock();
+            if let Some(i) = st.bounces.iter().position(|b| b.key == dev.key()) {
+                return Ok((i, st.bounces[i].describe.clone()));
+            }
         }
+        // Made without the lock (registering them takes a while); another thread may have made
+        // this GPU's meanwhile: then those are used and these dropped. The index is taken under
+        // the same lock as the push, so it is this GPU's whatever other GPUs were added.
         let bounce = Bounce::new(&self.pds, dev, self.config)?;
-        let describe = bounce.describe.clone();
-        st.bounces.push(bounce);
-        drop(st);
+        let (i, describe) = {
+            let mut st = self.lock();
+            match st.bounces.iter().position(|b| b.key == dev.key()) {
+                Some(i) => (i, st.bounces[i].describe.clone()),
+                None => {
+                    let describe = bounce.describe.clone();
+                    st.bounces.push(bounce);
+                    (st.bounces.len() - 1, describe)
+                }
+            }
+        };
         let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
         if thread.is_none() {
             let me = self.clone();
@@ -550,20 +677,32 @@ impl Driver {
                 .map_err(|e| Error::io("starting the staging thread", e))?;
             *thread = Some(h);
         }
-        Ok((self.lock().bounces.len() - 1, describe))
+        Ok((i, describe))
     }
 
     /// Takes a transfer with staged local segments.
-    pub(crate) fn submit(&self, job: Job) -> std::result::Result<(), Failure> {
+    pub(crate) fn submit(self: &Arc<Self>, job: Job) -> std::result::Result<(), Failure> {
         let mut st = self.lock();
         if st.stop {
-            return Err(Failure::AgentClosed);
+            return Err(Failure::Core(CoreFailure::AgentClosed));
         }
+        job.parent
+            .set_stopper(Stopper::Staged(Arc::downgrade(self), job.id));
         st.jobs.push(job);
         st.counters.transfers += 1;
         drop(st);
         self.wake.notify_all();
         Ok(())
+    }
+
+    /// Cancels staged transfer `job` (see [`crate::Transfer::cancel`]).
+    pub(crate) fn cancel(&self, job: u64) {
+        let mut st = self.lock();
+        if let Some(j) = st.jobs.iter_mut().find(|j| j.id == job) {
+            j.cancelled = true;
+        }
+        drop(st);
+        self.wake.notify_all();
     }
 
     /// What it holds and did.
@@ -597,7 +736,8 @@ impl Driver {
     }
 
     /// Stops the thread: transfers still staged fail (their children already did, with the
-    /// connections), and it returns once the thread ended.
+    /// connections) and are reported once drained (at most [`STOP_DRAIN`]); it returns once
+    /// the thread ended.
     pub(crate) fn stop(&self) {
         self.lock().stop = true;
         self.wake.notify_all();
@@ -610,12 +750,23 @@ impl Driver {
     fn run(&self) {
         let mut st = self.lock();
         let mut pause = POLL;
+        let mut stop_by: Option<Instant> = None;
         loop {
             if st.stop {
+                let by = *stop_by.get_or_insert_with(|| Instant::now() + STOP_DRAIN);
                 for job in &mut st.jobs {
-                    job.fail(Failure::AgentClosed);
+                    job.fail(Failure::Core(CoreFailure::AgentClosed));
                 }
-                return;
+                if st.jobs.is_empty() || Instant::now() >= by {
+                    for job in st.jobs.drain(..) {
+                        log::warn!(
+                            "a staged transfer to {} did not drain within {STOP_DRAIN:?} of the agent closing",
+                            job.parent.peer
+                        );
+                        job.finish(Instant::now());
+                    }
+                    return;
+                }
             }
             if st.jobs.is_empty() {
                 st = self
@@ -626,7 +777,19 @@ impl Driver {
                 continue;
             }
             let before = activity(&st);
-            step(&mut st, self.config.chunks, Instant::now());
+            let window = self.config.chunks;
+            let stepped = catch_unwind(AssertUnwindSafe(|| step(&mut st, window, Instant::now())));
+            if stepped.is_err() {
+                // A bug: keep the thread (and every other job's deadline) alive; the jobs of
+                // this step fail and drain.
+                log::error!("the staging driver panicked in a step (a bug); its jobs fail");
+                for job in &mut st.jobs {
+                    job.fail(staging_failure(&Error::invalid(
+                        "the staging driver failed",
+                        "this is a bug in gdr-xfer's staging driver",
+                    )));
+                }
+            }
             pause = if activity(&st) == before {
                 (pause * 2).min(POLL_IDLE)
             } else {
@@ -650,6 +813,7 @@ fn activity(st: &State) -> (usize, u64, u64, u64) {
             .wrapping_add(n(j.draining.len()).wrapping_shl(12))
             .wrapping_add(n(j.tickets.len()).wrapping_shl(24))
             .wrapping_add(n(j.next_run).wrapping_shl(36))
+            .wrapping_add(u64::from(j.cancelled).wrapping_shl(61))
             .wrapping_add(u64::from(j.held.is_some()).wrapping_shl(62));
     }
     (
@@ -699,10 +863,13 @@ fn step(st: &mut State, window: usize, now: Instant) {
     }
     for job in jobs.iter_mut() {
         job.reap_children();
+        if job.failure.is_none() && job.cancelled {
+            job.fail(Failure::Core(CoreFailure::Cancelled));
+        }
         if job.failure.is_none() && job.parent.deadline.is_some_and(|d| now >= d) {
-            job.fail(Failure::Timeout {
+            job.fail(Failure::Core(CoreFailure::Timeout {
                 after: job.parent.timeout,
-            });
+            }));
         }
         if job.failure.is_some() {
             job.cancel_tickets(bounces);
@@ -722,13 +889,7 @@ fn step(st: &mut State, window: usize, now: Instant) {
         if !job.is_over() {
             return true;
         }
-        if job.failure.is_none() {
-            let mut p = job.parent.lock();
-            if p.posted_at.is_none() {
-                p.posted_at = Some(now);
-            }
-            job.parent.finish(&mut p, Ok(()));
-        }
+        job.finish(now);
         false
     });
 }

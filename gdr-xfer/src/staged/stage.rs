@@ -163,7 +163,8 @@ impl Bounce {
                 rkeys: Vec::new(),
                 location: Location::Cpu { numa: None },
             };
-            let seg = Segment::new(info, Backing::Host(Arc::new(rails.clone())), 0)?;
+            // Engine-owned: never a caller's local side (agent 0 is no agent).
+            let seg = Segment::new(info, Backing::Host(Arc::new(rails.clone())), 0, 0)?;
             segments.push(seg.inner);
         }
         slots.settle();

@@ -1,0 +1,316 @@
+//! The core's I/O on gdr: queue pairs per lane, posts, receive slots, renewals, and what a core
+//! call leaves for the connection to do once it let go of the core ([`After`]).
+//!
+//! Every lane keeps its current queue pair and, during a renewal, the offered one (each known
+//! by the generation the core gave it). A queue pair the core destroys is routed nowhere at
+//! once (gdr drops completions of destroyed queue pairs) and destroyed at the end of the core
+//! call, before any outcome reported in that call is made visible: so when a caller sees an
+//! outcome, `ibv_destroy_qp` has returned for every queue pair that carried the transfer's
+//! requests without completing them.
+
+use std::sync::{Arc, Weak};
+
+use gdr::mr::RemoteSlice;
+use gdr::qp::{BatchOp, Endpoint, QueuePair, RdmaPiece};
+use gdr::wr::SendRequest;
+use gdr_xfer_proto::{
+    Control, Event, Header, Io, LaneRef, Op, Outcome, Pieces, PostResult, Receipt,
+};
+
+use crate::agent::AgentShared;
+use crate::connection::Connection;
+use crate::notify::NotifyPool;
+use crate::segment::SegmentInner;
+use crate::transfer::TransferCell;
+
+/// A batch of RDMA requests, in gdr's own form (nothing converted when it is posted).
+#[derive(Default)]
+pub(crate) struct Batch(pub(crate) Vec<RdmaPiece>);
+
+impl Pieces for Batch {
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    #[inline]
+    fn push(
+        &mut self,
+        local_offset: u64,
+        remote_addr: u64,
+        len: u64,
+        rkey: u32,
+        wr_id: u64,
+    ) -> bool {
+        let Some(remote) = RemoteSlice::new(remote_addr, len, rkey) else {
+            return false;
+        };
+        let Ok(offset) = usize::try_from(local_offset) else {
+            return false;
+        };
+        self.0.push(RdmaPiece {
+            offset,
+            remote,
+            wr_id,
+        });
+        true
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// What a core call left to do once the core is unlocked, in this order: destroy queue pairs,
+/// report outcomes, deliver notifications, send control messages.
+#[derive(Default)]
+pub(crate) struct After {
+    pub(crate) graveyard: Vec<QueuePair>,
+    pub(crate) finished: Vec<(Arc<TransferCell>, Outcome)>,
+    pub(crate) delivered: Vec<(Vec<u8>, Receipt)>,
+    pub(crate) control: Vec<Control<Vec<Endpoint>>>,
+}
+
+impl After {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.graveyard.is_empty()
+            && self.finished.is_empty()
+            && self.delivered.is_empty()
+            && self.control.is_empty()
+    }
+}
+
+/// The queue pairs of one connection and its notification buffers: the core's [`Io`].
+pub(crate) struct Lanes {
+    pub(crate) peer: String,
+    pub(crate) agent: Weak<AgentShared>,
+    pub(crate) conn: Weak<Connection>,
+    pub(crate) per_rail: usize,
+    /// Per lane, its queue pairs by generation (the current one, and an offered one during a
+    /// renewal).
+    pub(crate) qps: Vec<Vec<(u64, QueuePair)>>,
+    pub(crate) notify: Vec<NotifyPool>,
+    pub(crate) batch: Batch,
+    pub(crate) after: After,
+}
+
+impl Lanes {
+    fn qp(&self, lane: LaneRef) -> Option<&QueuePair> {
+        self.qps
+            .get(lane.lane)?
+            .iter()
+            .find(|(g, _)| *g == lane.gen)
+            .map(|(_, q)| q)
+    }
+
+    /// The queue pair numbers of the lanes' current queue pairs (`lanes`: the core's view).
+    pub(crate) fn qp_nums(&self, lanes: &[Option<LaneRef>]) -> Vec<u32> {
+        lanes
+            .iter()
+            .flatten()
+            .filter_map(|l| self.qp(*l).map(QueuePair::qp_num))
+            .collect()
+    }
+}
+
+/// How a gdr error refusing a post maps to the core's view: the request's own fault (nothing
+/// posted), a full queue (nothing posted), or a broken queue pair.
+fn post_error(e: gdr::Error, what: &str) -> PostResult {
+    match e {
+        gdr::Error::InvalidArgument { .. } | gdr::Error::OutOfBounds { .. } => {
+            PostResult::Rejected(format!("{what}: {e}"))
+        }
+        gdr::Error::QueueFull { .. } => PostResult::Full,
+        e => PostResult::Broken {
+            posted: 0,
+            detail: format!("{what}: {e}"),
+        },
+    }
+}
+
+impl Io for Lanes {
+    type Local = Arc<SegmentInner>;
+    type Handle = Arc<TransferCell>;
+    type Endpoints = Vec<Endpoint>;
+    type Pieces = Batch;
+
+    #[inline]
+    fn pieces(&mut self) -> &mut Batch {
+        &mut self.batch
+    }
+
+    fn post_rdma(&mut self, lane: LaneRef, op: Op, local: &Arc<SegmentInner>) -> PostResult {
+        let rail = lane.lane / self.per_rail;
+        let Some(qp) = self.qp(lane) else {
+            return PostResult::Broken {
+                posted: 0,
+                detail: format!(
+                    "lane {} has no queue pair of generation {}",
+                    lane.lane, lane.gen
+                ),
+            };
+        };
+        let Some(slice) = local.whole.get(rail) else {
+            return PostResult::Rejected(format!(
+                "segment {} is not registered on rail {rail} (it belongs to another agent, or is staged)",
+                local.info.id
+            ));
+        };
+        let op = match op {
+            Op::Write => BatchOp::Write,
+            Op::Read => BatchOp::Read,
+        };
+        match qp.post_rdma_batch(op, slice, &self.batch.0) {
+            Ok(()) => PostResult::Posted,
+            Err(e) => post_error(
+                e,
+                &format!(
+                    "posting {} requests on QP {:#x}",
+                    self.batch.0.len(),
+                    qp.qp_num()
+                ),
+            ),
+        }
+    }
+
+    fn post_message(
+        &mut self,
+        lane: LaneRef,
+        wr_id: u64,
+        slot: u16,
+        header: Header,
+        data: &[u8],
+    ) -> PostResult {
+        let rail = lane.lane / self.per_rail;
+        let Some(pool) = self.notify.get(rail) else {
+            return PostResult::Rejected(format!("no notification buffers on rail {rail}"));
+        };
+        let staged = match pool.stage(slot, header, data) {
+            Ok(s) => s,
+            Err(e) => return PostResult::Rejected(e.to_string()),
+        };
+        let Some(qp) = self.qp(lane) else {
+            return PostResult::Broken {
+                posted: 0,
+                detail: format!(
+                    "lane {} has no queue pair of generation {}",
+                    lane.lane, lane.gen
+                ),
+            };
+        };
+        match qp.post_send(&SendRequest::send(&[staged]).id(wr_id)) {
+            Ok(()) => PostResult::Posted,
+            Err(e) => post_error(e, &format!("posting a message on QP {:#x}", qp.qp_num())),
+        }
+    }
+
+    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String> {
+        let rail = lane.lane / self.per_rail;
+        let qp = self.qp(lane).ok_or_else(|| {
+            format!(
+                "lane {} has no queue pair of generation {}",
+                lane.lane, lane.gen
+            )
+        })?;
+        let pool = self.notify.get(rail).ok_or("no notification buffers")?;
+        pool.post_recv(qp, lane.gen, slot)
+            .map_err(|e| e.to_string())
+    }
+
+    fn create_lanes(&mut self, rail: usize, lanes: &[LaneRef]) -> Result<Vec<Endpoint>, String> {
+        let agent = self.agent.upgrade().ok_or("the agent is gone")?;
+        let qps = agent
+            .create_qps(rail, lanes.len())
+            .map_err(|e| e.to_string())?;
+        let endpoints = qps.iter().map(QueuePair::endpoint).collect();
+        // Routed before anything can complete on them.
+        let nums: Vec<(u32, LaneRef)> = qps
+            .iter()
+            .map(QueuePair::qp_num)
+            .zip(lanes.iter().copied())
+            .collect();
+        if let Some(conn) = self.conn.upgrade() {
+            agent.route_qps(rail, &conn, &nums);
+        }
+        for (l, qp) in lanes.iter().zip(qps) {
+            if let Some(slot) = self.qps.get_mut(l.lane) {
+                slot.push((l.gen, qp));
+            }
+        }
+        Ok(endpoints)
+    }
+
+    fn connect_lanes(
+        &mut self,
+        _rail: usize,
+        lanes: &[LaneRef],
+        remote: &Vec<Endpoint>,
+    ) -> Result<(), String> {
+        for (l, e) in lanes.iter().zip(remote) {
+            let qp = self.qp(*l).ok_or_else(|| {
+                format!("lane {} has no queue pair of generation {}", l.lane, l.gen)
+            })?;
+            qp.connect(e).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn endpoint_count(&self, endpoints: &Vec<Endpoint>) -> usize {
+        endpoints.len()
+    }
+
+    fn destroy_lanes(&mut self, lanes: &[LaneRef]) {
+        let agent = self.agent.upgrade();
+        for l in lanes {
+            let Some(slot) = self.qps.get_mut(l.lane) else {
+                continue;
+            };
+            if let Some(i) = slot.iter().position(|(g, _)| *g == l.gen) {
+                let (_, qp) = slot.swap_remove(i);
+                if let Some(a) = &agent {
+                    a.unroute(l.lane / self.per_rail, qp.qp_num(), *l);
+                }
+                self.after.graveyard.push(qp);
+            }
+        }
+    }
+
+    fn send_control(&mut self, msg: Control<Vec<Endpoint>>) {
+        self.after.control.push(msg);
+    }
+
+    fn finished(&mut self, handle: Arc<TransferCell>, outcome: Outcome) {
+        self.after.finished.push((handle, outcome));
+    }
+
+    fn deliver(&mut self, data: Vec<u8>, receipt: Receipt) {
+        self.after.delivered.push((data, receipt));
+    }
+
+    fn event(&mut self, event: Event) {
+        let p = &self.peer;
+        match event {
+            Event::RailPaused { rail, why, requeued } => {
+                log::warn!("peer {p}: rail {rail} paused ({requeued} requests to post again): {why}")
+            }
+            Event::NoRail { detail } => log::warn!("peer {p}: no rail left: {detail}"),
+            Event::Renewing { rail, epoch, fence } => log::info!(
+                "peer {p}: renewing rail {rail}, epoch {epoch}{}",
+                if fence { " (fence)" } else { "" }
+            ),
+            Event::RenewedByPeer { rail, epoch } => {
+                log::info!("peer {p}: rail {rail} renewed at the peer's request (epoch {epoch})")
+            }
+            Event::RenewalFailed { rail, why } => log::warn!("peer {p}: renewing rail {rail}: {why}"),
+            Event::Readmitted { rail } => {
+                log::info!("peer {p}: rail {rail} re-admitted after a successful probe")
+            }
+            Event::Fenced { transfer, rails } => log::warn!(
+                "peer {p}: transfer {transfer:?} stopped with requests still in flight after the quiesce time: fencing rails {rails:#b}"
+            ),
+            Event::Ignored { what } => log::warn!("peer {p}: ignored {what}"),
+            Event::RearmFailed { lane, detail } => {
+                log::error!("peer {p}: posting a notification slot on lane {}: {detail}", lane.lane)
+            }
+        }
+    }
+}
