@@ -12,14 +12,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gdr::aio::AsyncCompletionQueue;
+use gdr::aio::{AsyncCompletionQueue, AsyncDeviceEvents};
 use gdr::cq::{CompletionQueue, WcOpcode};
-use gdr::device::Context;
+use gdr::device::{AsyncEventKind, Context};
 use gdr::mr::{AccessFlags, MemoryRegion};
 use gdr::pd::ProtectionDomain;
-use gdr::qp::QueuePair;
+use gdr::qp::{DropCause, QueuePair, WorkQueue};
 use gdr::wr::{RecvRequest, SendRequest};
-use gdr::Error;
+use gdr::{Error, WcStatus};
 
 mod common;
 use common::device;
@@ -136,6 +136,11 @@ fn stalled_send(acq: &AsyncCompletionQueue, qp: &QueuePair) -> gdr::aio::Complet
         .unwrap()
 }
 
+/// Whether `r` is the typed outcome of a request of QP `qp_num` that `cause` dropped.
+fn dropped_by(r: &gdr::Result<gdr::Completion>, qp_num: u32, cause: DropCause) -> bool {
+    matches!(r, Err(Error::RequestDropped { qp_num: q, cause: c, .. }) if *q == qp_num && *c == cause)
+}
+
 /// Finding 2 of issue 25: `reset()` dropped the in-flight requests without telling the async
 /// layer; their futures stayed pending for ever.
 #[test]
@@ -150,31 +155,146 @@ fn reset_wakes_the_future_of_every_request_it_dropped() {
         let recv = acq
             .post_recv(&a, &RecvRequest::new(&[rx.slice(..).unwrap()]))
             .unwrap();
+        // One posted by hand behind the stalled send, awaited by its id.
+        a.post_send(&SendRequest::send_inline(b"by hand").id(42))
+            .unwrap();
+        let by_hand = acq.completion(&a, WorkQueue::Send, 42).unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(a.send_outstanding() + a.recv_outstanding(), 2);
+        assert_eq!(a.send_outstanding() + a.recv_outstanding(), 3);
         let reset = Instant::now();
         a.reset().unwrap();
-        let (send, recv) = fate("the futures after reset()", async {
-            tokio::join!(send, recv)
+        let (send, recv, by_hand) = fate("the futures after reset()", async {
+            tokio::join!(send, recv, by_hand)
         })
         .await;
         let took = reset.elapsed();
-        for (what, r) in [("send", &send), ("receive", &recv)] {
-            assert!(r.is_err(), "the {what} cannot have completed: {r:?}");
+        for (what, r) in [
+            ("send", &send),
+            ("receive", &recv),
+            ("hand-posted send", &by_hand),
+        ] {
+            assert!(
+                dropped_by(r, a.qp_num(), DropCause::Reset),
+                "the {what}: {r:?}"
+            );
+        }
+        assert!(matches!(
+            by_hand,
+            Err(Error::RequestDropped {
+                wr_id: 42,
+                queue: WorkQueue::Send,
+                ..
+            })
+        ));
+        assert!(matches!(
+            recv,
+            Err(Error::RequestDropped {
+                queue: WorkQueue::Recv,
+                ..
+            })
+        ));
+        assert_eq!(
+            Arc::strong_count(&rx),
+            1,
+            "the receive's region is released"
+        );
+        println!("reset(): 3 pending futures resolved {took:?} later:");
+        for r in [send, recv, by_hand] {
+            println!("  {}", r.unwrap_err());
+        }
+    });
+}
+
+/// Of finding 2's class: `disconnect()` and `reset()` back to back, before the driver could reap
+/// the flush completions (a current-thread runtime that does not yield between them): the
+/// flushes are discarded with the old incarnation, and the futures learn so from the reset.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn disconnect_then_reset_before_the_flushes_are_reaped() {
+    let s = setup();
+    let (a, _peer) = s.connected();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let acq = AsyncCompletionQueue::new(&s.cq_a).unwrap();
+        let mut send = stalled_send(&acq, &a);
+        // Polled once, so it sleeps with its waker registered.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut send)
+                .await
+                .is_err(),
+            "the send cannot complete: nobody posted a receive"
+        );
+        a.disconnect().unwrap();
+        a.reset().unwrap();
+        let r = fate("the send after disconnect() + reset()", send).await;
+        let flushed = matches!(
+            r,
+            Err(Error::Completion {
+                status: WcStatus::WrFlush,
+                ..
+            })
+        );
+        assert!(
+            dropped_by(&r, a.qp_num(), DropCause::Reset) || flushed,
+            "{r:?}"
+        );
+        assert_eq!(a.send_outstanding(), 0);
+        println!("disconnect() + reset(): {}", r.unwrap_err());
+    });
+}
+
+/// Of finding 2's class: a queue pair dropped while its requests are in flight produces no
+/// completions for them; every future of it, and a future for a hand-posted id that was never
+/// posted (nothing of a destroyed queue pair can complete, and its number may be reused),
+/// resolves with `RequestDropped { cause: Destroyed }`.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn destroying_a_queue_pair_wakes_every_future_of_it() {
+    let s = setup();
+    let (a, _peer) = s.connected();
+    let (other, _other_peer) = s.connected();
+    let rx = MemoryRegion::new(&s.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let rx_other = MemoryRegion::new(&s.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    runtime().block_on(async {
+        let acq = AsyncCompletionQueue::new(&s.cq_a).unwrap();
+        let qpn = a.qp_num();
+        let send = stalled_send(&acq, &a);
+        let recv = acq
+            .post_recv(&a, &RecvRequest::new(&[rx.slice(..).unwrap()]))
+            .unwrap();
+        let never_posted = acq.completion(&a, WorkQueue::Send, 7).unwrap();
+        // Another queue pair's future on the same completion queue waits on.
+        let other_recv = acq
+            .post_recv(&other, &RecvRequest::new(&[rx_other.slice(..).unwrap()]))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(a);
+        let (send, recv, never_posted) = fate("the futures after the drop", async {
+            tokio::join!(send, recv, never_posted)
+        })
+        .await;
+        for r in [&send, &recv, &never_posted] {
+            assert!(dropped_by(r, qpn, DropCause::Destroyed), "{r:?}");
         }
         assert_eq!(
             Arc::strong_count(&rx),
             1,
             "the receive's region is released"
         );
-        println!(
-            "reset(): the stalled send and the pending receive resolved {took:?} later: {}; {}",
-            send.unwrap_err(),
-            recv.unwrap_err()
-        );
+        // The other queue pair's receive is untouched, and still served.
+        _other_peer
+            .post_send(&SendRequest::send_inline(b"still served"))
+            .unwrap();
+        let got = fate("the other queue pair's receive", other_recv)
+            .await
+            .unwrap();
+        assert_eq!((got.qp_num, got.byte_len), (other.qp_num(), 12));
+        println!("dropped QP {qpn:#x}: {}", send.unwrap_err());
     });
 }
-
 /// Finding 3 of issue 25: one waker slot for `next_unclaimed`; with two tasks waiting and two
 /// unclaimed completions arriving, one task stayed pending for ever.
 #[test]
@@ -209,7 +329,9 @@ fn two_tasks_awaiting_unclaimed_completions_each_get_one() {
             ids.sort_unstable();
             assert_eq!(ids, [round * 2, round * 2 + 1]);
         }
-        println!("10 rounds: two tasks awaiting next_unclaimed, two completions, each task got one");
+        println!(
+            "10 rounds: two tasks awaiting next_unclaimed, two completions, each task got one"
+        );
     });
 }
 
@@ -252,7 +374,343 @@ fn a_new_async_queue_never_receives_a_completion_of_the_one_before() {
         assert_eq!(dst.to_vec(), b"12345678");
         let leftover =
             tokio::time::timeout(Duration::from_millis(300), second.next_unclaimed()).await;
-        assert!(leftover.is_err(), "the old READ reached someone: {leftover:?}");
-        println!("old queue's READ {old:#x}, new queue's write {new:#x}: each completion to its own");
+        assert!(
+            leftover.is_err(),
+            "the old READ reached someone: {leftover:?}"
+        );
+        println!(
+            "old queue's READ {old:#x}, new queue's write {new:#x}: each completion to its own"
+        );
+    });
+}
+
+/// Polls `f` once (with the task's waker), leaving it pending or ready.
+async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) -> bool {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::pin::Pin::new(&mut *f).poll(cx).is_ready())
+    })
+    .await
+}
+
+/// Waits until `cond` holds (the driver reaps in the background), at most [`FATE`].
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    let end = Instant::now() + FATE;
+    while !cond() {
+        assert!(Instant::now() < end, "{what}: not within {FATE:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Every future of `aio` cancelled at each of its points: a `Completed` never polled, polled
+/// once while pending, dropped after its completion arrived and woke it, and after a reset
+/// ended it; a `next_unclaimed` wait dropped while registered. Afterwards every request's
+/// memory is released, nothing reaches anyone it was not meant for, and the queue still
+/// serves.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn futures_dropped_at_each_point_leave_nothing_behind() {
+    let s = setup();
+    let (a, peer) = s.connected();
+    let (c, _c_peer) = s.connected();
+    let dst = MemoryRegion::new(&s.pd, 8, AccessFlags::remote_rw()).unwrap();
+    let rx = MemoryRegion::new(&s.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let peer_rx = MemoryRegion::new(&s.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let msg = MemoryRegion::with_data(&s.pd, b"a message", AccessFlags::LOCAL_WRITE).unwrap();
+    let write = || SendRequest::write_inline(b"12345678", dst.remote().slice(..).unwrap());
+    runtime().block_on(async {
+        let acq = AsyncCompletionQueue::new(&s.cq_a).unwrap();
+        // 1. Never polled.
+        drop(acq.post_send(&a, &write()).unwrap());
+        // 2. Polled once while pending (a send the peer has no receive for yet), then dropped.
+        let mut pending = acq
+            .post_send(&a, &SendRequest::send(&[msg.slice(..).unwrap()]))
+            .unwrap();
+        assert!(!poll_once(&mut pending).await, "no receive at the peer yet");
+        drop(pending);
+        // 3. Woken by its completion, dropped before it is polled again.
+        let mut woken = acq
+            .post_send(&a, &SendRequest::send(&[msg.slice(..).unwrap()]))
+            .unwrap();
+        assert!(!poll_once(&mut woken).await);
+        peer.post_recv(&RecvRequest::new(&[peer_rx.slice(..).unwrap()]).id(1))
+            .unwrap();
+        peer.post_recv(&RecvRequest::new(&[peer_rx.slice(..).unwrap()]).id(2))
+            .unwrap();
+        until("both sends completed", || a.send_outstanding() == 0).await;
+        drop(woken);
+        assert_eq!(Arc::strong_count(&msg), 1, "the sends' region is released");
+        // 4. Ended by a reset, dropped before it is polled.
+        let ended = acq
+            .post_recv(&c, &RecvRequest::new(&[rx.slice(..).unwrap()]))
+            .unwrap();
+        c.reset().unwrap();
+        drop(ended);
+        // 5. A next_unclaimed wait registered, then cancelled: the completion that comes next
+        //    stays for the next caller.
+        let mut wait = Box::pin(acq.next_unclaimed());
+        assert!(!poll_once(&mut wait).await);
+        drop(wait);
+        a.post_send(&write().id(77)).unwrap();
+        let got = fate("the next unclaimed completion", acq.next_unclaimed())
+            .await
+            .unwrap();
+        assert_eq!(got.wr_id, 77, "only the hand-posted write is unclaimed");
+        let leftover =
+            tokio::time::timeout(Duration::from_millis(300), acq.next_unclaimed()).await;
+        assert!(leftover.is_err(), "an abandoned completion reached someone: {leftover:?}");
+        assert_eq!(Arc::strong_count(&rx), 1, "the reset receive's region is released");
+        assert_eq!(a.send_outstanding() + c.recv_outstanding(), 0);
+        // The queue still serves.
+        let done = fate("a write after all that", acq.post_send(&a, &write()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(done.opcode, WcOpcode::RdmaWrite);
+        println!("futures dropped unpolled, pending, woken, ended; a cancelled unclaimed wait: nothing leaked or misdelivered");
+    });
+}
+
+/// Of finding 2's class, as a race: tasks post receives through the async queue while another
+/// thread resets the queue pair over and over; every receive ends with the last reset, and every
+/// future, whichever incarnation its request landed in, resolves with `RequestDropped`.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn resets_racing_posts_strand_no_future() {
+    const TASKS: usize = 8;
+    const EACH: usize = 40;
+    let s = setup();
+    let (a, _peer) = s.connected();
+    let a = Arc::new(a);
+    let rx = MemoryRegion::new(&s.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
+    runtime().block_on(async {
+        let acq = AsyncCompletionQueue::new(&s.cq_a).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let resetter = {
+            let (a, stop) = (a.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    a.reset().unwrap();
+                    n += 1;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                n
+            })
+        };
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let (a, acq, rx) = (a.clone(), acq.clone(), rx.clone());
+                tokio::spawn(async move {
+                    let mut futures = Vec::new();
+                    let mut refused = 0;
+                    for _ in 0..EACH {
+                        match acq.post_recv(&a, &RecvRequest::new(&[rx.slice(..).unwrap()])) {
+                            Ok(f) => futures.push(f),
+                            Err(Error::QueueFull { .. } | Error::QpNotReady { .. }) => refused += 1,
+                            Err(e) => panic!("{e}"),
+                        }
+                        tokio::task::yield_now().await;
+                    }
+                    (futures, refused)
+                })
+            })
+            .collect();
+        let mut futures = Vec::new();
+        let mut refused = 0;
+        for t in tasks {
+            let (f, r) = t.await.unwrap();
+            futures.extend(f);
+            refused += r;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let resets = resetter.join().unwrap();
+        a.reset().unwrap();
+        let n = futures.len();
+        let outcomes = fate("every receive future", async {
+            let mut v = Vec::new();
+            for f in futures {
+                v.push(f.await);
+            }
+            v
+        })
+        .await;
+        for r in &outcomes {
+            assert!(dropped_by(r, a.qp_num(), DropCause::Reset), "{r:?}");
+        }
+        assert_eq!(a.recv_outstanding(), 0);
+        assert_eq!(Arc::strong_count(&rx), 1);
+        println!("{n} receives posted ({refused} refused: queue full) against {resets} resets: every future resolved with RequestDropped(reset)");
+    });
+}
+
+/// The device's event during a wait: a completion queue that overruns loses completions (rxe
+/// drops them and raises `IBV_EVENT_CQ_ERR`), so a future whose completion was lost would wait
+/// for ever. Passed to `handle_event`, the event fails it, and every later wait and post on the
+/// queue, with a typed `DeviceEvent`.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_queue_that_overran_fails_the_futures_waiting_on_it() {
+    let ctx = Context::open(&device()).expect("open the test device");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq_with_channel(4).unwrap();
+    let peer_cq = ctx.create_cq(64).unwrap();
+    let a = pd.queue_pair(&cq, &cq).max_send_wr(128).build().unwrap();
+    let b = pd.queue_pair(&peer_cq, &peer_cq).build().unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    let dst = MemoryRegion::new(&pd, 8, AccessFlags::remote_rw()).unwrap();
+    let write = || SendRequest::write_inline(b"overflow", dst.remote().slice(..).unwrap());
+    // One thread: nothing reaps the queue while this test posts.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let events = AsyncDeviceEvents::new(ctx.events().unwrap()).unwrap();
+        let acq = AsyncCompletionQueue::new(&cq).unwrap();
+        let overflow = cq.depth() as u64 + 8;
+        for i in 0..overflow {
+            a.post_send(&write().id(i)).unwrap();
+        }
+        let mut lost = acq.post_send(&a, &write()).unwrap();
+        let event = fate("the CQ error event", async {
+            loop {
+                let e = events.next().await.unwrap();
+                if e.kind == AsyncEventKind::CqError {
+                    return e;
+                }
+            }
+        })
+        .await;
+        assert!(event.concerns_cq(&cq), "{event}");
+        // The precondition: the write's completion is really lost.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), &mut lost)
+                .await
+                .is_err(),
+            "the write completed: the queue did not overrun"
+        );
+        assert_eq!(acq.handle_event(&event), 1, "one future was waiting");
+        let r = fate("the write whose completion was lost", lost).await;
+        let is_event = |r: &gdr::Result<_>| {
+            matches!(r, Err(Error::DeviceEvent { event: e, .. }) if e.kind == AsyncEventKind::CqError)
+        };
+        assert!(is_event(&r), "{r:?}");
+        let later = acq.post_send(&a, &write());
+        assert!(
+            matches!(&later, Err(Error::DeviceEvent { event: e, .. }) if e.kind == AsyncEventKind::CqError),
+            "posting on a stopped queue: {later:?}"
+        );
+        // The completions that did fit are still handed out, then the waits fail too.
+        let mut unclaimed = 0;
+        loop {
+            match fate("next_unclaimed on a stopped queue", acq.next_unclaimed()).await {
+                Ok(_) => unclaimed += 1,
+                Err(e) => {
+                    assert!(matches!(e, Error::DeviceEvent { .. }), "{e}");
+                    break;
+                }
+            }
+        }
+        println!(
+            "{overflow} hand-posted writes on a CQ of depth {}: {event}; the awaited write whose \
+             completion was lost: {}; {unclaimed} completions that fitted were handed out",
+            cq.depth(),
+            r.unwrap_err()
+        );
+    });
+}
+
+/// Two waiters of the device's events: two tasks await `AsyncDeviceEvents::next` on one reader
+/// while the port goes down and up; each gets an event of its own.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE whose netdev it may take down (run in the VM: cargo xtask test)"]
+fn two_tasks_awaiting_device_events_each_get_one() {
+    let ctx = Context::open(&device()).unwrap();
+    let netdev = common::netdev_of(&device(), ctx.port());
+    let rt = runtime();
+    let got = rt.block_on(async {
+        let events = Arc::new(AsyncDeviceEvents::new(ctx.events().unwrap()).unwrap());
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let events = events.clone();
+                tokio::spawn(async move { events.next().await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        common::set_link(&netdev, false);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        common::set_link(&netdev, true);
+        let mut got = Vec::new();
+        for w in waiters {
+            got.push(
+                tokio::time::timeout(Duration::from_secs(15), w)
+                    .await
+                    .ok()
+                    .map(|e| e.unwrap().unwrap()),
+            );
+        }
+        got
+    });
+    common::wait_port_restored(&ctx, ctx.port());
+    assert!(
+        got.iter().all(Option::is_some),
+        "a task awaiting the device's events got none within 15 s: {got:?}"
+    );
+    println!(
+        "two tasks awaiting device events, port down and up: {}; {}",
+        got[0].unwrap(),
+        got[1].unwrap()
+    );
+}
+
+/// Of finding 2's class: a queue pair whose send and receive queues report to two completion
+/// queues, each with its own async queue; a reset tells each the requests of its own queue.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn reset_tells_each_completion_queue_of_its_own_requests() {
+    let s = setup();
+    let cq_r = s.pd.context().create_cq_with_channel(64).unwrap();
+    let a = s.pd.queue_pair(&s.cq_a, &cq_r).build().unwrap();
+    let b = s.pd.queue_pair(&s.cq_b, &s.cq_b).build().unwrap();
+    a.connect(&b.endpoint()).unwrap();
+    b.connect(&a.endpoint()).unwrap();
+    runtime().block_on(async {
+        let sends = AsyncCompletionQueue::new(&s.cq_a).unwrap();
+        let recvs = AsyncCompletionQueue::new(&cq_r).unwrap();
+        assert!(
+            matches!(
+                recvs.post_send(&a, &SendRequest::send_inline(b"x")),
+                Err(Error::InvalidArgument { .. })
+            ),
+            "the send queue reports elsewhere"
+        );
+        let send = stalled_send(&sends, &a);
+        let recv = recvs.post_recv(&a, &RecvRequest::new(&[])).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        a.reset().unwrap();
+        let (send, recv) = fate("both futures", async { tokio::join!(send, recv) }).await;
+        assert!(
+            matches!(
+                send,
+                Err(Error::RequestDropped {
+                    queue: WorkQueue::Send,
+                    cause: DropCause::Reset,
+                    ..
+                })
+            ),
+            "{send:?}"
+        );
+        assert!(
+            matches!(
+                recv,
+                Err(Error::RequestDropped {
+                    queue: WorkQueue::Recv,
+                    cause: DropCause::Reset,
+                    ..
+                })
+            ),
+            "{recv:?}"
+        );
+        println!("send and receive queues on two async queues: both futures ended by the reset");
     });
 }
