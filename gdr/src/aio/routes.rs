@@ -15,7 +15,9 @@
 //! - Every task awaiting an unclaimed completion is registered on its own; each arrival wakes
 //!   them all, so none can be overwritten or stranded.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::hash_map::{Entry, HashMap};
+use std::collections::VecDeque;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::task::{Poll, Waker};
 
 use crate::cq::Completion;
@@ -24,7 +26,7 @@ use crate::error::{Error, Hint, Result};
 use crate::qp::{DropCause, WorkQueue};
 
 /// What a completion is routed by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Key {
     /// A request the async layer posted, by the id it gave it (unique in the process).
     Own(u64),
@@ -55,6 +57,50 @@ impl Key {
         match *self {
             Key::Own(id) | Key::Hand { wr_id: id, .. } => id,
         }
+    }
+}
+
+/// One word per key: the id, with a hand-posted request's queue pair and queue folded in
+/// (equal keys hash equally; an own id that collides with a hand-posted key is told apart by
+/// `Eq`).
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(match *self {
+            Key::Own(id) => id,
+            Key::Hand {
+                qp_num,
+                queue,
+                wr_id,
+            } => wr_id ^ (u64::from(qp_num) << 32 | (queue == WorkQueue::Recv) as u64),
+        })
+    }
+}
+
+/// The routes' hasher: a multiply and a rotation per key (SipHash was a fifth of an awaited
+/// write's instructions). The keys are ids the async layer counts out or the application chose;
+/// nothing a peer sends.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing; the rotation brings the well-mixed high bits down to where
+        // hashbrown takes its bucket index.
+        self.0 = (self.0 ^ n)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(26);
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 
@@ -134,7 +180,7 @@ impl Wakers {
 /// The bookkeeping of one async completion queue.
 #[derive(Default)]
 pub(super) struct Routes {
-    routes: HashMap<Key, Route>,
+    routes: HashMap<Key, Route, BuildHasherDefault<KeyHasher>>,
     /// Completions of requests posted by hand that no future claims (yet), in arrival order.
     unclaimed: VecDeque<Completion>,
     /// Tasks awaiting an unclaimed completion, each under its own token. Registered only while
@@ -143,14 +189,6 @@ pub(super) struct Routes {
     last_token: u64,
     /// Set once the queue stopped; the first cause stays.
     stopped: Option<Stop>,
-}
-
-/// What to do with a completion, decided before the map is changed.
-enum Action {
-    Arrive,
-    Absorb,
-    Reaped,
-    Unclaim,
 }
 
 impl Routes {
@@ -165,8 +203,8 @@ impl Routes {
     /// # Errors
     /// The stop error once the queue stopped: then nothing may be posted.
     pub(super) fn add_own(&mut self, id: u64, qp_num: u32, queue: WorkQueue) -> Result<()> {
-        if let Some(e) = self.stopped() {
-            return Err(e);
+        if self.stopped.is_some() {
+            return Err(self.stopped().expect("checked"));
         }
         self.routes.insert(
             Key::Own(id),
@@ -228,49 +266,40 @@ impl Routes {
 
     /// Hands one completion to whoever waits for it.
     pub(super) fn deliver(&mut self, c: Completion, wake: &mut Wakers) {
-        let key = Key::of(&c);
-        let action = match self.routes.get(&key).map(|r| &r.fate) {
-            Some(Fate::Waiting(_)) => Action::Arrive,
-            Some(Fate::Abandoned) => Action::Absorb,
-            Some(Fate::Ended { reap: true, .. }) => Action::Reaped,
-            // A second completion under one key (only a hand-posted id can repeat: the
-            // application posted two requests with it), or one nobody awaits.
-            Some(Fate::Arrived(_) | Fate::Ended { reap: false, .. }) | None => Action::Unclaim,
-        };
-        match action {
-            Action::Arrive => {
-                let r = self.routes.get_mut(&key).expect("matched above");
-                if let Fate::Waiting(Some(w)) = std::mem::replace(&mut r.fate, Fate::Arrived(c)) {
-                    wake.push(w);
+        if let Entry::Occupied(mut e) = self.routes.entry(Key::of(&c)) {
+            match &mut e.get_mut().fate {
+                fate @ Fate::Waiting(_) => {
+                    if let Fate::Waiting(Some(w)) = std::mem::replace(fate, Fate::Arrived(c)) {
+                        wake.push(w);
+                    }
+                    return;
                 }
-            }
-            Action::Absorb => {
-                self.routes.remove(&key);
-            }
-            Action::Reaped => {
-                if let Some(Route {
-                    fate: Fate::Ended { reap, .. },
-                    ..
-                }) = self.routes.get_mut(&key)
-                {
+                Fate::Abandoned => {
+                    e.remove();
+                    return;
+                }
+                Fate::Ended { reap, .. } if *reap => {
                     *reap = false;
+                    return;
                 }
+                // A second completion under one key (only a hand-posted id can repeat: the
+                // application posted two requests with it): unclaimed, below.
+                Fate::Arrived(_) | Fate::Ended { .. } => {}
             }
-            Action::Unclaim if c.owned => {
-                // A request of the async layer whose future is gone with its queue (an earlier
-                // async queue on this completion queue): nobody may have it.
-                log::debug!(
-                    "completion of an earlier async queue's request {:#x} (QP {:#x}) absorbed",
-                    c.wr_id,
-                    c.qp_num
-                );
-            }
-            Action::Unclaim => {
-                self.unclaimed.push_back(c);
-                for (_, w) in self.waiters.drain(..) {
-                    wake.push(w);
-                }
-            }
+        }
+        if c.owned {
+            // A request of the async layer whose future is gone with its queue (an earlier
+            // async queue on this completion queue): nobody may have it.
+            log::debug!(
+                "completion of an earlier async queue's request {:#x} (QP {:#x}) absorbed",
+                c.wr_id,
+                c.qp_num
+            );
+            return;
+        }
+        self.unclaimed.push_back(c);
+        for (_, w) in self.waiters.drain(..) {
+            wake.push(w);
         }
     }
 
@@ -289,29 +318,30 @@ impl Routes {
     /// A request future's poll: its completion, its ending's error, the stop error, or pending
     /// (with `waker` kept).
     pub(super) fn poll_request(&mut self, key: Key, waker: &Waker) -> Poll<Result<Completion>> {
-        let stopped = self.stopped();
-        let Some(r) = self.routes.get_mut(&key) else {
+        let stopped = self.stopped.is_some();
+        let Entry::Occupied(mut e) = self.routes.entry(key) else {
             return Poll::Ready(Err(already_returned(key)));
         };
+        let r = e.get_mut();
         match &mut r.fate {
             Fate::Arrived(c) => {
                 let c = *c;
-                self.routes.remove(&key);
+                e.remove();
                 Poll::Ready(c.result().copied())
             }
             Fate::Ended { ending, reap } => {
-                let e = ending_error(*ending, key, r.qp_num, r.queue);
+                let err = ending_error(*ending, key, r.qp_num, r.queue);
                 if *reap {
                     r.fate = Fate::Abandoned;
                 } else {
-                    self.routes.remove(&key);
+                    e.remove();
                 }
-                Poll::Ready(Err(e))
+                Poll::Ready(Err(err))
             }
-            Fate::Waiting(_) if stopped.is_some() => {
+            Fate::Waiting(_) if stopped => {
                 // Its completion may still come (the driver reaps it if it still can).
                 r.fate = Fate::Abandoned;
-                Poll::Ready(Err(stopped.expect("checked")))
+                Poll::Ready(Err(self.stopped().expect("checked")))
             }
             Fate::Waiting(w) => {
                 match w {
