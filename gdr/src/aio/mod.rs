@@ -279,9 +279,11 @@ impl AsyncCompletionQueue {
 
     /// The future of the completion of a request posted by hand on `qp`'s `queue` with `wr_id`
     /// (any value; signalled, or it may never be reported). If that completion already arrived
-    /// unclaimed, the future is ready at once. It resolves as [`AsyncCompletionQueue::post_send`]'s
-    /// futures do, with [`Error::RequestDropped`] when `qp` is reset while the request is in
-    /// flight or is destroyed.
+    /// unclaimed, the future is ready at once, unless `qp` was reset since: a completion from
+    /// before a reset is never matched to a request of the same id after it (it stays for
+    /// [`AsyncCompletionQueue::next_unclaimed`]). It resolves as
+    /// [`AsyncCompletionQueue::post_send`]'s futures do, with [`Error::RequestDropped`] when `qp`
+    /// is reset while the request is in flight or is destroyed.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when `qp` does not report that queue's completions to this

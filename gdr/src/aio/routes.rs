@@ -182,7 +182,10 @@ impl Wakers {
 pub(super) struct Routes {
     routes: HashMap<Key, Route, BuildHasherDefault<KeyHasher>>,
     /// Completions of requests posted by hand that no future claims (yet), in arrival order.
-    unclaimed: VecDeque<Completion>,
+    /// Each with whether [`Routes::add_hand`] may still match it: not once its queue pair was
+    /// reset or destroyed (a future asked for by id afterwards means a request of the new
+    /// incarnation, or of a new queue pair with the reused number).
+    unclaimed: VecDeque<(Completion, bool)>,
     /// Tasks awaiting an unclaimed completion, each under its own token. Registered only while
     /// `unclaimed` is empty; an arrival wakes (and unregisters) them all.
     waiters: Vec<(u64, Waker)>,
@@ -239,8 +242,12 @@ impl Routes {
                 "await each completion once (keep the first Completed), or post with distinct ids",
             ));
         }
-        let fate = match self.unclaimed.iter().position(|c| Key::of(c) == key) {
-            Some(i) => Fate::Arrived(self.unclaimed.remove(i).expect("index found above")),
+        let fate = match self
+            .unclaimed
+            .iter()
+            .position(|(c, claimable)| *claimable && Key::of(c) == key)
+        {
+            Some(i) => Fate::Arrived(self.unclaimed.remove(i).expect("index found above").0),
             None => Fate::Waiting(None),
         };
         self.routes.insert(
@@ -297,7 +304,7 @@ impl Routes {
             );
             return;
         }
-        self.unclaimed.push_back(c);
+        self.unclaimed.push_back((c, true));
         for (_, w) in self.waiters.drain(..) {
             wake.push(w);
         }
@@ -380,7 +387,7 @@ impl Routes {
         token: &mut Option<u64>,
         waker: &Waker,
     ) -> Poll<Result<Completion>> {
-        if let Some(c) = self.unclaimed.pop_front() {
+        if let Some((c, _)) = self.unclaimed.pop_front() {
             self.leave(token);
             return Poll::Ready(Ok(c));
         }
@@ -433,7 +440,8 @@ impl Routes {
 
     /// The requests of QP `qp_num`'s `queue` that `in_flight` lists (application id, posted by
     /// the async layer) ended without completions for `cause`; after a destroy, nothing of
-    /// that queue can complete any more, so every route of it ends.
+    /// that queue can complete any more, so every route of it ends. Its unclaimed completions
+    /// stay for `next_unclaimed`, but no future asked for by id will match them any more.
     pub(super) fn dropped(
         &mut self,
         qp_num: u32,
@@ -454,6 +462,11 @@ impl Routes {
                 }
             };
             self.end(key, ending, wake);
+        }
+        for (c, claimable) in self.unclaimed.iter_mut() {
+            if c.qp_num == qp_num && c.queue() == queue {
+                *claimable = false;
+            }
         }
         if cause == DropCause::Destroyed {
             let keys: Vec<Key> = self

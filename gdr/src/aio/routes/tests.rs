@@ -102,7 +102,7 @@ fn completions_are_routed_by_provenance_never_by_id_alone() {
     let left: Vec<(u64, u32, bool)> = r
         .unclaimed
         .iter()
-        .map(|c| (c.wr_id, c.qp_num, c.is_recv))
+        .map(|(c, _)| (c.wr_id, c.qp_num, c.is_recv))
         .collect();
     assert_eq!(left, [(ID, 8, false), (ID, 7, false), (5, 9, true)]);
 }
@@ -159,6 +159,42 @@ fn reset_ends_exactly_the_requests_it_dropped() {
     deliver(&mut r, own(6, 8));
     assert_eq!(r.len(), 0);
     assert!(!r.needs_driver(), "nothing left to reap");
+}
+
+/// Of finding 1's class: a completion of a hand-posted request that went unclaimed before its
+/// queue pair was reset (or destroyed, and its number reused) is never matched to a future asked
+/// for by the same (QP, queue, id) afterwards: that future means the new incarnation's request.
+#[test]
+fn an_earlier_incarnations_unclaimed_completion_is_never_claimed_by_id() {
+    for cause in [DropCause::Reset, DropCause::Destroyed] {
+        let mut r = Routes::default();
+        let (w, _) = waker();
+        deliver(&mut r, hand(5, 7));
+        let mut recv = hand(5, 7);
+        recv.is_recv = true;
+        deliver(&mut r, recv);
+        let mut woken = Wakers::default();
+        r.dropped(
+            7,
+            WorkQueue::Send,
+            cause,
+            &mut std::iter::empty(),
+            &mut woken,
+        );
+        let key = r.add_hand(7, WorkQueue::Send, 5).unwrap();
+        assert!(r.poll_request(key, &w).is_pending(), "{cause}");
+        assert!(
+            matches!(r.add_hand(7, WorkQueue::Recv, 5), Ok(k) if r.poll_request(k, &w).is_ready()),
+            "the receive queue was not {cause}"
+        );
+        deliver(&mut r, hand(5, 7)); // the new incarnation's
+        assert!(matches!(r.poll_request(key, &w), Poll::Ready(Ok(_))));
+        let mut t = None;
+        assert!(
+            matches!(r.poll_unclaimed(&mut t, &w), Poll::Ready(Ok(c)) if c.qp_num == 7 && !c.is_recv),
+            "the old completion is still handed out unclaimed"
+        );
+    }
 }
 
 #[test]
