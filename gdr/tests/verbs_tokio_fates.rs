@@ -9,6 +9,7 @@
 //! target/debug/deps/verbs_tokio_fates-HASH --ignored --test-threads=1`. A missing device is a
 //! failure, not a skip.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -476,36 +477,35 @@ fn futures_dropped_at_each_point_leave_nothing_behind() {
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn resets_racing_posts_strand_no_future() {
     const TASKS: usize = 8;
-    const EACH: usize = 40;
+    const RESETS: usize = 30;
     let s = setup();
     let (a, _peer) = s.connected();
     let a = Arc::new(a);
     let rx = MemoryRegion::new(&s.pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
     runtime().block_on(async {
         let acq = AsyncCompletionQueue::new(&s.cq_a).unwrap();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let resets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let resetter = {
-            let (a, stop) = (a.clone(), stop.clone());
+            let (a, resets) = (a.clone(), resets.clone());
             std::thread::spawn(move || {
-                let mut n = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while resets.load(Ordering::Relaxed) < RESETS {
+                    std::thread::sleep(Duration::from_micros(500));
                     a.reset().unwrap();
-                    n += 1;
-                    std::thread::sleep(Duration::from_micros(200));
+                    resets.fetch_add(1, Ordering::Relaxed);
                 }
-                n
             })
         };
+        // Every task posts until the last reset: its receives land in every incarnation.
         let tasks: Vec<_> = (0..TASKS)
             .map(|_| {
-                let (a, acq, rx) = (a.clone(), acq.clone(), rx.clone());
+                let (a, acq, rx, resets) = (a.clone(), acq.clone(), rx.clone(), resets.clone());
                 tokio::spawn(async move {
                     let mut futures = Vec::new();
                     let mut refused = 0;
-                    for _ in 0..EACH {
+                    while resets.load(Ordering::Relaxed) < RESETS {
                         match acq.post_recv(&a, &RecvRequest::new(&[rx.slice(..).unwrap()])) {
                             Ok(f) => futures.push(f),
-                            Err(Error::QueueFull { .. } | Error::QpNotReady { .. }) => refused += 1,
+                            Err(Error::QueueFull { .. }) => refused += 1,
                             Err(e) => panic!("{e}"),
                         }
                         tokio::task::yield_now().await;
@@ -521,8 +521,7 @@ fn resets_racing_posts_strand_no_future() {
             futures.extend(f);
             refused += r;
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let resets = resetter.join().unwrap();
+        resetter.join().unwrap();
         a.reset().unwrap();
         let n = futures.len();
         let outcomes = fate("every receive future", async {
@@ -538,7 +537,7 @@ fn resets_racing_posts_strand_no_future() {
         }
         assert_eq!(a.recv_outstanding(), 0);
         assert_eq!(Arc::strong_count(&rx), 1);
-        println!("{n} receives posted ({refused} refused: queue full) against {resets} resets: every future resolved with RequestDropped(reset)");
+        println!("{n} receives posted by {TASKS} tasks ({refused} refused: queue full) across {RESETS} resets from another thread: every future resolved with RequestDropped(reset)");
     });
 }
 
