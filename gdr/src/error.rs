@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use crate::cq::WcStatus;
-pub use crate::qp::{QpState, WorkQueue};
+pub use crate::qp::{DropCause, QpState, WorkQueue};
 
 /// A fix hint attached to an error: printed after the message as `hint: ...`. Read it with
 /// [`Hint::text`] or [`Error::hint`]; its representation is private.
@@ -203,6 +203,24 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// A request ended without a completion: its queue pair was reset or destroyed while it was
+    /// in flight, so the device will never report it (its memory was released). An awaited
+    /// request (`gdr::aio`) resolves with this. Whether it ran, wholly, partly or not at all,
+    /// is unknown.
+    #[error("work request {wr_id} ({queue} queue of QP {qp_num:#x}) ended without a completion: the queue pair was {cause} while it was in flight{hint}")]
+    RequestDropped {
+        /// The `wr_id` of the request (the one the async layer gave it, for its own posts).
+        wr_id: u64,
+        /// The queue the request was posted to.
+        queue: WorkQueue,
+        /// The queue pair number.
+        qp_num: u32,
+        /// What ended it.
+        cause: DropCause,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// A wait ran out of time.
     #[error("{what} timed out after {millis} ms{hint}")]
     Timeout {
@@ -306,6 +324,7 @@ impl Error {
             | Error::QpNotReady { hint, .. }
             | Error::DeviceEvent { hint, .. }
             | Error::Completion { hint, .. }
+            | Error::RequestDropped { hint, .. }
             | Error::Timeout { hint, .. } => hint.text(),
             Error::Io { .. } => None,
         }

@@ -89,9 +89,17 @@ pub(crate) fn new_tag(qpn: u32, in_use: impl Fn(u32) -> bool) -> Result<u32> {
 /// One posted request's bookkeeping.
 struct Slot {
     user_wr_id: u64,
-    user_signaled: bool,
+    /// [`SIGNALED`] and [`OWNED`]; one byte, written whole by [`Ring::stage`], so staging costs
+    /// what it did before ownership was tracked.
+    flags: u8,
     regions: Vec<Arc<dyn Registered>>,
 }
+
+/// The application asked for the request's completion.
+const SIGNALED: u8 = 1;
+/// The async layer (`gdr::aio`) posted the request, with an id of its own: its completion is
+/// delivered by provenance, never by comparing ids with requests posted by hand.
+const OWNED: u8 = 2;
 
 /// Requests posted to one work queue, in posting order. The NIC completes a queue's requests in
 /// order (RC), so a completion for sequence number `s` retires every request up to `s`.
@@ -120,7 +128,7 @@ impl Ring {
         let slots: Box<[Slot]> = (0..depth.next_power_of_two())
             .map(|_| Slot {
                 user_wr_id: 0,
-                user_signaled: true,
+                flags: SIGNALED,
                 regions: Vec::with_capacity(max_sge.max(1) as usize),
             })
             .collect();
@@ -193,7 +201,7 @@ impl Ring {
         let seq = self.head + ahead;
         let slot = &mut self.slots[(seq & self.mask) as usize];
         slot.user_wr_id = user_wr_id;
-        slot.user_signaled = user_signaled;
+        slot.flags = if user_signaled { SIGNALED } else { 0 };
         // Retired slots are already empty (retire and restart clear them): only a slot that
         // still holds something is cleared, so staging a request without regions costs nothing.
         if !slot.regions.is_empty() {
@@ -205,6 +213,21 @@ impl Ring {
             slot.regions.push(r.clone());
         }
         seq
+    }
+
+    /// Marks the staged or in-flight request `seq` as posted by the async layer (see [`OWNED`]).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn mark_owned(&mut self, seq: u64) {
+        self.slots[(seq & self.mask) as usize].flags |= OWNED;
+    }
+
+    /// The requests in flight, oldest first: each one's application `wr_id` and whether the
+    /// async layer posted it. A reset or destroy tells the async layer these ended.
+    pub(crate) fn in_flight(&self) -> impl Iterator<Item = (u64, bool)> + '_ {
+        (self.tail..self.head).map(move |s| {
+            let slot = &self.slots[(s & self.mask) as usize];
+            (slot.user_wr_id, slot.flags & OWNED != 0)
+        })
     }
 
     /// Makes the in-flight request `seq` keep `regions` alive too (until it is retired or the
@@ -262,9 +285,9 @@ impl Ring {
     }
 
     /// Retires every request up to and including the one `id` names; returns that request's
-    /// bookkeeping, or `None` (retiring nothing) when `id` is not one of this incarnation's
-    /// requests in flight.
-    fn retire(&mut self, id: ProviderId) -> Option<(u64, bool)> {
+    /// bookkeeping (application `wr_id`, signalled, posted by the async layer), or `None`
+    /// (retiring nothing) when `id` is not one of this incarnation's requests in flight.
+    fn retire(&mut self, id: ProviderId) -> Option<(u64, bool, bool)> {
         if id.tag != self.tag || id.queue != self.queue {
             return None;
         }
@@ -279,7 +302,11 @@ impl Ring {
         }
         self.tail = seq + 1;
         let slot = &self.slots[(seq & self.mask) as usize];
-        Some((slot.user_wr_id, slot.user_signaled))
+        Some((
+            slot.user_wr_id,
+            slot.flags & SIGNALED != 0,
+            slot.flags & OWNED != 0,
+        ))
     }
 
     /// Forgets everything in flight and starts incarnation `tag` with sequence number 0 (after
@@ -303,6 +330,8 @@ pub(crate) struct Done {
     pub(crate) user_wr_id: u64,
     pub(crate) user_signaled: bool,
     pub(crate) queue: WorkQueue,
+    /// Posted by the async layer (see [`OWNED`]).
+    pub(crate) owned: bool,
 }
 
 /// The in-flight table of one queue pair: its send and receive rings.
@@ -337,11 +366,12 @@ impl InFlight {
             WorkQueue::Send => &self.send,
             WorkQueue::Recv => &self.recv,
         };
-        let (user_wr_id, user_signaled) = lock(ring).retire(id)?;
+        let (user_wr_id, user_signaled, owned) = lock(ring).retire(id)?;
         Some(Done {
             user_wr_id,
             user_signaled: user_signaled || id.queue == WorkQueue::Recv,
             queue: id.queue,
+            owned,
         })
     }
 }
@@ -415,7 +445,7 @@ mod tests {
         assert_eq!(r.outstanding(), 3);
         assert_eq!(
             r.retire(decode(ids[2])),
-            Some((12, true)),
+            Some((12, true, false)),
             "signalled completion retires the unsignalled before it"
         );
         assert_eq!(r.outstanding(), 0);
@@ -478,13 +508,13 @@ mod tests {
             "held while request 1 is in flight"
         );
         let first = r.provider_id(0);
-        assert_eq!(r.retire(decode(first)), Some((100, false)));
+        assert_eq!(r.retire(decode(first)), Some((100, false, false)));
         assert!(
             weak.upgrade().is_some(),
             "request 0 retired, request 1 still holds it"
         );
         let second = r.provider_id(1);
-        assert_eq!(r.retire(decode(second)), Some((101, false)));
+        assert_eq!(r.retire(decode(second)), Some((101, false, false)));
         assert!(
             weak.upgrade().is_none(),
             "released with the last request taken"
@@ -527,7 +557,7 @@ mod tests {
         assert_eq!(r.retire(decode(forged)), None);
         assert_eq!(r.retire(decode(old)), None);
         assert_eq!(r.outstanding(), 1, "the live request is still in flight");
-        assert_eq!(r.retire(decode(new)), Some((2, true)));
+        assert_eq!(r.retire(decode(new)), Some((2, true, false)));
         // A receive id never retires a send request.
         let s = post(&mut r, 3, true);
         let as_recv = encode(WorkQueue::Recv, 6, decode(s).seq);
@@ -544,8 +574,8 @@ mod tests {
         let c = post(&mut r, 3, true);
         assert_eq!(decode(a).seq, SEQ_MASK - 1);
         assert_eq!(decode(c).seq, 0, "wrapped");
-        assert_eq!(r.retire(decode(b)), Some((2, false)));
-        assert_eq!(r.retire(decode(c)), Some((3, true)));
+        assert_eq!(r.retire(decode(b)), Some((2, false, false)));
+        assert_eq!(r.retire(decode(c)), Some((3, true, false)));
         assert_eq!(r.outstanding(), 0);
     }
 
@@ -569,6 +599,32 @@ mod tests {
     }
 
     #[test]
+    fn ownership_is_marked_per_request_and_never_inherited_by_a_slot() {
+        let mut r = ring(2);
+        let a = r.stage(0, 1 << 63, true, std::iter::empty());
+        r.mark_owned(a);
+        r.commit(true);
+        post(&mut r, 1 << 63, true); // the same id, posted by hand
+        assert_eq!(
+            r.in_flight().collect::<Vec<_>>(),
+            [(1 << 63, true), (1 << 63, false)]
+        );
+        assert_eq!(
+            r.retire(decode(r.provider_id(0))),
+            Some((1 << 63, true, true))
+        );
+        assert_eq!(
+            r.retire(decode(r.provider_id(1))),
+            Some((1 << 63, true, false))
+        );
+        // Slot 0 again, staged by hand: the mark is gone.
+        let id = post(&mut r, 7, true);
+        assert_eq!(r.in_flight().collect::<Vec<_>>(), [(7, false)]);
+        assert_eq!(r.retire(decode(id)), Some((7, true, false)));
+        assert_eq!(r.in_flight().count(), 0);
+    }
+
+    #[test]
     fn a_depth_that_is_not_a_power_of_two_wraps_correctly() {
         let mut r = ring(3);
         assert_eq!(r.capacity(), 3, "capacity is the depth, not the slot count");
@@ -581,7 +637,7 @@ mod tests {
             }
             assert_eq!(r.outstanding(), 3);
             let last = r.provider_id(r.head - 1);
-            assert_eq!(r.retire(decode(last)), Some((round * 10 + 2, true)));
+            assert_eq!(r.retire(decode(last)), Some((round * 10 + 2, true, false)));
         }
     }
 

@@ -12,7 +12,7 @@ use gdr::cq::CompletionQueue;
 use gdr::device::Context;
 use gdr::mr::{AccessFlags, MemoryRegion};
 use gdr::pd::ProtectionDomain;
-use gdr::qp::QueuePair;
+use gdr::qp::{QueuePair, WorkQueue};
 use gdr::wr::{RecvRequest, SendRequest};
 use gdr::Error;
 
@@ -266,7 +266,14 @@ fn awaiting_a_receive_and_a_request_posted_by_hand() {
         // Posted through the blocking API, awaited by id.
         p.a.post_send(&SendRequest::send_inline(b"by hand").id(42))
             .unwrap();
-        let sent = acq_a.completion(42).unwrap();
+        let sent = acq_a.completion(&p.a, WorkQueue::Send, 42).unwrap();
+        assert!(
+            matches!(
+                acq_a.completion(&p.a, WorkQueue::Send, 42),
+                Err(Error::InvalidArgument { .. })
+            ),
+            "one future per request"
+        );
         let (r, s) = tokio::join!(recv, sent);
         assert_eq!(r.unwrap().byte_len, 7);
         assert_eq!(s.unwrap().wr_id, 42);
@@ -276,7 +283,10 @@ fn awaiting_a_receive_and_a_request_posted_by_hand() {
             acq_b.post_send(&p.a, &SendRequest::send_inline(b"x")),
             Err(Error::InvalidArgument { .. })
         ));
-        assert!(acq_a.completion(1 << 63).is_err());
+        assert!(matches!(
+            acq_b.completion(&p.a, WorkQueue::Send, 43),
+            Err(Error::InvalidArgument { .. })
+        ));
         let plain = p.pd.context().create_cq(8).unwrap();
         assert!(AsyncCompletionQueue::new(&plain).is_err());
     });

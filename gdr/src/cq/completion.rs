@@ -25,6 +25,9 @@ pub struct Completion {
     pub vendor_err: u32,
     /// Whether it completes a receive request (as opposed to a send-queue request).
     pub is_recv: bool,
+    /// Whether the async layer (`gdr::aio`) posted the request, with an id of its own: it routes
+    /// such completions by this provenance, never by comparing ids with requests posted by hand.
+    pub(crate) owned: bool,
 }
 
 impl Completion {

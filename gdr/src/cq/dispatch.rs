@@ -2,9 +2,30 @@
 //! the tombstones of incarnations whose completions may still be queued (see [`crate::inflight`]
 //! for how a completion is attributed).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::task::Waker;
 
 use crate::inflight::{self, decode, Done, InFlight};
+use crate::qp::{DropCause, WorkQueue};
+
+/// Who must hear when a queue pair's requests end without completions (the async layer, whose
+/// futures wait for them). A completion queue has at most one.
+pub(crate) trait Watcher: Send + Sync {
+    /// The requests of QP `qp_num`'s `queue` that were in flight ended for `cause`: `in_flight`
+    /// yields each one's application `wr_id` and whether the async layer posted it. With
+    /// [`DropCause::Destroyed`] nothing of the queue pair can complete any more. Called under
+    /// the completion queue's and the queue pair's locks, so no completion, post or poll
+    /// interleaves; it must take no lock of theirs, and push the wakers it would wake to `wake`
+    /// (the caller wakes them once its locks are released).
+    fn requests_dropped(
+        &self,
+        qp_num: u32,
+        queue: WorkQueue,
+        cause: DropCause,
+        in_flight: &mut dyn Iterator<Item = (u64, bool)>,
+        wake: &mut Vec<Waker>,
+    );
+}
 
 /// Everything a completion queue needs to attribute completions, behind its one lock: polling
 /// holds it from `ibv_poll_cq` until every polled completion has retired its request, so two
@@ -19,6 +40,8 @@ pub(crate) struct Dispatch {
     /// Completions reaped but not yet handed out (a `wait_for` that timed out puts back what it
     /// had gathered): the next poll returns them first.
     pub(crate) backlog: std::collections::VecDeque<super::Completion>,
+    /// The async completion queue delivering this queue's completions, if any.
+    pub(crate) watcher: Option<Weak<dyn Watcher>>,
 }
 
 /// How a polled completion was attributed.
@@ -33,6 +56,11 @@ pub(crate) enum Attribution {
 }
 
 impl Dispatch {
+    /// The watcher, while it lives.
+    pub(crate) fn watcher(&self) -> Option<Arc<dyn Watcher>> {
+        self.watcher.as_ref().and_then(Weak::upgrade)
+    }
+
     /// Registers the live incarnation of `qpn`.
     pub(crate) fn register(&mut self, qpn: u32, inflight: Arc<InFlight>) {
         self.live.retain(|(q, _)| *q != qpn);
@@ -96,7 +124,6 @@ impl Dispatch {
 mod tests {
     use super::*;
     use crate::inflight::{encode, lock};
-    use crate::qp::WorkQueue;
 
     fn qp(tag: u32) -> Arc<InFlight> {
         Arc::new(InFlight::new(tag, 8, 1, 8, 1))
@@ -142,7 +169,8 @@ mod tests {
             Attribution::Retired(Done {
                 user_wr_id: 2,
                 user_signaled: true,
-                queue: WorkQueue::Send
+                queue: WorkQueue::Send,
+                owned: false,
             })
         );
         assert_eq!(lock(&b.send).outstanding(), 0);

@@ -40,9 +40,6 @@ pub struct CompletionQueue {
     depth: u32,
     dispatch: Mutex<Dispatch>,
     ctx: Arc<Context>,
-    /// Whether an async completion queue (`gdr::aio`) delivers this queue's completions.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) async_attached: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: ibv_cq may be polled and armed from any thread (providers lock internally); our own
@@ -152,7 +149,6 @@ impl CompletionQueue {
             depth: real,
             dispatch: Mutex::new(Dispatch::default()),
             ctx: ctx.clone(),
-            async_attached: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -438,6 +434,7 @@ fn translate(d: &Dispatch, wc: &ibv::ibv_wc) -> Option<Completion> {
         qp_num: wc.qp_num,
         vendor_err: wc.vendor_err,
         is_recv: done.queue == crate::qp::WorkQueue::Recv,
+        owned: done.owned,
     })
 }
 
@@ -461,9 +458,19 @@ impl Context {
 pub(crate) struct CqLocks<'a> {
     first: MutexGuard<'a, Dispatch>,
     second: Option<MutexGuard<'a, Dispatch>>,
+    /// The queue `first` belongs to (as an address, for [`CqLocks::of`]).
+    first_cq: usize,
 }
 
 impl CqLocks<'_> {
+    /// The locked dispatch state of `cq` (one of the two queues locked).
+    pub(crate) fn of(&self, cq: &CompletionQueue) -> &Dispatch {
+        match &self.second {
+            Some(second) if cq as *const CompletionQueue as usize != self.first_cq => second,
+            _ => &self.first,
+        }
+    }
+
     /// Each locked queue's dispatch state.
     pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Dispatch> {
         std::iter::once(&mut *self.first).chain(self.second.as_deref_mut())
@@ -483,6 +490,7 @@ pub(crate) fn lock_both<'a>(a: &'a CompletionQueue, b: &'a CompletionQueue) -> C
         return CqLocks {
             first: a.lock_dispatch(),
             second: None,
+            first_cq: a as *const CompletionQueue as usize,
         };
     }
     let (x, y) = if (a as *const CompletionQueue) < (b as *const CompletionQueue) {
@@ -494,6 +502,7 @@ pub(crate) fn lock_both<'a>(a: &'a CompletionQueue, b: &'a CompletionQueue) -> C
     CqLocks {
         first,
         second: Some(y.lock_dispatch()),
+        first_cq: x as *const CompletionQueue as usize,
     }
 }
 

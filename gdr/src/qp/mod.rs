@@ -21,10 +21,10 @@ use std::sync::Arc;
 use gdr_sys::ibv;
 
 use crate::cq::dispatch::Dispatch;
-use crate::cq::{lock_both, CompletionQueue};
+use crate::cq::{lock_both, CompletionQueue, CqLocks};
 use crate::device::LinkLayer;
 use crate::error::{Error, Hint, Result};
-use crate::inflight::{lock, InFlight};
+use crate::inflight::{lock, InFlight, Ring};
 use crate::pd::ProtectionDomain;
 use crate::return_code;
 use state::random_psn;
@@ -40,7 +40,7 @@ pub use batch::{BatchOp, RdmaPiece};
 pub use config::{QpConfig, QueuePairBuilder};
 pub use endpoint::Endpoint;
 pub use prepared::PreparedSend;
-pub use state::{QpState, WorkQueue};
+pub use state::{DropCause, QpState, WorkQueue};
 
 /// Most scatter/gather entries one request may carry.
 pub const MAX_SGE: usize = 16;
@@ -281,6 +281,30 @@ impl QueuePair {
     pub fn as_raw(&self) -> *mut ibv::ibv_qp {
         self.qp.as_ptr()
     }
+
+    /// Tells the async completion queues watching this queue pair's completion queues that the
+    /// requests in flight in `send` and `recv` ended for `cause` (their futures must not wait for
+    /// completions that will never come). The caller holds `cqs` and both rings; it wakes the
+    /// returned wakers once it has released them.
+    fn tell_watchers(
+        &self,
+        cqs: &CqLocks<'_>,
+        qpn: u32,
+        send: &Ring,
+        recv: &Ring,
+        cause: DropCause,
+    ) -> Vec<std::task::Waker> {
+        let mut wake = Vec::new();
+        for (cq, ring, queue) in [
+            (&self.send_cq, send, WorkQueue::Send),
+            (&self.recv_cq, recv, WorkQueue::Recv),
+        ] {
+            if let Some(w) = cqs.of(cq).watcher() {
+                w.requests_dropped(qpn, queue, cause, &mut ring.in_flight(), &mut wake);
+            }
+        }
+        wake
+    }
 }
 
 impl Drop for QueuePair {
@@ -302,17 +326,25 @@ impl Drop for QueuePair {
         // retired, the completion that retired the last one was the last of this incarnation
         // (RC completes in order), so an idle queue pair leaves no tombstone. Read under the
         // completion queues' locks, so no poll retires anything meanwhile.
+        // The async layer hears first which requests ended (none of them, and nothing of this
+        // queue pair, can complete any more).
         let tag = self.inflight.tag();
-        {
+        let wake = {
             let mut cqs = lock_both(&self.send_cq, &self.recv_cq);
-            let busy = lock(&self.inflight.send).outstanding() > 0
-                || lock(&self.inflight.recv).outstanding() > 0;
+            let (send, recv) = (lock(&self.inflight.send), lock(&self.inflight.recv));
+            let busy = send.outstanding() > 0 || recv.outstanding() > 0;
+            let wake = self.tell_watchers(&cqs, qpn, &send, &recv, DropCause::Destroyed);
+            drop((send, recv));
             for d in cqs.iter_mut() {
                 d.unregister(qpn, busy.then_some(tag));
             }
-        }
+            wake
+        };
         // Nothing can touch the requests' memory any more.
         lock(&self.inflight.send).restart(tag);
         lock(&self.inflight.recv).restart(tag);
+        for w in wake {
+            w.wake();
+        }
     }
 }

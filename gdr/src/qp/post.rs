@@ -171,17 +171,37 @@ impl QueuePair {
     /// said so; otherwise (a failed doorbell) it counts as posted and its completion, if the
     /// device runs it, is reported as usual.
     pub fn post_send(&self, req: &SendRequest<'_>) -> Result<()> {
+        self.post_send_one::<false>(req).1
+    }
+
+    /// [`QueuePair::post_send`] for the async layer: the request is marked as its own (its
+    /// completion is routed by that mark, not by its id). Returns whether the request counts as
+    /// posted (it may, with an error: a failed doorbell) and the outcome.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn post_send_owned(&self, req: &SendRequest<'_>) -> (bool, Result<()>) {
+        self.post_send_one::<true>(req)
+    }
+
+    #[inline]
+    fn post_send_one<const OWNED: bool>(&self, req: &SendRequest<'_>) -> (bool, Result<()>) {
         // One request: the same steps as a list, without the list's bookkeeping (this is the
         // latency path).
-        self.check_send(req)?;
+        if let Err(e) = self.check_send(req) {
+            return (false, Err(e));
+        }
         let mut ring = lock(&self.inflight.send);
-        self.not_ready(&ring, WorkQueue::Send)?;
+        if let Err(e) = self.not_ready(&ring, WorkQueue::Send) {
+            return (false, Err(e));
+        }
         if ring.free() == 0 {
-            return Err(queue_full(&ring, self.qp_num(), 1));
+            return (false, Err(queue_full(&ring, self.qp_num(), 1)));
         }
         let mut sges = [const { MaybeUninit::<ibv::ibv_sge>::uninit() }; MAX_SGE];
         let sig = req.signaled || ring.signal_due(ring.since_signal);
         let (seq, num_sge) = stage_one(&mut ring, 0, req, &mut sges);
+        if OWNED {
+            ring.mark_owned(seq);
+        }
         let mut wr = send_wr(
             req,
             ring.provider_id(seq),
@@ -192,7 +212,7 @@ impl QueuePair {
         // SAFETY: `wr` (with a null `next`) and its SGEs live across the call; every SGE lies
         // inside a registered region of our PD that the ring now keeps alive, or is inline data
         // the provider copies during the call.
-        unsafe { self.post_staged(ring, &mut wr, seq, sig, req.op, req.data_len()) }.1
+        unsafe { self.post_staged(ring, &mut wr, seq, sig, req.op, req.data_len()) }
     }
 
     /// Rings the doorbell for the one request `wr` just staged in `ring` as sequence number
@@ -382,17 +402,35 @@ impl QueuePair {
     /// As [`QueuePair::post_send`]: nothing is posted on a check failure, [`Error::QpNotReady`]
     /// (RESET, or after `disconnect`) or [`Error::QueueFull`].
     pub fn post_recv(&self, req: &RecvRequest<'_>) -> Result<()> {
-        self.check_slices("post_recv", req.local, self.cfg.max_recv_sge, true)?;
+        self.post_recv_one::<false>(req).1
+    }
+
+    /// [`QueuePair::post_recv`] for the async layer (see [`QueuePair::post_send_owned`]).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn post_recv_owned(&self, req: &RecvRequest<'_>) -> (bool, Result<()>) {
+        self.post_recv_one::<true>(req)
+    }
+
+    #[inline]
+    fn post_recv_one<const OWNED: bool>(&self, req: &RecvRequest<'_>) -> (bool, Result<()>) {
+        if let Err(e) = self.check_slices("post_recv", req.local, self.cfg.max_recv_sge, true) {
+            return (false, Err(e));
+        }
         let mut ring = lock(&self.inflight.recv);
-        self.not_ready(&ring, WorkQueue::Recv)?;
+        if let Err(e) = self.not_ready(&ring, WorkQueue::Recv) {
+            return (false, Err(e));
+        }
         if ring.free() == 0 {
-            return Err(queue_full(&ring, self.qp_num(), 1));
+            return (false, Err(queue_full(&ring, self.qp_num(), 1)));
         }
         let mut sges = [const { MaybeUninit::<ibv::ibv_sge>::uninit() }; MAX_SGE];
         for (g, s) in sges.iter_mut().zip(req.local) {
             g.write(sge(s));
         }
         let seq = ring.stage(0, req.wr_id, true, req.local.iter().map(|s| &s.region));
+        if OWNED {
+            ring.mark_owned(seq);
+        }
         // SAFETY: plain old data.
         let mut wr: ibv::ibv_recv_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = ring.provider_id(seq);
@@ -408,7 +446,7 @@ impl QueuePair {
         let rc = unsafe { ibv::ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
         if rc == 0 {
             ring.commit(true);
-            return Ok(());
+            return (true, Ok(()));
         }
         let refused = std::ptr::eq(bad, &wr);
         if refused {
@@ -418,7 +456,7 @@ impl QueuePair {
         }
         drop(ring);
         let errno = crate::return_code::errno_of(rc);
-        Err(Error::verbs(
+        let e = Error::verbs(
             "ibv_post_recv",
             format!(
                 "qpn={:#x}, sges={}{}",
@@ -432,7 +470,8 @@ impl QueuePair {
             ),
             errno,
             "receives can be posted from INIT on, within max_recv_wr and max_recv_sge",
-        ))
+        );
+        (!refused, Err(e))
     }
 }
 

@@ -41,6 +41,26 @@ impl fmt::Display for WorkQueue {
     }
 }
 
+/// Why requests in flight ended without a completion ([`crate::Error::RequestDropped`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DropCause {
+    /// [`QueuePair::reset`]: the device dropped every request in flight, and completions it
+    /// had queued for them are discarded.
+    Reset,
+    /// The queue pair was destroyed (dropped) while the requests were in flight.
+    Destroyed,
+}
+
+impl fmt::Display for DropCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DropCause::Reset => "reset",
+            DropCause::Destroyed => "destroyed",
+        })
+    }
+}
+
 /// Queue pair state (`ibv_qp_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
@@ -361,7 +381,22 @@ impl QueuePair {
     /// their regions are released), a new incarnation tag (completions still queued from before
     /// are dropped when polled, never attributed to new requests), a new PSN, INIT. Then
     /// exchange endpoints and [`QueuePair::connect`] again; the peer must reset too.
+    ///
+    /// Requests in flight end without a completion; their awaited futures (`gdr::aio`) resolve
+    /// with [`Error::RequestDropped`].
     pub fn reset(&self) -> Result<()> {
+        let mut wake = Vec::new();
+        let outcome = self.reset_locked(&mut wake);
+        // Every lock is released: a waker may run anything.
+        for w in wake {
+            w.wake();
+        }
+        outcome
+    }
+
+    /// [`QueuePair::reset`] under the locks; collects the wakers of the futures whose requests
+    /// it dropped.
+    fn reset_locked(&self, wake: &mut Vec<std::task::Waker>) -> Result<()> {
         // Completion queues first, then the rings: the order polling takes them in.
         let mut cqs = lock_both(&self.send_cq, &self.recv_cq);
         let mut rings = self.lock_rings();
@@ -376,8 +411,10 @@ impl QueuePair {
         )?;
         rings.set(QpState::Reset);
         // In RESET the device no longer touches any request's memory: release it, and retire
-        // the old incarnation.
+        // the old incarnation. First the async layer hears which requests ended, under the same
+        // locks, so no completion or post interleaves.
         let qpn = self.qp_num();
+        *wake = self.tell_watchers(&cqs, qpn, &rings.send, &rings.recv, DropCause::Reset);
         let old = rings.send.tag();
         // Completions of the old incarnation can be queued only if requests were in flight (see
         // QueuePair's Drop); a new tag is taken either way.
