@@ -374,19 +374,12 @@ impl Agent {
             // Never announced: no address or key a peer could use.
             Backing::Staged(_) => (0, Vec::new()),
         };
-        // Never wraps: an id is never given twice, even after 2^32 registrations.
-        let id = self
-            .shared
-            .next_segment
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < u32::MAX).then_some(n + 1)
-            })
-            .map_err(|_| {
-                Error::invalid(
-                    "segment ids are exhausted (2^32 - 1 registrations by this agent)",
-                    "restart the agent",
-                )
-            })?;
+        let id = next_segment_id(&self.shared.next_segment).ok_or_else(|| {
+            Error::invalid(
+                "segment ids are exhausted (2^32 - 2 registrations by this agent)",
+                "restart the agent",
+            )
+        })?;
         let info = SegmentInfo {
             id,
             name: name.to_string(),
@@ -579,6 +572,12 @@ impl Agent {
 
     // ----- notifications -----
 
+    /// Notifications received and not taken yet (at most [`AgentConfig::notify_queue`] plus
+    /// the receive slots, per peer).
+    pub fn pending_notifications(&self) -> usize {
+        self.shared.lock_notifications().len()
+    }
+
     /// Takes every notification received so far (their receive slots are posted again: the
     /// peers may send more).
     pub fn take_notifications(&self) -> Vec<Notification> {
@@ -668,6 +667,16 @@ fn no_direct_path(e: &Error) -> bool {
         ),
         _ => false,
     }
+}
+
+/// The next segment id (1, 2, ...): `None` once they are exhausted. Never wraps, so an id is
+/// never given twice (0 and `u32::MAX` are never given).
+fn next_segment_id(counter: &AtomicU32) -> Option<u32> {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < u32::MAX - 1).then_some(n + 1)
+        })
+        .ok()
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -1044,7 +1053,43 @@ fn select_rails(config: &AgentConfig) -> Result<Vec<(Arc<Context>, u8)>> {
 
 #[cfg(test)]
 mod tests {
-    use super::no_direct_path;
+    use super::{next_segment_id, no_direct_path};
+    use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn segment_ids_never_wrap_and_never_repeat() {
+        let c = AtomicU32::new(1);
+        assert_eq!(next_segment_id(&c), Some(1));
+        assert_eq!(next_segment_id(&c), Some(2));
+        let c = AtomicU32::new(u32::MAX - 2);
+        assert_eq!(next_segment_id(&c), Some(u32::MAX - 2));
+        assert_eq!(
+            next_segment_id(&c),
+            None,
+            "exhausted: refused, not wrapped to 0 or 1"
+        );
+        assert_eq!(next_segment_id(&c), None);
+        // Many threads at the edge: every id given once.
+        let c = AtomicU32::new(u32::MAX - 1000);
+        let got: Vec<u32> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..200)
+                            .filter_map(|_| next_segment_id(&c))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        let mut sorted = got.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), got.len(), "no id twice");
+        assert_eq!(got.len(), 999);
+        assert!(got.iter().all(|&i| i != 0 && i != u32::MAX));
+    }
     use crate::error::Error;
 
     #[test]

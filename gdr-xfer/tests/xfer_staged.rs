@@ -522,3 +522,115 @@ fn more_staged_transfers_than_the_stager_has_tickets_wait_their_turn() {
     assert_eq!(st.chunks, u64::from(transfers * per), "{st:?}");
     println!("12 paged staged writes of 16 blocks at once through 3 tickets and 2 buffers: all verified; {st:?}");
 }
+
+/// Engine review, finding 2 (staged form): another agent's staged segment as the local side
+/// used to index that agent's bounce buffers and panic the staging thread (after which no
+/// staged deadline fired). It is refused before anything moves; this agent's own staged
+/// transfers go on, and a staged deadline still fires.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn another_agents_staged_segment_is_refused_and_staging_goes_on() {
+    let (a, b, pb, _pa) = connected(staged_agent("fsa", 1 << 20, 4), agent("fsb"));
+    let other = Agent::new(
+        AgentConfig::new("fsc")
+            .device(common::device())
+            .max_rails(1),
+    )
+    .unwrap();
+    let len = 4 << 20;
+    let theirs_gpu = EmulatedGpu::new(5, len);
+    let theirs = other
+        .register_emulated_gpu(&theirs_gpu, .., "theirs")
+        .unwrap();
+    let ours_gpu = EmulatedGpu::new(0, len);
+    ours_gpu.write(0, &pattern(len, 77)).unwrap();
+    let ours = a.register_emulated_gpu(&ours_gpu, .., "ours").unwrap();
+    let dst = b.alloc_host(len, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    let e = pb
+        .write(
+            &[Desc::new(&theirs, 0, r.id, 0, len as u64)],
+            &TransferOptions::new(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::ForeignSegment { .. }), "{e}");
+    pb.write(
+        &[Desc::new(&ours, 0, r.id, 0, len as u64)],
+        &TransferOptions::new(),
+    )
+    .unwrap()
+    .wait(WAIT)
+    .unwrap();
+    assert!(dst.to_vec(0, len).unwrap() == pattern(len, 77));
+    // The staging thread is alive: a staged transfer past its deadline fails at it.
+    let t = pb
+        .write(
+            &[Desc::new(&ours, 0, r.id, 0, len as u64)],
+            &TransferOptions::new().timeout(Duration::from_micros(1)),
+        )
+        .unwrap();
+    let out = t.wait(WAIT);
+    assert!(matches!(out, Err(Error::Timeout { .. }) | Ok(_)), "{out:?}");
+    println!("another agent's staged segment: {e}; our staged write and deadline: fine");
+}
+
+/// Engine review, finding 3: two threads registering different GPUs at once could give a
+/// segment the other GPU's bounce buffers (the index was read after the lock was let go).
+/// Eight threads register eight emulated GPUs at once, each many times; every segment is
+/// staged through its own GPU's buffers, and a transfer from each moves its own bytes.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn gpus_registered_at_once_each_get_their_own_bounce_buffers() {
+    let (a, b, pb, _pa) = connected(staged_agent("fga", 256 << 10, 2), agent("fgb"));
+    let len = 1 << 20;
+    let gpus: Vec<Arc<EmulatedGpu>> = (0..8u32)
+        .map(|g| {
+            let gpu = EmulatedGpu::new(g, len);
+            gpu.write(0, &pattern(len, 500 + g)).unwrap();
+            gpu
+        })
+        .collect();
+    let segs: Vec<gdr_xfer::Segment> = std::thread::scope(|s| {
+        let hs: Vec<_> = gpus
+            .iter()
+            .map(|gpu| {
+                let a = &a;
+                s.spawn(move || {
+                    let mut last = None;
+                    for k in 0..4 {
+                        last = Some(
+                            a.register_emulated_gpu(gpu, .., &format!("g{}-{k}", gpu.ordinal()))
+                                .unwrap(),
+                        );
+                    }
+                    last.unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let dst = b.alloc_host(8 * len, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    for (g, seg) in segs.iter().enumerate() {
+        let SegmentPath::Staged(how) = seg.path() else {
+            panic!("not staged: {:?}", seg.path());
+        };
+        assert!(
+            how.contains(&format!("emulated GPU {g} ")),
+            "segment of GPU {g}: {how}"
+        );
+        pb.write(
+            &[Desc::new(seg, 0, r.id, (g * len) as u64, len as u64)],
+            &TransferOptions::new(),
+        )
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
+        assert!(
+            dst.to_vec((g * len) as u64, len).unwrap() == pattern(len, 500 + g as u32),
+            "GPU {g}"
+        );
+    }
+    assert_eq!(a.staging_stats().gpus.len(), 8);
+    println!("8 GPUs registered at once from 8 threads: each staged through its own buffers");
+}

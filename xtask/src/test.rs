@@ -165,11 +165,11 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
         return Ok((true, Counts::default()));
     }
     let mut script = tier_script(&tests, &shell_words(&opts.test_args), "");
-    // The engine's tests (direct and staged) once more on two rails: a second rxe on the veth
+    // The engine's tests (direct, staged, and the outcome regressions) once more on two rails: a second rxe on the veth
     // pair's other end (its own subnet), so that both agents of a test stripe over rxe0 and rxe1.
     let two_rails: Vec<_> = tests
         .iter()
-        .filter(|a| a.name == "xfer_engine" || a.name == "xfer_staged")
+        .filter(|a| a.name == "xfer_engine" || a.name == "xfer_staged" || a.name == "xfer_outcomes")
         .collect();
     if !two_rails.is_empty() {
         let end = script
@@ -190,7 +190,7 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
         script.insert_str(end, &more);
     }
     say!(
-        "device tests: {} test binaries in one VM boot (--ignored --test-threads=1; xfer_engine and xfer_staged also on two rails)",
+        "device tests: {} test binaries in one VM boot (--ignored --test-threads=1; xfer_engine, xfer_staged and xfer_outcomes also on two rails)",
         tests.len()
     );
     let outcome = vm::boot(&opts.vm, &script)?;
