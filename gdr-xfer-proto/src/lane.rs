@@ -88,3 +88,15 @@ impl Lane {
         self.gen.map(|gen| LaneRef { lane, gen })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The engine's memory per transfer is what gdr-xfer's docs say ("Memory the engine keeps
+    /// per transfer"): a 32-byte record per run and a 72-byte one per batch of requests.
+    #[test]
+    fn the_records_per_run_and_per_batch_are_the_documented_sizes() {
+        assert_eq!(std::mem::size_of::<crate::run::Run>(), 32);
+        assert_eq!(std::mem::size_of::<super::Posted>(), 72);
+        assert_eq!(crate::config::CHUNK, 32);
+    }
+}

@@ -19,6 +19,32 @@
 //! [`Error::Timeout`]; a peer that dies fails every transfer pending to it with
 //! [`Error::PeerLost`].
 //!
+//! ## Outcomes a caller can trust
+//!
+//! A transfer's outcome, whatever it is (done, [`Error::Timeout`], [`Error::Cancelled`],
+//! [`Error::PeerLost`], [`Error::NoRail`], ...), is reported only once none of its requests
+//! can touch its local or remote memory again: from then on both may be reused, and a later
+//! transfer into the same memory is never overtaken by this one's bytes. A transfer that stops
+//! early (its deadline, [`Transfer::cancel`], a failure) posts nothing more and waits for the
+//! requests it had posted; those still in flight [`AgentConfig::quiesce`] later (500 ms by
+//! default) are *fenced*: their queue pairs are destroyed (after `ibv_destroy_qp` the NIC
+//! touches none of their memory) and renewed with the peer at once, the other transfers'
+//! requests on them posted again; a WRITE also waits until the peer confirmed its side of
+//! those queue pairs is gone (its packets may still have been on the wire), at most one more
+//! quiesce time. So an outcome comes at most `2 x quiesce` plus 5 ms after the deadline. It is
+//! `Ok` only when every byte landed (and the notification was delivered): a transfer whose
+//! deadline passed after all its bytes had landed reports success.
+//!
+//! One caller's mistake fails only its own transfer: another agent's segment as the local side
+//! is refused before anything is posted ([`Error::ForeignSegment`]); a request the NIC refuses
+//! for its own reason (a stale remote key) fails its transfer ([`Error::SliceFailed`]) and the
+//! queue pairs it broke are renewed at once, the other transfers' requests posted again.
+//!
+//! The bookkeeping behind these promises is the sans-IO core [`gdr_xfer_proto`] (transfers,
+//! lanes, deadlines, fences, failover, renewal, notifications), driven here by gdr's queue
+//! pairs and threads, and checked there by a deterministic simulation of agents over simulated
+//! RC queue pairs with faults drawn from a seed (`cargo xtask sim`).
+//!
 //! ## Finding a peer directly (no server)
 //!
 //! ```no_run
@@ -95,9 +121,9 @@
 //! each chunk to the rail whose queued bytes drain soonest at its measured throughput. A rail
 //! whose request fails is paused for that peer: its queue pairs are destroyed and what they
 //! carried is posted again on the other rails, within the transfer's deadline; it is renewed
-//! and probed after a growing cool-down, then used again. With no rail left, pending
-//! transfers fail with [`Error::NoRail`]. [`Peer::rail_stats`] reports each rail
-//! ([`RailStats`]).
+//! and probed after a growing cool-down, then used again. With no rail usable for a quiesce
+//! time (the peer may be renewing it meanwhile), pending transfers fail with
+//! [`Error::NoRail`]. [`Peer::rail_stats`] reports each rail ([`RailStats`]).
 //!
 //! ## GPU memory without GPUDirect
 //!
@@ -131,17 +157,27 @@
 //!
 //! Submitting posts at once, in the caller's thread, what the send queues have room for (one
 //! doorbell per 32 requests); each rail's progress thread reaps its completions, posts the rest
-//! as room frees and delivers notifications; the first also fails transfers at their deadline
-//! and renews failed rails. It polls while
-//! completions come and sleeps on the completion channel otherwise. The caller never waits for
-//! another thread to post.
+//! as room frees and delivers notifications; any of them (or a waiter past its transfer's
+//! deadline) runs the timers: deadlines, fences, renewals. It polls while completions come and
+//! sleeps on the completion channel otherwise. The caller never waits for another thread to
+//! post. A panic in a completion's handling (a bug) closes that connection only; the threads go
+//! on.
+//!
+//! ## Notifications: bounded
+//!
+//! A notification's receive slot is posted again as soon as its message is copied out, while
+//! the agent keeps fewer than [`AgentConfig::notify_queue`] (1,024) untaken notifications of
+//! that peer; past that, each holds its slot until the application takes one
+//! ([`Agent::take_notifications`], [`Agent::wait_notification`]), and the peer's further
+//! notifications wait in its NIC (receiver not ready). A peer faster than the application is
+//! held back, nothing is lost, and what it can make the agent hold is bounded.
 //!
 //! ## Memory the engine keeps per transfer
 //!
 //! Per transfer: one run record of 32 bytes per descriptor or block that did not merge
 //! ([`TransferStats::runs`]; runs contiguous on both sides are one), and one 72-byte record per
-//! chunk of up to 32 posted requests (2.25 bytes a request when chunks are full), kept until the
-//! chunk completes. Per request in flight: gdr's entry, a slot of the queue pair's ring (40 bytes,
+//! batch of up to 32 posted requests (2.25 bytes a request when batches are full), kept until the
+//! batch completes (the core's host tests pin both sizes). Per request in flight: gdr's entry, a slot of the queue pair's ring (40 bytes,
 //! plus 16 for each memory region it holds), allocated once with the queue pair, so bounded by
 //! the queues' depth, not by the transfer. Nothing is allocated per block: a paged batch of
 //! 100,000 blocks that do not merge keeps 3.2 MB of runs, 128 blocks of 64 KiB keep 4 KiB.

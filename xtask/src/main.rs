@@ -26,6 +26,7 @@ mod fuzz;
 mod perftest;
 mod post_cost;
 mod setup;
+mod sim;
 mod test;
 mod vm;
 
@@ -83,6 +84,8 @@ enum Command {
     Downstream,
     /// Fuzz every decoder (fuzz/, cargo-fuzz on nightly), one target after another.
     Fuzz(fuzz::FuzzOpts),
+    /// The deterministic simulation of gdr-xfer's core over many seeds (or one, or a mutant).
+    Sim(sim::SimOpts),
 }
 
 fn main() -> ExitCode {
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
         Command::Bench(opts) => bench::bench(&opts),
         Command::Downstream => downstream::downstream(),
         Command::Fuzz(opts) => fuzz::fuzz(&opts),
+        Command::Sim(opts) => sim::sim(&opts),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -3,26 +3,7 @@
 //! notifications sent and received. Driven by calls with time passed in; every piece of I/O
 //! goes through the driver's [`Io`].
 //!
-//! # Outcomes a caller can trust
-//!
-//! A transfer's outcome is reported (through [`Io::finished`]) only once none of its requests
-//! can touch its memory any more: every request it posted was credited by a completion, or the
-//! queue pair carrying it was destroyed. A transfer that stops early (its deadline passed, it
-//! was cancelled, one of its requests failed, the peer or every rail was lost) first stops
-//! posting, then waits for its requests in flight. Those still in flight [`Config::quiesce`]
-//! later are *fenced*: the queue pairs carrying them are destroyed (the other transfers'
-//! requests on them are posted again on new ones) and the rail is renewed with the peer at
-//! once. For a WRITE the outcome also waits until the peer confirmed that its side of those
-//! queue pairs is gone (its answer to the renewal), at most [`Config::quiesce`] more. So an
-//! outcome comes at most [`Config::outcome_bound`] after the deadline (plus the driver's timer
-//! granularity), and whatever it says, the memory is quiet.
-//!
-//! # One caller's mistake fails only its own transfer
-//!
-//! A request the driver refuses for its own reason ([`PostResult::Rejected`]) or that completes
-//! with a request error ([`Status::RequestError`]) fails its transfer only: the first posts
-//! nothing; the second broke its queue pair, so the rail is renewed at once (not paused) and
-//! the other transfers' requests are posted again.
+//! See [`Connection`].
 
 mod complete;
 mod failover;
@@ -67,7 +48,29 @@ struct RecvSlots {
     held: u16,
 }
 
-/// A connection's core. See the [module documentation](self).
+/// A connection's core: a state machine driven by calls with the time passed in, doing its
+/// I/O through its driver's [`Io`].
+///
+/// # Outcomes a caller can trust
+///
+/// A transfer's outcome is reported (through [`Io::finished`]) only once none of its requests
+/// can touch its memory any more: every request it posted was credited by a completion, or the
+/// queue pair carrying it was destroyed. A transfer that stops early (its deadline passed, it
+/// was cancelled, one of its requests failed, the peer or every rail was lost) first stops
+/// posting, then waits for its requests in flight. Those still in flight [`Config::quiesce`]
+/// later are *fenced*: the queue pairs carrying them are destroyed (the other transfers'
+/// requests on them are posted again on new ones) and the rail is renewed with the peer at
+/// once. For a WRITE the outcome also waits until the peer confirmed that its side of those
+/// queue pairs is gone (its answer to the renewal), at most [`Config::quiesce`] more. So an
+/// outcome comes at most [`Config::outcome_bound`] after the deadline (plus the driver's timer
+/// granularity), and whatever it says, the memory is quiet.
+///
+/// # One caller's mistake fails only its own transfer
+///
+/// A request the driver refuses for its own reason ([`crate::PostResult::Rejected`]) or that completes
+/// with a request error ([`crate::Status::RequestError`]) fails its transfer only: the first posts
+/// nothing; the second broke its queue pair, so the rail is renewed at once (not paused) and
+/// the other transfers' requests are posted again.
 ///
 /// ```text
 /// submit ──> pending ──> posted on lanes ──> credited by completions ──> finished (Ok)
