@@ -105,11 +105,13 @@ pub(crate) fn cut<P: Pieces>(
             }
             // Up to the range's end (a retry range may end inside a run).
             let len = (end - off).min(slice_size);
-            let (Some(local_offset), Some(remote_addr)) = (
-                run.local_offset.checked_add(off),
-                run.remote_addr.checked_add(off),
-            ) else {
-                return Err(CutError("a range overflows the address space".into()));
+            // The local offset is bounded by the driver (every piece against its local
+            // registration); the remote range must not wrap.
+            let local_offset = run.local_offset.wrapping_add(off);
+            let Some(remote_addr) = run.remote_addr.checked_add(off) else {
+                return Err(CutError(
+                    "a remote range overflows the address space".into(),
+                ));
             };
             if !pieces.push(local_offset, remote_addr, len, key, first + n as u64) {
                 return Err(CutError(format!(

@@ -190,7 +190,10 @@ impl Ring {
 
     /// Fills the slot of sequence number `head + ahead` (the `ahead`-th request of a list being
     /// posted); returns that number. The caller has checked that the slot is free and that
-    /// `regions` fits the slot's reserved capacity (no allocation).
+    /// `regions` fits the slot's reserved capacity (no allocation). Always inlined: it is the
+    /// per-request step of every post loop (`post_rdma_batch` spends a fifth less per request
+    /// with it inlined; the compiler's own choice changed as the crate grew).
+    #[inline(always)]
     pub(crate) fn stage<'r>(
         &mut self,
         ahead: u64,

@@ -18,7 +18,7 @@ use crate::io::{Event, Io, LaneRef};
 use crate::lane::Lane;
 use crate::notify::Seen;
 use crate::rail::{RailCounters, RailLink, RailState};
-use crate::run::{slices_of, Cursor};
+use crate::run::Cursor;
 use crate::slab::Slab;
 use crate::transfer::{Failure, NotifyState, Outcome, Phase, Spec, Transfer, TransferKey};
 
@@ -294,19 +294,33 @@ impl<I: Io> Connection<I> {
                 ));
             }
         }
-        let locals = spec.locals.len() as u64;
-        let mut remotes = 0u64;
+        // One pass over the runs: checked, counted, and cut into requests (most runs are one
+        // block no longer than a slice: no division for them).
+        // One pass over the runs, without branches on the data: the largest segment indexes,
+        // the smallest length, the bytes and the requests (most runs are one block no longer
+        // than a slice: no division for them). Checked once after the loop.
+        let slice = self.cfg.slice_size;
+        let (mut max_local, mut max_remote, mut min_len) = (0u32, 0u32, u64::MAX);
         let mut bytes = 0u64;
+        let mut slices_total = 0u64;
         for r in &spec.runs {
-            if r.len == 0 || u64::from(r.local) >= locals {
-                return rejected(format!(
-                    "a run of {} bytes of local segment {} ({locals} given)",
-                    r.len, r.local
-                ));
-            }
-            remotes = remotes.max(u64::from(r.remote) + 1);
-            bytes = bytes.saturating_add(r.len);
+            max_local = max_local.max(r.local);
+            max_remote = max_remote.max(r.remote);
+            min_len = min_len.min(r.len);
+            bytes = bytes.wrapping_add(r.len);
+            slices_total += if r.len <= slice {
+                1
+            } else {
+                r.len.div_ceil(slice)
+            };
         }
+        let locals = spec.locals.len() as u64;
+        if min_len == 0 || u64::from(max_local) >= locals {
+            return rejected(format!(
+                "a run of {min_len} bytes, or of local segment {max_local} ({locals} given)"
+            ));
+        }
+        let remotes = u64::from(max_remote) + 1;
         if (spec.rkeys.len() as u64) < remotes * self.cfg.rails as u64 {
             return rejected(format!(
                 "{} remote keys for {remotes} remote segments on {} rails",
@@ -325,7 +339,6 @@ impl<I: Io> Connection<I> {
                 detail: self.rails_detail(),
             });
         }
-        let slices_total = slices_of(&spec.runs, self.cfg.slice_size);
         let deadline = spec.timeout.and_then(|t| now.checked_add(t));
         let t = Transfer {
             op: spec.op,
