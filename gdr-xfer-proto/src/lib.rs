@@ -39,6 +39,7 @@ mod run;
 #[cfg(feature = "sim")]
 pub mod sim;
 mod slab;
+pub mod staged;
 mod transfer;
 
 pub use config::{Config, CHUNK};

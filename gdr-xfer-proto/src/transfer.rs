@@ -52,6 +52,11 @@ pub enum Failure {
     },
     /// Its agent shut down.
     AgentClosed,
+    /// A copy between GPU memory and a bounce buffer failed (staged transfers).
+    Staging {
+        /// What the copy engine said.
+        detail: String,
+    },
 }
 
 /// What a transfer did, reported with its outcome.

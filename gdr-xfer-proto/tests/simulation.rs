@@ -28,8 +28,10 @@ fn ten_thousand_seeds_keep_every_promise() {
     }
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "{seeds} seeds in {secs:.1} s ({:.0} seeds/s): {} done, failed {:?}, {} refused; {} DMAs checked; {} fences, {} renewals, {} rail pauses, {} link cuts, {} kills",
+        "{seeds} seeds in {secs:.1} s ({:.0} seeds/s): {} transfers ({} staged), {} done, failed {:?}, {} refused; {} DMAs checked; {} fences, {} renewals, {} rail pauses, {} link cuts, {} kills",
         seeds as f64 / secs,
+        total.submitted,
+        total.staged,
         total.done,
         total.failed,
         total.refused,
@@ -46,6 +48,7 @@ fn ten_thousand_seeds_keep_every_promise() {
         total.fences > 0 && total.renewals > 0 && total.kills > 0,
         "{total:?}"
     );
+    assert!(total.staged > seeds, "{total:?}");
     assert!(
         violations.is_empty(),
         "{} seeds violated:\n{}",

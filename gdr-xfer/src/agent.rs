@@ -17,7 +17,7 @@ use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::CompletionQueue;
 
-use gdr_xfer_proto::{Failure as CoreFailure, LaneRef};
+use gdr_xfer_proto::LaneRef;
 
 use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;
@@ -564,9 +564,9 @@ impl Agent {
             "{} closed the connection",
             self.name()
         )));
-        peer.conn.lose(Failure::Core(CoreFailure::PeerLost {
+        peer.conn.lose(Failure::PeerLost {
             reason: "disconnected by this agent".into(),
-        }));
+        });
         self.shared.remove_peer(&peer.conn);
     }
 
@@ -624,7 +624,7 @@ impl Drop for Agent {
                 "{} shut down",
                 self.shared.config.name
             )));
-            c.lose(Failure::Core(CoreFailure::AgentClosed));
+            c.lose(Failure::AgentClosed);
             self.shared.remove_peer(&c);
         }
         for (_, h) in self

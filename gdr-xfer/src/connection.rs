@@ -20,8 +20,8 @@ use std::time::Instant;
 use gdr::connect::TcpLink;
 use gdr::{Completion, WcStatus};
 use gdr_xfer_proto::{
-    Config, Connection as Core, Control, Failure as CoreFailure, LaneRef, Receipt, SendCompletion,
-    Spec, Status, TransferKey,
+    Config, Connection as Core, Control, LaneRef, Receipt, SendCompletion, Spec, Status,
+    TransferKey,
 };
 
 use crate::agent::AgentShared;
@@ -202,9 +202,9 @@ impl Connection {
             }
             drop(w);
             if let Some(e) = failed {
-                self.lose(Failure::Core(CoreFailure::PeerLost {
+                self.lose(Failure::PeerLost {
                     reason: format!("control connection: {e}"),
-                }));
+                });
             }
         }
     }
@@ -287,9 +287,9 @@ impl Connection {
     }
 
     /// Queues a transfer and posts what fits now.
-    pub(crate) fn submit(&self, spec: Spec<Lanes>) -> Result<TransferKey, CoreFailure> {
+    pub(crate) fn submit(&self, spec: Spec<Lanes>) -> Result<TransferKey, Failure> {
         if let Some(reason) = self.gone_reason() {
-            return Err(CoreFailure::PeerLost { reason });
+            return Err(Failure::PeerLost { reason });
         }
         self.drive(|core, io, now| core.submit(now, io, spec))
     }
@@ -375,13 +375,9 @@ impl Connection {
     /// pairs are destroyed, which is at once), nothing more is posted, and the control socket
     /// is shut down.
     pub(crate) fn lose(&self, failure: Failure) {
-        let core_failure = match failure {
-            Failure::Core(f) => f,
-            Failure::Staging { detail } => CoreFailure::PeerLost { reason: detail },
-        };
-        let reason = match &core_failure {
-            CoreFailure::PeerLost { reason } => reason.clone(),
-            CoreFailure::AgentClosed => "the agent was shut down".into(),
+        let reason = match &failure {
+            Failure::PeerLost { reason } => reason.clone(),
+            Failure::AgentClosed => "the agent was shut down".into(),
             other => format!("{other:?}"),
         };
         {
@@ -389,7 +385,7 @@ impl Connection {
             r.get_or_insert(reason);
         }
         self.lost.store(true, Ordering::Release);
-        self.drive(|core, io, now| core.close(now, io, core_failure));
+        self.drive(|core, io, now| core.close(now, io, failure));
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
     }
 
@@ -404,9 +400,9 @@ impl Connection {
                 .map_err(|e| e.to_string())
         });
         if let Err(e) = result {
-            self.lose(Failure::Core(CoreFailure::PeerLost {
+            self.lose(Failure::PeerLost {
                 reason: format!("control connection: {e}"),
-            }));
+            });
         }
     }
 

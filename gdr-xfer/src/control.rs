@@ -10,7 +10,7 @@ use gdr::connect::TcpLink;
 use gdr::qp::QueuePair;
 
 use crate::agent::AgentShared;
-use gdr_xfer_proto::{Config, Failure as CoreFailure};
+use gdr_xfer_proto::Config;
 
 use crate::connection::{Connection, Parts};
 use crate::error::{Error, Result};
@@ -306,9 +306,9 @@ pub(crate) fn establish(
         }
     };
     if let Err(e) = result {
-        conn.lose(Failure::Core(CoreFailure::PeerLost {
+        conn.lose(Failure::PeerLost {
             reason: format!("handshake: {e}"),
-        }));
+        });
         agent.remove_peer(&conn);
         return Err(e);
     }
@@ -357,7 +357,7 @@ fn read_control(agent: Weak<AgentShared>, conn: Arc<Connection>, mut link: TcpLi
     // queued handled first (a peer that read our last notification and said goodbye must not
     // turn that transfer into a failure), then fail.
     conn.set_closing(reason.clone());
-    let failure = Failure::Core(CoreFailure::PeerLost { reason });
+    let failure = Failure::PeerLost { reason };
     match agent.upgrade() {
         Some(a) => a.remove_peer_after_drain(&conn, failure),
         None => conn.lose(failure),

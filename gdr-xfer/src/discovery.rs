@@ -190,9 +190,9 @@ fn watch_peer(
                     "peer {}: its directory record is gone (lease ended or withdrawn)",
                     conn.name
                 );
-                conn.lose(Failure::Core(gdr_xfer_proto::Failure::PeerLost {
+                conn.lose(Failure::PeerLost {
                     reason: "its directory record is gone: its lease ended (the agent died or hung) or it withdrew".into(),
-                }));
+                });
                 if let Some(a) = agent.upgrade() {
                     a.remove_peer(&conn);
                 }

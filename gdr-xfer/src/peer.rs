@@ -11,7 +11,7 @@ use gdr_xfer_proto::Spec;
 
 use crate::plan::Planner;
 use crate::staged::driver::Job;
-use crate::transfer::{Failure, Stopper, Transfer, TransferCell};
+use crate::transfer::{Stopper, Transfer, TransferCell};
 use crate::wire::SegmentInfo;
 
 /// A connected peer. Cheap to clone. Transfers to it are one-sided: the peer's CPU takes no
@@ -289,10 +289,7 @@ impl Peer {
                 handle: cell.clone(),
             };
             // Refused at once (peer gone, no rail left): the same error the transfer would give.
-            let key = self
-                .conn
-                .submit(spec)
-                .map_err(|f| cell.error(&Failure::Core(f)))?;
+            let key = self.conn.submit(spec).map_err(|f| cell.error(&f))?;
             cell.set_stopper(Stopper::Core(Arc::downgrade(&self.conn), key));
         }
         cell.set_times(plan_time, started.elapsed());

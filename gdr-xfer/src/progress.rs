@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gdr::Completion;
-use gdr_xfer_proto::Failure as CoreFailure;
 
 use crate::agent::AgentShared;
 use crate::transfer::Failure;
@@ -96,9 +95,9 @@ fn handle(agent: &AgentShared, rail: usize, c: &Completion) {
             conn.name
         );
         let closed = catch_unwind(AssertUnwindSafe(|| {
-            conn.lose(Failure::Core(CoreFailure::PeerLost {
+            conn.lose(Failure::PeerLost {
                 reason: "the engine failed handling one of its completions".into(),
-            }))
+            })
         }));
         if closed.is_err() {
             log::error!(

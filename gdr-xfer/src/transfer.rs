@@ -14,7 +14,8 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use gdr::WcStatus;
-use gdr_xfer_proto::{Failure as CoreFailure, Stats, TransferKey};
+pub(crate) use gdr_xfer_proto::Failure;
+use gdr_xfer_proto::{Stats, TransferKey};
 
 use crate::connection::Connection;
 use crate::descriptor::Op;
@@ -30,21 +31,6 @@ pub enum Status {
     Done,
     /// It failed; [`Transfer::wait`] says why. Its memory is quiet.
     Failed,
-}
-
-/// Why a transfer failed, kept so each observer gets a full [`Error`].
-#[derive(Debug, Clone)]
-pub(crate) enum Failure {
-    /// The core's reason.
-    Core(CoreFailure),
-    /// A copy between GPU memory and a bounce buffer failed (staged segments).
-    Staging { detail: String },
-}
-
-impl From<CoreFailure> for Failure {
-    fn from(f: CoreFailure) -> Self {
-        Failure::Core(f)
-    }
 }
 
 /// What a finished transfer did.
@@ -201,7 +187,7 @@ impl TransferCell {
     pub(crate) fn finish_core(&self, o: gdr_xfer_proto::Outcome) {
         let r = match o.result {
             Ok(()) => Ok(TransferStats::from_core(&o.stats, self.descriptors)),
-            Err(f) => Err(Failure::Core(f)),
+            Err(f) => Err(f),
         };
         self.finish(r);
     }
@@ -214,23 +200,23 @@ impl TransferCell {
     pub(crate) fn error(&self, f: &Failure) -> Error {
         let peer = self.peer.clone();
         match f {
-            Failure::Core(CoreFailure::Timeout { after }) => Error::Timeout {
+            Failure::Timeout { after } => Error::Timeout {
                 what: format!("{:?} transfer of {} bytes to {}", self.op, self.bytes, self.peer),
                 after: *after,
                 hint: Hint::new(
                     "is the peer alive and its link up? raise the transfer's timeout for large transfers",
                 ),
             },
-            Failure::Core(CoreFailure::Cancelled) => Error::Cancelled { peer },
-            Failure::Core(CoreFailure::PeerLost { reason }) => Error::PeerLost {
+            Failure::Cancelled => Error::Cancelled { peer },
+            Failure::PeerLost { reason } => Error::PeerLost {
                 peer,
                 reason: reason.clone(),
             },
-            Failure::Core(CoreFailure::Request {
+            Failure::Request {
                 qp_num,
                 status,
                 vendor_err,
-            }) => {
+            } => {
                 let status = WcStatus::from_raw(*status);
                 Error::SliceFailed {
                     peer,
@@ -245,21 +231,21 @@ impl TransferCell {
                     }),
                 }
             }
-            Failure::Core(CoreFailure::NoRail { detail }) => Error::NoRail {
+            Failure::NoRail { detail } => Error::NoRail {
                 peer,
                 detail: detail.clone(),
                 hint: Hint::new(
                     "every rail to the peer failed: check the links (gdr doctor, ibstat); the agent re-admits a rail once a probe on it succeeds",
                 ),
             },
-            Failure::Core(CoreFailure::Rejected { detail }) => Error::Rejected {
+            Failure::Rejected { detail } => Error::Rejected {
                 peer,
                 detail: detail.clone(),
                 hint: Hint::new(
                     "the request named memory gdr would not post (another agent's segment, a range outside its registration): only this transfer failed",
                 ),
             },
-            Failure::Core(CoreFailure::AgentClosed) => Error::AgentClosed,
+            Failure::AgentClosed => Error::AgentClosed,
             Failure::Staging { detail } => Error::StagingFailed {
                 peer,
                 detail: detail.clone(),

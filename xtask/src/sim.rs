@@ -23,6 +23,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "no_peer_wait",
         "a WRITE whose queue pairs were destroyed reports without waiting for the peer",
     ),
+    (
+        "staged_outcome_before_quiet",
+        "a failed staged transfer reports at once, its copies and children still running",
+    ),
 ];
 
 #[derive(clap::Args)]

@@ -29,6 +29,7 @@
 mod io;
 mod net;
 mod rng;
+mod staging;
 mod world;
 mod xfers;
 
@@ -86,6 +87,8 @@ pub struct Report {
     pub deregistrations: u64,
     /// DMAs checked.
     pub dmas: u64,
+    /// Staged transfers (through simulated bounce buffers).
+    pub staged: u64,
 }
 
 impl Report {
@@ -109,6 +112,7 @@ impl Report {
         self.kills += o.kills;
         self.deregistrations += o.deregistrations;
         self.dmas += o.dmas;
+        self.staged += o.staged;
     }
 }
 

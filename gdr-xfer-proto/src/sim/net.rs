@@ -14,8 +14,11 @@ use crate::io::{LaneRef, SendCompletion, Status};
 
 /// Bytes of one segment of an agent's memory.
 pub(crate) const SEG: usize = 16 * 1024;
-/// Segments per agent.
+/// Segments per agent that peers may address (its GPU memory and its bounce buffers follow
+/// them: [`super::staging::GPU_SEG`], [`super::staging::BOUNCE_SEG`]).
 pub(crate) const SEGS: usize = 4;
+/// Bytes of an agent's memory: its segments, its GPU memory, its bounce buffers.
+pub(crate) const MEM: usize = SEG * (SEGS + 2);
 /// Time a packet is on the wire (one way), at most.
 pub(crate) const WIRE: (u64, u64) = (5, 200);
 /// How long a requester retries before its request fails (longer than any packet lives).
@@ -132,7 +135,7 @@ impl Net {
         Net {
             now: Duration::ZERO,
             qps: Vec::new(),
-            mem: vec![vec![0u8; SEG * SEGS]; agents],
+            mem: vec![vec![0u8; MEM]; agents],
             key_epoch: vec![vec![0; SEGS]; agents],
             alive: vec![true; agents],
             link_up: vec![true; rails],

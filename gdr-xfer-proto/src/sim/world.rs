@@ -11,14 +11,18 @@ use std::time::{Duration, Instant};
 use super::io::{SimIo, SimLocal};
 use super::net::{rkey, Net, Payload, QpState, SEG, SEGS};
 use super::rng::Rng;
-use super::xfers::{Misuse, XRun, XState, Xfer, GRAIN};
+use super::staging::{
+    SRun, SimChunk, SimJob, SimStageIo, SimStager, StageEvent, CHILD, COPY, GPU_SEG,
+};
+use super::xfers::{Kind, Misuse, XRun, XState, Xfer, GRAIN};
 use super::{FaultClass, Report};
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::control::Control;
 use crate::io::{Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
 use crate::run::Run;
-use crate::transfer::{Failure, Spec};
+use crate::staged::{ChildStats, StagedJob, StagedRun};
+use crate::transfer::{Failure, Outcome, Spec, TransferKey};
 
 /// Everything that happens in the simulation.
 #[derive(Debug)]
@@ -102,6 +106,20 @@ pub(crate) enum Ev {
         peer: usize,
         close: bool,
     },
+    /// A GPU -> bounce copy of `agent`'s stager completed.
+    CopyDone {
+        agent: usize,
+        slot: usize,
+    },
+    /// A bounce -> GPU copy of `agent`'s stager completed.
+    CommitDone {
+        agent: usize,
+        slot: usize,
+    },
+    /// `agent`'s staging driver runs its jobs.
+    StageStep {
+        agent: usize,
+    },
 }
 
 struct Scheduled {
@@ -133,6 +151,8 @@ struct Conn {
     io: SimIo,
     timer: Option<Duration>,
     inbox: VecDeque<Receipt>,
+    /// Staged transfers to this peer.
+    jobs: Vec<SimJob>,
 }
 
 /// The scenario a seed draws.
@@ -143,6 +163,10 @@ pub(crate) struct Params {
     pub(crate) cfg: Config,
     pub(crate) transfers_per_pair: u32,
     pub(crate) slow_consumer: bool,
+    /// Percent of transfers that are staged, and the stagers' bounce buffers: chunk size,
+    /// buffers, tickets at once.
+    pub(crate) staged_pct: u64,
+    pub(crate) stager: (usize, usize, usize),
 }
 
 pub(crate) struct World {
@@ -154,6 +178,9 @@ pub(crate) struct World {
     queue: BinaryHeap<Scheduled>,
     net: Rc<RefCell<Net>>,
     conns: Vec<Vec<Option<Conn>>>,
+    stagers: Vec<SimStager>,
+    /// When each agent's staging step is next due (if one is scheduled).
+    stage_at: Vec<Option<Duration>>,
     /// When the last control message from `a` to `b` is delivered (in order per direction).
     control_at: Vec<Vec<Duration>>,
     flagged: Vec<bool>,
@@ -204,6 +231,16 @@ impl World {
             cfg,
             transfers_per_pair: rng.range(4, 14) as u32,
             slow_consumer: rng.percent(30),
+            staged_pct: if rng.percent(50) {
+                rng.range(10, 60)
+            } else {
+                0
+            },
+            stager: (
+                GRAIN * rng.range(1, 9) as usize,
+                rng.range(1, 5) as usize,
+                rng.range(1, 4) as usize,
+            ),
         };
         let mut net = Net::new(agents, p.cfg.rails, Rng::new(rng.next_u64()));
         if class == FaultClass::Lanes {
@@ -219,6 +256,10 @@ impl World {
             conns: (0..agents)
                 .map(|_| (0..agents).map(|_| None).collect())
                 .collect(),
+            stagers: (0..agents)
+                .map(|_| SimStager::new(p.stager.0, p.stager.1, p.stager.2))
+                .collect(),
+            stage_at: vec![None; agents],
             control_at: vec![vec![Duration::ZERO; agents]; agents],
             flagged: Vec::new(),
             report: Report::default(),
@@ -303,12 +344,14 @@ impl World {
                     io: ia,
                     timer: None,
                     inbox: VecDeque::new(),
+                    jobs: Vec::new(),
                 });
                 self.conns[b][a] = Some(Conn {
                     core: Connection::new(cb, now),
                     io: ib,
                     timer: None,
                     inbox: VecDeque::new(),
+                    jobs: Vec::new(),
                 });
             }
         }
@@ -545,6 +588,29 @@ impl World {
                 self.net.borrow_mut().link_up[rail] = true;
             }
             Ev::Kill { agent } => self.kill(agent),
+            Ev::CopyDone { agent, slot } => {
+                if self.net.borrow().alive[agent] {
+                    let mut net = self.net.borrow_mut();
+                    self.stagers[agent].copy_done(&mut net, agent, slot);
+                    drop(net);
+                    self.stage_soon(agent);
+                }
+            }
+            Ev::CommitDone { agent, slot } => {
+                if self.net.borrow().alive[agent] {
+                    let mut net = self.net.borrow_mut();
+                    self.stagers[agent].commit_done(&mut net, agent, slot);
+                    self.stagers[agent].pump(&mut net, agent);
+                    drop(net);
+                    self.stage_soon(agent);
+                }
+            }
+            Ev::StageStep { agent } => {
+                if self.stage_at[agent] == Some(self.now) {
+                    self.stage_at[agent] = None;
+                }
+                self.stage_step(agent);
+            }
             Ev::Lost { agent, peer, close } => {
                 let reason = format!("agent {peer} vanished");
                 if close {
@@ -610,13 +676,17 @@ impl World {
             );
         }
         for (x, o) in out.finished {
+            if x & CHILD != 0 {
+                self.child_finished(agent, peer, x & !CHILD, o);
+                continue;
+            }
             self.log(|| format!("outcome {x}: {:?}", o.result));
             let bound = self.p.cfg.outcome_bound() + SLACK;
             let mut net = self.net.borrow_mut();
             let alive = net.alive[peer];
             let now = self.now;
             let Net { xfers, mem, .. } = &mut *net;
-            let mut v = xfers.outcome(x, &o, mem, alive, bound, now);
+            let mut v = xfers.outcome(x, &o.result, mem, alive, bound, now);
             let t = &xfers.list[x];
             if let (Err(f), true, true) = (&o.result, t.innocent, self.p.class == FaultClass::Clean)
             {
@@ -698,6 +768,10 @@ impl World {
         } else {
             Op::Read
         };
+        if self.rng.percent(self.p.staged_pct) {
+            self.submit_staged(agent, peer, op);
+            return;
+        }
         let misuse = if self.rng.percent(6) {
             Some(Misuse::ForeignLocal)
         } else if self.rng.percent(4) {
@@ -807,6 +881,8 @@ impl World {
         {
             let mut net = self.net.borrow_mut();
             net.xfers.list.push(Xfer {
+                kind: Kind::App,
+                staged: false,
                 agent,
                 peer,
                 op,
@@ -886,6 +962,325 @@ impl World {
         }
     }
 
+    /// A staged transfer from `agent` to `peer`: its runs' local side in the agent's GPU
+    /// memory (some in host memory, moved directly), through the agent's stager.
+    fn submit_staged(&mut self, agent: usize, peer: usize, op: Op) {
+        let x = self.net.borrow().xfers.list.len();
+        let max_grains = (3 * self.p.stager.0 / GRAIN).max(1);
+        let mut sruns = Vec::new();
+        let mut xruns = Vec::new();
+        for _ in 0..1 + self.rng.index(3) {
+            let len = GRAIN * (1 + self.rng.index(max_grains));
+            let staged = self.rng.percent(80);
+            let local = if staged {
+                self.free_in(agent, GPU_SEG, len)
+            } else {
+                self.free_range(agent, len)
+            };
+            let (Some(l), Some(r)) = (local, self.free_range(peer, len)) else {
+                break;
+            };
+            let mut net = self.net.borrow_mut();
+            net.xfers.reserve(agent, l, len, x);
+            net.xfers.reserve(peer, r, len, x);
+            drop(net);
+            sruns.push(SRun {
+                staged,
+                local: l,
+                remote: r,
+                len,
+            });
+            xruns.push(XRun {
+                local_agent: agent,
+                local: l,
+                remote: r,
+                len,
+            });
+        }
+        let generous = self.rng.percent(75);
+        let timeout = if generous {
+            Duration::from_millis(self.rng.range(1500, 3000))
+        } else {
+            self.us(50, 8000)
+        };
+        let cancel = self.rng.percent(8);
+        let notify = self.rng.percent(50).then(|| {
+            let max = self.p.cfg.notify_max as usize;
+            let mut d = vec![0xcdu8; 8 + self.rng.index(max - 7)];
+            d[..8].copy_from_slice(&(x as u64).to_be_bytes());
+            d
+        });
+        let epochs: Vec<u32> = {
+            let net = self.net.borrow();
+            (0..SEGS).map(|s| net.key_epoch[peer][s]).collect()
+        };
+        {
+            let mut net = self.net.borrow_mut();
+            net.xfers.list.push(Xfer {
+                kind: Kind::App,
+                staged: true,
+                agent,
+                peer,
+                op,
+                runs: xruns,
+                notify: notify.is_some(),
+                misuse: None,
+                deadline: Some(self.now + timeout),
+                innocent: generous && !cancel,
+                state: XState::Live,
+                key: None,
+                arrivals: 0,
+                deliveries: 0,
+            });
+            let Net { xfers, mem, .. } = &mut *net;
+            if sruns.is_empty() {
+                xfers.refused(x);
+                return;
+            }
+            xfers.fill_source(x, mem);
+        }
+        self.report.submitted += 1;
+        self.report.staged += 1;
+        self.log(|| format!("submit staged {x}: {agent}->{peer} {op:?} timeout {timeout:?}"));
+        let runs: Vec<StagedRun> = sruns
+            .iter()
+            .map(|r| StagedRun {
+                staged: r.staged,
+                len: r.len as u64,
+            })
+            .collect();
+        let now = self.instant();
+        let Some(c) = self.conns[agent][peer].as_mut() else {
+            self.net.borrow_mut().xfers.refused(x);
+            return;
+        };
+        if c.core.gone_reason().is_some() {
+            self.report.refused += 1;
+            self.net.borrow_mut().xfers.refused(x);
+            return;
+        }
+        let mut core = StagedJob::new(op, runs, notify, Some(timeout), now);
+        if cancel {
+            core.cancel();
+        }
+        c.jobs.push(SimJob {
+            xfer: x,
+            op,
+            runs: sruns,
+            core,
+            children: Vec::new(),
+            epochs,
+        });
+        self.stage_soon(agent);
+    }
+
+    /// Schedules `agent`'s staging step soon (the driver polls every few tens of microseconds
+    /// while it has work).
+    fn stage_soon(&mut self, agent: usize) {
+        let at = self.now + self.us(10, 300);
+        if self.stage_at[agent].is_none_or(|t| at < t || t < self.now) {
+            self.stage_at[agent] = Some(at);
+            self.push(at, Ev::StageStep { agent });
+        }
+    }
+
+    /// `agent`'s staging step: the stager's events to their jobs, each job's step, and the
+    /// outcomes of the jobs that are over.
+    fn stage_step(&mut self, agent: usize) {
+        if !self.net.borrow().alive[agent] {
+            return;
+        }
+        let now = self.instant();
+        let window = self.p.stager.2;
+        while let Some(ev) = self.stagers[agent].events.pop_front() {
+            let ticket = match &ev {
+                StageEvent::Chunk(c) => c.ticket_id(),
+                StageEvent::Finished(id) => *id,
+            };
+            let owner = (0..self.p.agents).find_map(|p| {
+                let c = self.conns[agent][p].as_ref()?;
+                let i = c.jobs.iter().position(|j| j.core.owns_ticket(ticket))?;
+                Some((p, i))
+            });
+            match (ev, owner) {
+                (StageEvent::Chunk(chunk), Some((p, i))) => {
+                    self.with_job(agent, p, i, now, |job, io| job.on_chunk(io, now, chunk));
+                }
+                (StageEvent::Finished(id), Some((p, i))) => {
+                    if let Some(c) = self.conns[agent][p].as_mut() {
+                        c.jobs[i].core.on_ticket_finished(id, Ok(()));
+                    }
+                }
+                (StageEvent::Chunk(chunk), None) => {
+                    let mut net = self.net.borrow_mut();
+                    if let Err(e) = self.stagers[agent].release_orphan(&mut net, agent, chunk) {
+                        net.violation(e);
+                    }
+                }
+                (StageEvent::Finished(_), None) => {}
+            }
+        }
+        let mut busy = self.stagers[agent].busy();
+        if self.verbose {
+            let d = self.stagers[agent].describe();
+            self.log(|| format!("stager {agent}: {d}"));
+        }
+        for p in 0..self.p.agents {
+            let Some(n) = self.conns[agent][p].as_ref().map(|c| c.jobs.len()) else {
+                continue;
+            };
+            let mut i = 0;
+            let mut left = n;
+            while i < left {
+                self.with_job(agent, p, i, now, |job, io| job.step(io, now, window));
+                if self.verbose {
+                    let d = self.conns[agent][p]
+                        .as_ref()
+                        .and_then(|c| c.jobs.get(i))
+                        .map(|j| format!("job {} {:?}", j.xfer, j.core));
+                    if let Some(d) = d {
+                        self.log(|| d);
+                    }
+                }
+                let over = self.conns[agent][p]
+                    .as_ref()
+                    .is_some_and(|c| c.jobs.get(i).is_some_and(|j| j.core.is_over()));
+                if over {
+                    let job = self.conns[agent][p]
+                        .as_mut()
+                        .expect("checked")
+                        .jobs
+                        .swap_remove(i);
+                    self.staged_finished(p, &job);
+                    left -= 1;
+                } else {
+                    i += 1;
+                }
+            }
+            busy |= left > 0;
+            self.settle(agent, p);
+        }
+        if busy {
+            self.stage_soon(agent);
+        }
+    }
+
+    /// Runs `f` on job `i` of `agent`'s connection to `peer`, with its I/O.
+    fn with_job(
+        &mut self,
+        agent: usize,
+        peer: usize,
+        i: usize,
+        now: Instant,
+        f: impl FnOnce(&mut StagedJob<SimChunk, TransferKey>, &mut SimStageIo<'_>),
+    ) {
+        let rails = self.p.cfg.rails;
+        let net = self.net.clone();
+        let stager = &mut self.stagers[agent];
+        let Some(c) = self.conns[agent][peer].as_mut() else {
+            return;
+        };
+        let Conn { core, io, jobs, .. } = c;
+        let Some(job) = jobs.get_mut(i) else {
+            return;
+        };
+        let SimJob {
+            xfer,
+            op,
+            runs,
+            core: jcore,
+            children,
+            epochs,
+        } = job;
+        let mut sio = SimStageIo {
+            stager,
+            core,
+            io,
+            net,
+            agent,
+            peer,
+            rails,
+            now,
+            xfer: *xfer,
+            op: *op,
+            runs,
+            children,
+            epochs,
+        };
+        f(jcore, &mut sio);
+    }
+
+    /// A child transfer of one of `agent`'s staged jobs reached its outcome.
+    fn child_finished(&mut self, agent: usize, peer: usize, cx: usize, o: Outcome) {
+        self.log(|| format!("child outcome {cx}: {:?}", o.result));
+        let v = self.net.borrow_mut().xfers.child_outcome(cx, &o.result);
+        if let Some(v) = v {
+            self.net.borrow_mut().violation(v);
+        }
+        let Some(c) = self.conns[agent][peer].as_mut() else {
+            return;
+        };
+        for job in &mut c.jobs {
+            if let Some(k) = job.children.iter().position(|&(_, x)| x == cx) {
+                let (key, _) = job.children.swap_remove(k);
+                let r = o.result.clone().map(|()| ChildStats {
+                    slices: o.stats.slices,
+                    lanes: o.stats.lanes_mask.count_ones(),
+                    rails: o.stats.rails_mask.count_ones(),
+                    retried: o.stats.retried_slices,
+                });
+                job.core.on_child_finished(key, r);
+                break;
+            }
+        }
+        self.stage_soon(agent);
+    }
+
+    /// A staged job is over: its outcome, checked as an application's.
+    fn staged_finished(&mut self, peer: usize, job: &SimJob) {
+        let x = job.xfer;
+        let result = job.core.result();
+        self.log(|| format!("staged outcome {x}: {result:?}"));
+        let bound = self.staged_bound();
+        let mut net = self.net.borrow_mut();
+        let alive = net.alive[peer];
+        let now = self.now;
+        let Net { xfers, mem, .. } = &mut *net;
+        let mut v = xfers.outcome(x, &result, mem, alive, bound, now);
+        let t = &xfers.list[x];
+        if let (Err(f), true, true) = (&result, t.innocent, self.p.class == FaultClass::Clean) {
+            v.push(format!(
+                "staged transfer {x} had nothing wrong with it, yet failed with {f:?}"
+            ));
+        }
+        match &result {
+            Ok(()) => self.report.done += 1,
+            Err(f) => *self.report.failed.entry(failure_kind(f)).or_default() += 1,
+        }
+        net.violations.extend(v);
+    }
+
+    /// How long after its deadline an outcome may come: the core's bound, then (staged) the
+    /// copies and the driver's steps.
+    fn staged_bound(&self) -> Duration {
+        self.p.cfg.outcome_bound()
+            + SLACK
+            + Duration::from_micros(4 * COPY.1)
+            + Duration::from_millis(1)
+    }
+
+    /// A free range of `len` bytes in segment `seg` of `agent`'s memory.
+    fn free_in(&mut self, agent: usize, seg: usize, len: usize) -> Option<usize> {
+        for _ in 0..20 {
+            let grains = (SEG - len) / GRAIN + 1;
+            let at = seg * SEG + GRAIN * self.rng.index(grains);
+            if self.net.borrow().xfers.is_free(agent, at, len) {
+                return Some(at);
+            }
+        }
+        None
+    }
+
     /// A free range of `len` bytes in `agent`'s memory (inside one segment).
     fn free_range(&mut self, agent: usize, len: usize) -> Option<usize> {
         for _ in 0..20 {
@@ -914,6 +1309,7 @@ impl World {
                 }
             }
         }
+        self.stagers[agent] = SimStager::new(self.p.stager.0, self.p.stager.1, self.p.stager.2);
         for p in 0..self.p.agents {
             self.conns[agent][p] = None;
             if p != agent && self.conns[p][agent].is_some() {
@@ -932,7 +1328,7 @@ impl World {
 
     /// Every live transfer reaches its outcome by its deadline plus the bound.
     fn watchdog(&mut self) {
-        let bound = self.p.cfg.outcome_bound() + SLACK;
+        let bound = self.staged_bound();
         let net = self.net.borrow();
         if self.flagged.len() < net.xfers.list.len() {
             self.flagged.resize(net.xfers.list.len(), false);
@@ -971,12 +1367,23 @@ impl World {
         let net = self.net.borrow();
         for (x, t) in net.xfers.list.iter().enumerate() {
             if t.state == XState::Live && net.alive[t.agent] {
-                return Err(format!("transfer {x} never reached an outcome"));
+                return Err(match t.kind {
+                    Kind::App => format!("transfer {x} never reached an outcome"),
+                    Kind::Child { parent } => {
+                        format!("child {x} of staged transfer {parent} never reached an outcome")
+                    }
+                });
             }
         }
         for (a, row) in self.conns.iter().enumerate() {
             for (p, c) in row.iter().enumerate() {
                 if let Some(c) = c {
+                    if !c.jobs.is_empty() {
+                        return Err(format!(
+                            "agent {a}'s connection to {p} still has {} staged jobs",
+                            c.jobs.len()
+                        ));
+                    }
                     if c.core.transfers() > 0 {
                         return Err(format!(
                             "agent {a}'s connection to {p} still holds {} transfers",
@@ -1006,5 +1413,6 @@ fn failure_kind(f: &Failure) -> &'static str {
         Failure::NoRail { .. } => "no rail",
         Failure::Rejected { .. } => "rejected",
         Failure::AgentClosed => "agent closed",
+        Failure::Staging { .. } => "staging",
     }
 }

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use super::net::{SEG, SEGS};
+use super::net::{MEM, SEG};
 use crate::io::Op;
-use crate::transfer::{Failure, Outcome, TransferKey};
+use crate::transfer::{Failure, TransferKey};
 
 /// Reservation granule of the simulated memory.
 pub(crate) const GRAIN: usize = 64;
@@ -38,8 +38,18 @@ pub(crate) enum XState {
     Failed(Failure),
 }
 
+/// An application's transfer, or a staged transfer's child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    App,
+    Child { parent: usize },
+}
+
 #[derive(Debug)]
 pub(crate) struct Xfer {
+    pub(crate) kind: Kind,
+    /// Whether its local memory is GPU memory staged through bounce buffers.
+    pub(crate) staged: bool,
     pub(crate) agent: usize,
     pub(crate) peer: usize,
     pub(crate) op: Op,
@@ -77,7 +87,7 @@ impl Xfers {
     pub(crate) fn new(agents: usize) -> Xfers {
         Xfers {
             list: Vec::new(),
-            owner: vec![vec![0; SEG * SEGS / GRAIN]; agents],
+            owner: vec![vec![0; MEM / GRAIN]; agents],
         }
     }
 
@@ -98,7 +108,7 @@ impl Xfers {
     /// Whether `len` bytes at `at` of `agent`'s memory are free (and inside one segment).
     pub(crate) fn is_free(&self, agent: usize, at: usize, len: usize) -> bool {
         at / SEG == (at + len - 1) / SEG
-            && at + len <= SEG * SEGS
+            && at + len <= MEM
             && (at / GRAIN..(at + len).div_ceil(GRAIN)).all(|g| self.owner[agent][g] == 0)
     }
 
@@ -167,11 +177,17 @@ impl Xfers {
         if t.arrivals > 1 {
             return None;
         }
+        // A staged READ's bytes reach its GPU memory after its last child (the copies):
+        // only its outcome says they are there.
+        let staged_read = t.staged && t.op == Op::Read;
         if matches!(t.state, XState::Done | XState::Failed(_)) {
             return Some(format!(
                 "transfer {x}'s notification reached the peer after its outcome {:?}",
                 t.state
             ));
+        }
+        if staged_read {
+            return None;
         }
         self.landed(x, mem)
             .err()
@@ -182,7 +198,7 @@ impl Xfers {
     pub(crate) fn outcome(
         &mut self,
         x: usize,
-        o: &Outcome,
+        result: &Result<(), Failure>,
         mem: &[Vec<u8>],
         peer_alive: bool,
         deadline_bound: Duration,
@@ -194,8 +210,8 @@ impl Xfers {
         };
         if t.state != XState::Live {
             v.push(format!(
-                "transfer {x} reported an outcome twice ({:?}, then {:?})",
-                t.state, o.result
+                "transfer {x} reported an outcome twice ({:?}, then {result:?})",
+                t.state
             ));
             return v;
         }
@@ -207,7 +223,7 @@ impl Xfers {
                 ));
             }
         }
-        if o.result.is_ok() {
+        if result.is_ok() {
             if let Some(m) = t.misuse {
                 v.push(format!("transfer {x} ({m:?}) reported success"));
             }
@@ -220,13 +236,58 @@ impl Xfers {
                 ));
             }
         }
-        let state = match &o.result {
+        let state = match result {
             Ok(()) => XState::Done,
             Err(f) => XState::Failed(f.clone()),
         };
         self.list[x].state = state;
         self.release(x);
         v
+    }
+
+    /// A new child transfer of staged transfer `parent` (it reserves its bounce buffer).
+    pub(crate) fn add_child(&mut self, parent: usize, agent: usize, peer: usize) -> usize {
+        let op = self.list[parent].op;
+        self.list.push(Xfer {
+            kind: Kind::Child { parent },
+            staged: false,
+            agent,
+            peer,
+            op,
+            runs: Vec::new(),
+            notify: false,
+            misuse: None,
+            deadline: None,
+            innocent: false,
+            state: XState::Live,
+            key: None,
+            arrivals: 0,
+            deliveries: 0,
+        });
+        self.list.len() - 1
+    }
+
+    /// A child transfer refused at submission: it never moved anything.
+    pub(crate) fn child_refused(&mut self, x: usize) {
+        self.refused(x);
+    }
+
+    /// A child transfer's outcome: its bounce buffer is free for the stager again.
+    pub(crate) fn child_outcome(
+        &mut self,
+        x: usize,
+        result: &Result<(), Failure>,
+    ) -> Option<String> {
+        let t = self.list.get(x)?;
+        if t.state != XState::Live {
+            return Some(format!("child transfer {x} reported an outcome twice"));
+        }
+        self.list[x].state = match result {
+            Ok(()) => XState::Done,
+            Err(f) => XState::Failed(f.clone()),
+        };
+        self.release(x);
+        None
     }
 
     /// A refused submission: its memory is free again.

@@ -1,6 +1,7 @@
-//! The staging driver: one thread per agent that turns each transfer of a staged segment into
-//! stager tickets and child transfers, and gives every bounce buffer back only once the NIC can
-//! no longer touch it.
+//! The staging driver: one thread per agent that runs the staged transfers' state machines
+//! ([`gdr_xfer_proto::staged::StagedJob`]) over the GPUs' stagers and the connections' child
+//! transfers, and reports each transfer's outcome once the job is over (no copy, no request,
+//! no buffer of it left).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +10,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use gdr::pd::ProtectionDomain;
-use gdr_xfer_proto::{Failure as CoreFailure, Run, Spec, TransferKey};
+use gdr_xfer_proto::staged::{ChildStats, StageIo, StagedJob, StagedRun, Start};
+use gdr_xfer_proto::{Run, Spec, TransferKey};
 
 use super::{Bounce, StagedDevice};
 use crate::connection::Connection;
@@ -17,19 +19,8 @@ use crate::descriptor::Op;
 use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::segment::{Backing, SegmentInner};
-use crate::staging::{Chunk, Direction, Outcome, StagingConfig, StagingEvent, Ticket};
+use crate::staging::{Chunk, Direction, StagingConfig, StagingEvent, Ticket};
 use crate::transfer::{Failure, Stopper, TransferCell, TransferStats};
-
-/// The failure a copy engine's error gives the transfer.
-fn staging_failure(e: &Error) -> Failure {
-    Failure::Staging {
-        detail: e.to_string(),
-    }
-}
-
-/// How long [`Driver::stop`] lets the jobs of a closing agent drain (their children failed
-/// with the connections; copies and bounce buffers come back within this).
-const STOP_DRAIN: Duration = Duration::from_secs(5);
 
 /// How long the driver sleeps between polls while its work moves (copies and children progress
 /// without it; this bounds the added latency per chunk). Polls that find nothing changed double
@@ -37,78 +28,41 @@ const STOP_DRAIN: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_micros(20);
 const POLL_IDLE: Duration = Duration::from_millis(1);
 
-/// A ticket of a job: which bounce buffers, which run, and where the run starts and ends in the
-/// device memory.
-struct TicketRun {
-    bounce: usize,
-    ticket: Ticket,
-    run: usize,
-    dev_start: usize,
-    dev_end: usize,
-}
+/// How long [`Driver::stop`] lets the jobs of a closing agent drain (their children failed
+/// with the connections; copies and bounce buffers come back within this).
+const STOP_DRAIN: Duration = Duration::from_secs(5);
 
-/// A chunk lent to a job, and what to do with it once its slot is quiet.
-struct Lent {
+/// A chunk as the core sees it: whose bounce buffers (the GPU's index), and the stager's chunk.
+pub(crate) struct BounceChunk {
     bounce: usize,
     chunk: Chunk,
-    /// Whether to commit it (a READ child completed: copy it to the device) rather than
-    /// release it.
-    commit: bool,
-    /// Whether it was found not quiet at least once (something still held its buffer).
-    waited: bool,
-    /// Whether its child completed (its bytes went through).
-    moved: bool,
 }
 
-/// A child transfer and the chunk it moves (none for a run of a directly registered segment).
-struct Child {
-    cell: Arc<TransferCell>,
-    key: TransferKey,
-    chunk: Option<(usize, Chunk)>,
-}
-
-/// The last piece of a transfer with a notification: posted (with it) once every other child
-/// completed.
-enum Held {
-    Chunk {
-        bounce: usize,
-        chunk: Chunk,
-        remote_addr: u64,
-        remote: u32,
-    },
-    Direct(usize),
-}
-
-/// A transfer with staged local segments.
-pub(crate) struct Job {
-    id: u64,
+/// What a job is about, besides its state machine.
+struct JobCtx {
     parent: Arc<TransferCell>,
     conn: Arc<Connection>,
+    /// The plan's local segments (held until the job ends), and for each its bounce buffers and
+    /// device memory when it is staged.
+    locals: Vec<Arc<SegmentInner>>,
+    staged: Vec<Option<(usize, StagedDevice)>>,
     runs: Vec<Run>,
     /// Remote keys, `rails` per remote segment of the runs.
     rkeys: Vec<u32>,
     rails: usize,
     rail_mask: u32,
-    notify: Option<Vec<u8>>,
-    /// Set by [`Driver::cancel`].
-    cancelled: bool,
-    posted_at: Option<Instant>,
-    /// Telemetry gathered from the children.
-    qps_used: u32,
-    rails_used: u32,
-    retried: u64,
-    slices: u64,
-    /// The plan's local segments (held until the job ends), and for each its bounce buffers and
-    /// device memory when it is staged.
-    locals: Vec<Arc<SegmentInner>>,
-    staged: Vec<Option<(usize, StagedDevice)>>,
-    next_run: usize,
-    tickets: Vec<TicketRun>,
-    children: Vec<Child>,
-    held: Option<Held>,
-    /// Chunks whose child ended, waiting for their slot to be quiet.
-    draining: Vec<Lent>,
-    failure: Option<Failure>,
+    /// Per ticket the job holds: its number, its GPU's bounce buffers, the stager's ticket, and
+    /// where its run starts in the device memory.
+    tickets: Vec<(u64, usize, Ticket, usize)>,
+    /// The children in flight: their keys and cells.
+    cells: Vec<(TransferKey, Arc<TransferCell>)>,
+}
+
+/// A transfer with staged local segments.
+pub(crate) struct Job {
+    id: u64,
+    ctx: JobCtx,
+    core: StagedJob<BounceChunk, TransferKey>,
 }
 
 impl Job {
@@ -119,450 +73,249 @@ impl Job {
         rail_mask: u32,
         notify: Option<Vec<u8>>,
     ) -> Job {
-        let locals = plan.locals;
-        let staged = locals
+        static JOBS: AtomicU64 = AtomicU64::new(1);
+        let staged: Vec<Option<(usize, StagedDevice)>> = plan
+            .locals
             .iter()
             .map(|l| match &l.backing {
                 Backing::Staged(m) => Some((m.bounce, m.device.clone())),
                 _ => None,
             })
             .collect();
-        static JOBS: AtomicU64 = AtomicU64::new(1);
+        let runs: Vec<StagedRun> = plan
+            .runs
+            .iter()
+            .map(|r| StagedRun {
+                staged: staged.get(r.local as usize).is_some_and(Option::is_some),
+                len: r.len,
+            })
+            .collect();
+        let op = parent.op;
+        let timeout = Some(parent.timeout);
+        let core = StagedJob::new(op, runs, notify, timeout, parent.started);
         Job {
             id: JOBS.fetch_add(1, Ordering::Relaxed),
-            parent,
-            rails: conn.nrails.max(1),
-            conn,
-            runs: plan.runs,
-            rkeys: plan.rkeys,
-            rail_mask,
-            notify,
-            cancelled: false,
-            posted_at: None,
-            qps_used: 0,
-            rails_used: 0,
-            retried: 0,
-            slices: 0,
-            locals,
-            staged,
-            next_run: 0,
-            tickets: Vec::new(),
-            children: Vec::new(),
-            held: None,
-            draining: Vec::new(),
-            failure: None,
+            ctx: JobCtx {
+                parent,
+                rails: conn.nrails.max(1),
+                conn,
+                locals: plan.locals,
+                staged,
+                runs: plan.runs,
+                rkeys: plan.rkeys,
+                rail_mask,
+                tickets: Vec::new(),
+                cells: Vec::new(),
+            },
+            core,
         }
     }
 
+    /// The job's number for the stager's ticket `ticket` of GPU `bounce`.
+    fn ticket_number(&self, bounce: usize, ticket: Ticket) -> Option<u64> {
+        self.ctx
+            .tickets
+            .iter()
+            .find(|t| t.1 == bounce && t.2 == ticket)
+            .map(|t| t.0)
+    }
+
+    /// Reports the outcome (the job is over: nothing of it touches the memory any more).
+    fn finish(&self, now: Instant) {
+        let p = &self.ctx.parent;
+        let s = self.core.stats();
+        let outcome = self.core.result().map(|()| TransferStats {
+            bytes: p.bytes,
+            descriptors: p.descriptors,
+            runs: self.ctx.runs.len() as u64,
+            slices: s.child.slices,
+            qps_used: s.child.lanes,
+            rails_used: s.child.rails,
+            retried_slices: s.child.retried,
+            time_to_post: self
+                .core
+                .posted_at()
+                .unwrap_or(now)
+                .saturating_duration_since(p.started),
+            time_to_complete: now.saturating_duration_since(p.started),
+            plan_time: Duration::ZERO,
+            submit_time: Duration::ZERO,
+        });
+        p.finish(outcome);
+    }
+}
+
+/// A job's I/O during one step: its context and the GPUs' stagers.
+struct JobIo<'a> {
+    ctx: &'a mut JobCtx,
+    bounces: &'a mut [Bounce],
+    next_ticket: &'a mut u64,
+}
+
+impl JobIo<'_> {
     fn direction(&self) -> Direction {
-        match self.parent.op {
+        match self.ctx.parent.op {
             Op::Write => Direction::DeviceToHost,
             Op::Read => Direction::HostToDevice,
         }
     }
 
-    /// Records the first failure and stops the children; the transfer reports it once the job
-    /// is over (every child ended, every copy complete, every bounce buffer quiet), so that no
-    /// copy or request touches its memory after its outcome.
-    fn fail(&mut self, f: Failure) {
-        if self.failure.is_some() {
-            return;
-        }
-        let f = match f {
-            Failure::Core(CoreFailure::Timeout { .. }) => Failure::Core(CoreFailure::Timeout {
-                after: self.parent.timeout,
-            }),
-            f => f,
-        };
-        for c in &self.children {
-            self.conn.cancel(c.key);
-        }
-        self.failure = Some(f);
+    fn ticket(&self, number: u64) -> Option<&(u64, usize, Ticket, usize)> {
+        self.ctx.tickets.iter().find(|t| t.0 == number)
+    }
+}
+
+impl StageIo for JobIo<'_> {
+    type Chunk = BounceChunk;
+    type Child = TransferKey;
+
+    fn ticket_of(&self, c: &BounceChunk) -> u64 {
+        self.ctx
+            .tickets
+            .iter()
+            .find(|t| t.1 == c.bounce && t.2 == c.chunk.ticket())
+            .map_or(0, |t| t.0)
     }
 
-    /// A child moving `len` bytes between `local` at `local_offset` and the peer.
-    fn child(
-        &self,
-        local: Arc<SegmentInner>,
-        local_offset: u64,
-        remote_addr: u64,
-        remote: u32,
-        len: u64,
-        notify: Option<Vec<u8>>,
-    ) -> std::result::Result<(Arc<TransferCell>, TransferKey), Failure> {
-        let parent = &self.parent;
-        let left = match parent.deadline {
-            Some(d) => d.saturating_duration_since(Instant::now()),
-            None => parent.timeout,
+    fn place(&self, c: &BounceChunk, _run: usize) -> (u64, u64) {
+        let start = self.ticket(self.ticket_of(c)).map_or(0, |t| t.3);
+        (
+            c.chunk.device_offset().saturating_sub(start) as u64,
+            c.chunk.len() as u64,
+        )
+    }
+
+    fn len_of(&self, c: &BounceChunk) -> u64 {
+        c.chunk.len() as u64
+    }
+
+    fn start(&mut self, run: usize) -> std::result::Result<u64, Start> {
+        let r = self.ctx.runs[run];
+        let local = r.local as usize;
+        let Some((b, dev)) = self.ctx.staged.get(local).cloned().flatten() else {
+            return Err(Start::Failed(format!("run {run} is not staged")));
         };
-        if left.is_zero() {
-            return Err(Failure::Core(CoreFailure::Timeout {
-                after: parent.timeout,
-            }));
+        let direction = self.direction();
+        let start = self.ctx.locals[local].base + r.local_offset as usize;
+        let end = start + r.len as usize;
+        let Some(bounce) = self.bounces.get_mut(b) else {
+            return Err(Start::Failed(format!(
+                "run {run} names bounce buffers {b} this agent does not have"
+            )));
+        };
+        match bounce.stage.start(direction, &dev, start..end) {
+            Ok(ticket) => {
+                let n = *self.next_ticket;
+                *self.next_ticket += 1;
+                self.ctx.tickets.push((n, b, ticket, start));
+                Ok(n)
+            }
+            // Too many tickets on this GPU (the ranges are checked when segments are made, so
+            // that is the only argument a stager refuses): try again at the next step.
+            Err(Error::InvalidArgument { .. }) => Err(Start::Busy),
+            Err(e) => Err(Start::Failed(e.to_string())),
         }
-        let rails = self.rails;
-        let at = remote as usize * rails;
+    }
+
+    fn cancel_ticket(&mut self, number: u64) {
+        if let Some(&(_, b, t, _)) = self.ticket(number) {
+            // A ticket already cancelled, or finishing, is refused: nothing to do then.
+            if let Some(bounce) = self.bounces.get_mut(b) {
+                let _ = bounce.stage.cancel(t);
+            }
+        }
+    }
+
+    fn post(
+        &mut self,
+        chunk: Option<&BounceChunk>,
+        run: usize,
+        offset: u64,
+        len: u64,
+        timeout: Duration,
+        notify: Option<&[u8]>,
+    ) -> std::result::Result<TransferKey, Failure> {
+        let r = self.ctx.runs[run];
+        let (local, local_offset) = match chunk {
+            Some(c) => {
+                let seg = self
+                    .bounces
+                    .get(c.bounce)
+                    .and_then(|b| b.segments.get(c.chunk.slot()))
+                    .cloned()
+                    .ok_or_else(|| Failure::Staging {
+                        detail: "a chunk names a bounce slot its buffers do not have".into(),
+                    })?;
+                (seg, 0)
+            }
+            None => {
+                let seg = self
+                    .ctx
+                    .locals
+                    .get(r.local as usize)
+                    .cloned()
+                    .ok_or_else(|| Failure::Rejected {
+                        detail: format!(
+                            "run {run} names a local segment the transfer does not have"
+                        ),
+                    })?;
+                (seg, r.local_offset + offset)
+            }
+        };
+        let rails = self.ctx.rails;
+        let at = r.remote as usize * rails;
         let rkeys = self
+            .ctx
             .rkeys
             .get(at..at + rails)
-            .ok_or_else(|| {
-                Failure::Core(CoreFailure::Rejected {
-                    detail: format!("remote segment {remote} has no keys"),
-                })
+            .ok_or_else(|| Failure::Rejected {
+                detail: format!("remote segment {} has no keys", r.remote),
             })?
             .to_vec();
-        let cell = Arc::new(TransferCell::new(
-            parent.op,
-            parent.peer.clone(),
-            len,
-            1,
-            left,
-        ));
+        let p = &self.ctx.parent;
+        let cell = Arc::new(TransferCell::new(p.op, p.peer.clone(), len, 1, timeout));
         let spec = Spec {
-            op: parent.op,
+            op: p.op,
             locals: vec![local],
             runs: vec![Run {
                 local: 0,
                 local_offset,
-                remote_addr,
+                remote_addr: r.remote_addr + offset,
                 remote: 0,
                 len,
             }],
             rkeys,
-            timeout: Some(left),
-            notify,
-            rail_mask: self.rail_mask,
+            timeout: Some(timeout),
+            notify: notify.map(<[u8]>::to_vec),
+            rail_mask: self.ctx.rail_mask,
             handle: cell.clone(),
         };
-        let key = self.conn.submit(spec)?;
-        cell.set_stopper(Stopper::Core(Arc::downgrade(&self.conn), key));
-        Ok((cell, key))
+        let key = self.ctx.conn.submit(spec)?;
+        cell.set_stopper(Stopper::Core(Arc::downgrade(&self.ctx.conn), key));
+        self.ctx.cells.push((key, cell));
+        Ok(key)
     }
 
-    fn is_last_piece(&self, run: usize, end: usize, tr_end: usize) -> bool {
-        run + 1 == self.runs.len() && end == tr_end
+    fn cancel_child(&mut self, child: TransferKey) {
+        self.ctx.conn.cancel(child);
     }
 
-    /// Gives a chunk that was never posted (or whose child ended) to the draining list.
-    fn give_back(&mut self, bounce: usize, chunk: Chunk) {
-        self.draining.push(Lent {
-            bounce,
-            chunk,
-            commit: false,
-            waited: false,
-            moved: false,
-        });
+    fn is_quiet(&self, c: &BounceChunk) -> bool {
+        self.bounces
+            .get(c.bounce)
+            .is_some_and(|b| b.slots.is_quiet(c.chunk.slot()))
     }
 
-    /// Posts a chunk's child from its bounce buffer `local` (a chunk it cannot post is given
-    /// back and fails the job).
-    fn post_chunk(
-        &mut self,
-        bounce: usize,
-        chunk: Chunk,
-        local: Arc<SegmentInner>,
-        (remote_addr, remote): (u64, u32),
-        notify: Option<Vec<u8>>,
-    ) {
-        match self.child(local, 0, remote_addr, remote, chunk.len() as u64, notify) {
-            Ok((cell, key)) => self.children.push(Child {
-                cell,
-                key,
-                chunk: Some((bounce, chunk)),
-            }),
-            Err(f) => {
-                self.give_back(bounce, chunk);
-                self.fail(f);
-            }
-        }
-    }
-
-    /// Posts run `i` of a directly registered segment as one child.
-    fn post_direct(&mut self, i: usize, notify: Option<Vec<u8>>) {
-        let run = self.runs[i];
-        let Some(seg) = self.locals.get(run.local as usize).cloned() else {
-            self.fail(Failure::Core(CoreFailure::Rejected {
-                detail: format!("run {i} names a local segment the transfer does not have"),
-            }));
-            return;
+    fn give_back(&mut self, c: BounceChunk, commit: bool) -> std::result::Result<(), String> {
+        let Some(bounce) = self.bounces.get_mut(c.bounce) else {
+            return Err("a chunk names bounce buffers this agent does not have".into());
         };
-        match self.child(
-            seg,
-            run.local_offset,
-            run.remote_addr,
-            run.remote,
-            run.len,
-            notify,
-        ) {
-            Ok((cell, key)) => self.children.push(Child {
-                cell,
-                key,
-                chunk: None,
-            }),
-            Err(f) => self.fail(f),
-        }
-    }
-
-    /// A chunk the stager lent for this job (its bytes ready to send, or free to fill).
-    fn on_chunk(&mut self, bounce: usize, chunk: Chunk, segments: &[Arc<SegmentInner>]) {
-        let Some(tr) = self
-            .tickets
-            .iter()
-            .find(|t| t.bounce == bounce && t.ticket == chunk.ticket())
-        else {
-            // Not ours any more: cannot happen (tickets are removed only when finished).
-            self.give_back(bounce, chunk);
-            return;
+        let r = if commit {
+            bounce.stage.commit(c.chunk)
+        } else {
+            bounce.stage.release(c.chunk)
         };
-        if self.failure.is_some() {
-            // Never posted: the NIC never saw it.
-            self.give_back(bounce, chunk);
-            return;
-        }
-        let run = self.runs[tr.run];
-        let offset = (chunk.device_offset() - tr.dev_start) as u64;
-        let remote_addr = run.remote_addr + offset;
-        let last = self.is_last_piece(tr.run, chunk.device_offset() + chunk.len(), tr.dev_end);
-        if last && self.notify.is_some() {
-            self.held = Some(Held::Chunk {
-                bounce,
-                chunk,
-                remote_addr,
-                remote: run.remote,
-            });
-            return;
-        }
-        let Some(local) = segments.get(chunk.slot()).cloned() else {
-            self.give_back(bounce, chunk);
-            self.fail(staging_failure(&Error::invalid(
-                "a chunk names a bounce slot its buffers do not have",
-                "this is a bug in gdr-xfer's staging driver",
-            )));
-            return;
-        };
-        self.post_chunk(bounce, chunk, local, (remote_addr, run.remote), None);
-    }
-
-    fn on_finished(&mut self, bounce: usize, ticket: Ticket, outcome: Outcome) {
-        self.tickets
-            .retain(|t| !(t.bounce == bounce && t.ticket == ticket));
-        if let Outcome::Failed(e) = outcome {
-            self.fail(staging_failure(&e));
-        }
-    }
-
-    /// Starts tickets (or direct children) for the next runs, at most `window` tickets at once.
-    fn start_runs(&mut self, bounces: &mut [Bounce], window: usize) {
-        while self.failure.is_none()
-            && self.next_run < self.runs.len()
-            && self.tickets.len() < window
-        {
-            let i = self.next_run;
-            let run = self.runs[i];
-            let local = run.local as usize;
-            match self.staged.get(local).cloned().flatten() {
-                Some((b, dev)) => {
-                    let Some(bounce) = bounces.get_mut(b) else {
-                        self.fail(staging_failure(&Error::invalid(
-                            format!("segment of run {i} names bounce buffers {b} this agent does not have"),
-                            "stage only segments registered with this agent",
-                        )));
-                        break;
-                    };
-                    let start = self.locals[local].base + run.local_offset as usize;
-                    let end = start + run.len as usize;
-                    match bounce.stage.start(self.direction(), &dev, start..end) {
-                        Ok(ticket) => self.tickets.push(TicketRun {
-                            bounce: b,
-                            ticket,
-                            run: i,
-                            dev_start: start,
-                            dev_end: end,
-                        }),
-                        // Too many tickets on this GPU (the ranges are checked when segments
-                        // are made, so that is the only argument a stager refuses): try again
-                        // at the next poll; the transfer's deadline bounds the wait.
-                        Err(Error::InvalidArgument { .. }) => break,
-                        Err(e) => {
-                            self.fail(staging_failure(&e));
-                            break;
-                        }
-                    }
-                }
-                None => {
-                    if i + 1 == self.runs.len() && self.notify.is_some() {
-                        self.held = Some(Held::Direct(i));
-                    } else {
-                        self.post_direct(i, None);
-                    }
-                }
-            }
-            self.next_run += 1;
-        }
-    }
-
-    /// Collects children that ended (their memory is quiet): their chunks go to draining,
-    /// their telemetry to the parent; a failed one fails the job.
-    fn reap_children(&mut self) {
-        let mut i = 0;
-        while i < self.children.len() {
-            let Some(outcome) = self.children[i].cell.outcome() else {
-                i += 1;
-                continue;
-            };
-            let child = self.children.swap_remove(i);
-            if let Ok(s) = &outcome {
-                self.qps_used = self.qps_used.max(s.qps_used);
-                self.rails_used = self.rails_used.max(s.rails_used);
-                self.retried += s.retried_slices;
-                self.slices += s.slices;
-            }
-            let ok = outcome.is_ok();
-            if let Some((bounce, chunk)) = child.chunk {
-                let commit = ok && chunk.direction() == Direction::HostToDevice;
-                self.draining.push(Lent {
-                    bounce,
-                    chunk,
-                    commit,
-                    waited: false,
-                    moved: ok,
-                });
-            }
-            if let Err(f) = outcome {
-                self.fail(f);
-            }
-        }
-    }
-
-    /// Gives back every draining chunk whose slot is quiet.
-    fn drain(&mut self, bounces: &mut [Bounce], stats: &mut Counters) {
-        let mut i = 0;
-        while i < self.draining.len() {
-            let l = &mut self.draining[i];
-            if !bounces
-                .get(l.bounce)
-                .is_some_and(|b| b.slots.is_quiet(l.chunk.slot()))
-            {
-                l.waited = true;
-                i += 1;
-                continue;
-            }
-            let l = self.draining.swap_remove(i);
-            stats.waited_for_nic += u64::from(l.waited);
-            if l.moved {
-                stats.chunks += 1;
-                stats.bytes += l.chunk.len() as u64;
-            }
-            let Some(stage) = bounces.get_mut(l.bounce).map(|b| &mut b.stage) else {
-                continue;
-            };
-            let r = if l.commit && self.failure.is_none() {
-                stage.commit(l.chunk)
-            } else {
-                stage.release(l.chunk)
-            };
-            if let Err(e) = r {
-                self.fail(staging_failure(&e));
-            }
-        }
-    }
-
-    /// Posts the held last piece, with the notification, once every other child completed.
-    fn post_held(&mut self, segments: &[&[Arc<SegmentInner>]]) {
-        if self.failure.is_some() {
-            if let Some(Held::Chunk { bounce, chunk, .. }) = self.held.take() {
-                self.give_back(bounce, chunk);
-            }
-            self.held = None;
-            return;
-        }
-        if !self.children.is_empty() || self.next_run < self.runs.len() {
-            return;
-        }
-        // Every other piece must have been posted and completed: no ticket may be left but the
-        // one whose last chunk is held (its earlier chunks were children, now complete).
-        let others_open = match &self.held {
-            None => return,
-            Some(Held::Direct(_)) => !self.tickets.is_empty(),
-            Some(Held::Chunk { bounce, chunk, .. }) => self
-                .tickets
-                .iter()
-                .any(|t| !(t.bounce == *bounce && t.ticket == chunk.ticket())),
-        };
-        if others_open {
-            return;
-        }
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        let notify = self.notify.clone();
-        match held {
-            Held::Chunk {
-                bounce,
-                chunk,
-                remote_addr,
-                remote,
-            } => {
-                let Some(local) = segments
-                    .get(bounce)
-                    .and_then(|s| s.get(chunk.slot()))
-                    .cloned()
-                else {
-                    self.give_back(bounce, chunk);
-                    self.fail(staging_failure(&Error::invalid(
-                        "the held chunk names a bounce slot its buffers do not have",
-                        "this is a bug in gdr-xfer's staging driver",
-                    )));
-                    return;
-                };
-                self.post_chunk(bounce, chunk, local, (remote_addr, remote), notify);
-            }
-            Held::Direct(i) => self.post_direct(i, notify),
-        }
-        self.posted_at = Some(Instant::now());
-    }
-
-    /// Whether nothing of the job is left anywhere (it is then finished).
-    fn is_over(&self) -> bool {
-        (self.failure.is_some() || self.next_run >= self.runs.len())
-            && self.tickets.is_empty()
-            && self.children.is_empty()
-            && self.draining.is_empty()
-            && self.held.is_none()
-    }
-
-    fn cancel_tickets(&self, bounces: &mut [Bounce]) {
-        for t in &self.tickets {
-            // A ticket already cancelled, or finishing, is refused: nothing to do then.
-            if let Some(b) = bounces.get_mut(t.bounce) {
-                let _ = b.stage.cancel(t.ticket);
-            }
-        }
-    }
-
-    /// Reports the outcome (the job is over: nothing of it touches the memory any more).
-    fn finish(&self, now: Instant) {
-        let p = &self.parent;
-        let outcome = match &self.failure {
-            Some(f) => Err(f.clone()),
-            None => Ok(TransferStats {
-                bytes: p.bytes,
-                descriptors: p.descriptors,
-                runs: self.runs.len() as u64,
-                slices: self.slices,
-                qps_used: self.qps_used,
-                rails_used: self.rails_used,
-                retried_slices: self.retried,
-                time_to_post: self
-                    .posted_at
-                    .unwrap_or(now)
-                    .saturating_duration_since(p.started),
-                time_to_complete: now.saturating_duration_since(p.started),
-                plan_time: Duration::ZERO,
-                submit_time: Duration::ZERO,
-            }),
-        };
-        p.finish(outcome);
+        r.map_err(|e| e.to_string())
     }
 }
 
@@ -581,6 +334,8 @@ struct State {
     stop: bool,
     events: Vec<StagingEvent>,
     counters: Counters,
+    /// The next ticket number (unique across the GPUs).
+    next_ticket: u64,
 }
 
 /// What the staging driver of an agent holds and did ([`crate::Agent::staging_stats`]).
@@ -628,6 +383,7 @@ impl Driver {
                 stop: false,
                 events: Vec::new(),
                 counters: Counters::default(),
+                next_ticket: 1,
             }),
             wake: Condvar::new(),
             config,
@@ -684,9 +440,10 @@ impl Driver {
     pub(crate) fn submit(self: &Arc<Self>, job: Job) -> std::result::Result<(), Failure> {
         let mut st = self.lock();
         if st.stop {
-            return Err(Failure::Core(CoreFailure::AgentClosed));
+            return Err(Failure::AgentClosed);
         }
-        job.parent
+        job.ctx
+            .parent
             .set_stopper(Stopper::Staged(Arc::downgrade(self), job.id));
         st.jobs.push(job);
         st.counters.transfers += 1;
@@ -699,7 +456,7 @@ impl Driver {
     pub(crate) fn cancel(&self, job: u64) {
         let mut st = self.lock();
         if let Some(j) = st.jobs.iter_mut().find(|j| j.id == job) {
-            j.cancelled = true;
+            j.core.cancel();
         }
         drop(st);
         self.wake.notify_all();
@@ -708,20 +465,12 @@ impl Driver {
     /// What it holds and did.
     pub(crate) fn stats(&self) -> StagingStats {
         let st = self.lock();
-        let waiting_now = st
-            .jobs
-            .iter()
-            .map(|j| j.draining.iter().filter(|l| l.waited).count())
-            .sum();
-        let chunks_in_use = st
-            .jobs
-            .iter()
-            .map(|j| {
-                j.draining.len()
-                    + j.children.iter().filter(|c| c.chunk.is_some()).count()
-                    + usize::from(matches!(j.held, Some(Held::Chunk { .. })))
-            })
-            .sum();
+        let (mut chunks_in_use, mut waiting_now) = (0, 0);
+        for j in &st.jobs {
+            let (out, draining, waiting) = j.core.chunks_out();
+            chunks_in_use += out + draining;
+            waiting_now += waiting;
+        }
         StagingStats {
             gpus: st.bounces.iter().map(|b| b.describe.clone()).collect(),
             buffers: st.bounces.iter().map(|b| b.segments.len()).sum(),
@@ -755,15 +504,15 @@ impl Driver {
             if st.stop {
                 let by = *stop_by.get_or_insert_with(|| Instant::now() + STOP_DRAIN);
                 for job in &mut st.jobs {
-                    job.fail(Failure::Core(CoreFailure::AgentClosed));
+                    job.core.abort(Failure::AgentClosed);
                 }
                 if st.jobs.is_empty() || Instant::now() >= by {
                     for job in st.jobs.drain(..) {
                         log::warn!(
                             "a staged transfer to {} did not drain within {STOP_DRAIN:?} of the agent closing",
-                            job.parent.peer
+                            job.ctx.parent.peer
                         );
-                        job.finish(Instant::now());
+                        job.ctx.parent.finish(Err(Failure::AgentClosed));
                     }
                     return;
                 }
@@ -780,14 +529,13 @@ impl Driver {
             let window = self.config.chunks;
             let stepped = catch_unwind(AssertUnwindSafe(|| step(&mut st, window, Instant::now())));
             if stepped.is_err() {
-                // A bug: keep the thread (and every other job's deadline) alive; the jobs of
-                // this step fail and drain.
-                log::error!("the staging driver panicked in a step (a bug); its jobs fail");
+                // A bug: keep the thread (and every other job's deadline) alive; the jobs stop
+                // and drain.
+                log::error!("the staging driver panicked in a step (a bug); its jobs stop");
                 for job in &mut st.jobs {
-                    job.fail(staging_failure(&Error::invalid(
-                        "the staging driver failed",
-                        "this is a bug in gdr-xfer's staging driver",
-                    )));
+                    job.core.abort(Failure::Staging {
+                        detail: "the staging driver failed (a bug in gdr-xfer)".into(),
+                    });
                 }
             }
             pause = if activity(&st) == before {
@@ -803,92 +551,111 @@ impl Driver {
 }
 
 /// A fingerprint of the driver's work: it changes whenever a step moved anything (an event,
-/// a child, a chunk, a ticket, a run, a job).
+/// a child, a chunk, a ticket, a job).
 fn activity(st: &State) -> (usize, u64, u64, u64) {
     let mut parts = 0u64;
     for j in &st.jobs {
+        let (out, draining, waiting) = j.core.chunks_out();
         let n = |x: usize| x as u64;
         parts = parts
-            .wrapping_add(n(j.children.len()))
-            .wrapping_add(n(j.draining.len()).wrapping_shl(12))
-            .wrapping_add(n(j.tickets.len()).wrapping_shl(24))
-            .wrapping_add(n(j.next_run).wrapping_shl(36))
-            .wrapping_add(u64::from(j.cancelled).wrapping_shl(61))
-            .wrapping_add(u64::from(j.held.is_some()).wrapping_shl(62));
+            .wrapping_add(n(j.ctx.cells.len()))
+            .wrapping_add(n(draining).wrapping_shl(12))
+            .wrapping_add(n(j.ctx.tickets.len()).wrapping_shl(24))
+            .wrapping_add(n(out).wrapping_shl(36))
+            .wrapping_add(n(waiting).wrapping_shl(48));
     }
     (
         st.jobs.len(),
         st.counters.chunks,
         st.counters.transfers,
-        parts,
+        parts.wrapping_add(st.next_ticket),
     )
 }
 
-/// One round: the stagers' events to their jobs, then each job's children, chunks, runs,
-/// deadline and end.
+/// One round: the stagers' events to their jobs, the children's outcomes, then each job's
+/// step; a job that is over reports its outcome.
 fn step(st: &mut State, window: usize, now: Instant) {
     let State {
         bounces,
         jobs,
         events,
         counters,
+        next_ticket,
         ..
     } = st;
-    for (b, bounce) in bounces.iter_mut().enumerate() {
-        bounce.stage.poll(events);
+    for b in 0..bounces.len() {
+        bounces[b].stage.poll(events);
         for ev in events.drain(..) {
             let ticket = match &ev {
                 StagingEvent::Ready(c) | StagingEvent::Fill(c) => c.ticket(),
                 StagingEvent::Finished { ticket, .. } => *ticket,
             };
-            let job = jobs.iter_mut().find(|j| {
-                j.tickets
-                    .iter()
-                    .any(|t| t.bounce == b && t.ticket == ticket)
-            });
+            let job = jobs
+                .iter_mut()
+                .find_map(|j| j.ticket_number(b, ticket).map(|n| (n, j)));
             match (ev, job) {
-                (StagingEvent::Ready(c) | StagingEvent::Fill(c), Some(j)) => {
-                    j.on_chunk(b, c, &bounce.segments)
+                (StagingEvent::Ready(c) | StagingEvent::Fill(c), Some((_, j))) => {
+                    let mut io = JobIo {
+                        ctx: &mut j.ctx,
+                        bounces,
+                        next_ticket,
+                    };
+                    j.core.on_chunk(
+                        &mut io,
+                        now,
+                        BounceChunk {
+                            bounce: b,
+                            chunk: c,
+                        },
+                    );
                 }
-                (StagingEvent::Finished { ticket, outcome }, Some(j)) => {
-                    j.on_finished(b, ticket, outcome)
+                (StagingEvent::Finished { outcome, .. }, Some((n, j))) => {
+                    let r = match outcome {
+                        crate::staging::Outcome::Failed(e) => Err(e.to_string()),
+                        _ => Ok(()),
+                    };
+                    j.core.on_ticket_finished(n, r);
+                    j.ctx.tickets.retain(|t| t.0 != n);
                 }
                 // A ticket no job has: cannot happen; give its chunk back.
                 (StagingEvent::Ready(c) | StagingEvent::Fill(c), None) => {
-                    let _ = bounce.stage.release(c);
+                    let _ = bounces[b].stage.release(c);
                 }
                 (StagingEvent::Finished { .. }, None) => {}
             }
         }
     }
     for job in jobs.iter_mut() {
-        job.reap_children();
-        if job.failure.is_none() && job.cancelled {
-            job.fail(Failure::Core(CoreFailure::Cancelled));
+        let mut i = 0;
+        while i < job.ctx.cells.len() {
+            let Some(outcome) = job.ctx.cells[i].1.outcome() else {
+                i += 1;
+                continue;
+            };
+            let (key, _) = job.ctx.cells.swap_remove(i);
+            let r = outcome.map(|s| ChildStats {
+                slices: s.slices,
+                lanes: s.qps_used,
+                rails: s.rails_used,
+                retried: s.retried_slices,
+            });
+            job.core.on_child_finished(key, r);
         }
-        if job.failure.is_none() && job.parent.deadline.is_some_and(|d| now >= d) {
-            job.fail(Failure::Core(CoreFailure::Timeout {
-                after: job.parent.timeout,
-            }));
-        }
-        if job.failure.is_some() {
-            job.cancel_tickets(bounces);
-        }
-    }
-    let segments: Vec<&[Arc<SegmentInner>]> =
-        bounces.iter().map(|b| b.segments.as_slice()).collect();
-    for job in jobs.iter_mut() {
-        job.post_held(&segments);
-    }
-    drop(segments);
-    for job in jobs.iter_mut() {
-        job.drain(bounces, counters);
-        job.start_runs(bounces, window);
+        let mut io = JobIo {
+            ctx: &mut job.ctx,
+            bounces,
+            next_ticket,
+        };
+        job.core.step(&mut io, now, window);
     }
     jobs.retain(|job| {
-        if !job.is_over() {
+        if !job.core.is_over() {
             return true;
         }
+        let s = job.core.stats();
+        counters.chunks += s.chunks;
+        counters.bytes += s.bytes;
+        counters.waited_for_nic += s.waited_for_nic;
         job.finish(now);
         false
     });
