@@ -21,8 +21,9 @@ fn bound(cfg: &AgentConfig) -> Duration {
 
 /// Finding 1 (READ): T1 times out with its requests in flight; T2 then reads other bytes into
 /// the same local memory. T1's bytes must never land over T2's: T1's outcome comes only once
-/// its requests are retired. T1 (64 MiB in 64 KiB requests, more than the send queues hold)
-/// cannot complete: its outcome is a timeout, after the requests it had posted are retired.
+/// its requests are retired. T1 (1,024 requests of 16 KiB, four times what the send queues of
+/// 64 hold on two rails) cannot complete: its outcome is a timeout, after the requests it had
+/// posted are retired.
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn a_read_that_timed_out_never_lands_over_a_later_read_into_the_same_memory() {
@@ -30,10 +31,13 @@ fn a_read_that_timed_out_never_lands_over_a_later_read_into_the_same_memory() {
 }
 
 fn read_after_a_timed_out_read(name: &str) {
-    let cfg = AgentConfig::new(format!("{name}a")).qps_per_peer(2);
+    let cfg = AgentConfig::new(format!("{name}a"))
+        .qps_per_peer(2)
+        .slice_size(16 * 1024)
+        .send_queue_depth(64);
     let bound = bound(&cfg);
     let (a, b, pb, _pa) = connected(agent_with(cfg), agent(&format!("{name}b")));
-    let len = 64 * MIB;
+    let len = 16 * MIB;
     let local = a.alloc_host(len as usize, "local").unwrap();
     let src1 = b.alloc_host(len as usize, "src1").unwrap();
     let src2 = b.alloc_host(len as usize, "src2").unwrap();
@@ -76,7 +80,7 @@ fn read_after_a_timed_out_read(name: &str) {
     );
     let fences: u64 = pb.rail_stats().iter().map(|r| r.fences).sum();
     println!(
-        "T1 (64 MiB READ, 1 ms deadline): {} after {after:?} ({fences} fences); T2's bytes stayed 300 ms later",
+        "T1 (16 MiB READ in 1,024 requests, 1 ms deadline): {} after {after:?} ({fences} fences); T2's bytes stayed 300 ms later",
         out1.unwrap_err()
     );
 }
@@ -91,10 +95,13 @@ fn a_write_that_timed_out_never_lands_after_a_later_write_to_the_same_place() {
 }
 
 fn write_after_a_timed_out_write(name: &str) {
-    let cfg = AgentConfig::new(format!("{name}a")).qps_per_peer(2);
+    let cfg = AgentConfig::new(format!("{name}a"))
+        .qps_per_peer(2)
+        .slice_size(16 * 1024)
+        .send_queue_depth(64);
     let bound = bound(&cfg);
     let (a, b, pb, _pa) = connected(agent_with(cfg), agent(&format!("{name}b")));
-    let len = 64 * MIB;
+    let len = 16 * MIB;
     let m1 = a.alloc_host(len as usize, "m1").unwrap();
     let m2 = a.alloc_host(len as usize, "m2").unwrap();
     m1.write(0, &pattern(len as usize, 11)).unwrap();
@@ -135,7 +142,7 @@ fn write_after_a_timed_out_write(name: &str) {
         "T1's bytes landed at the target after T2's notification"
     );
     let fences: u64 = pb.rail_stats().iter().map(|r| r.fences).sum();
-    println!("T1 (64 MiB WRITE, 1 ms deadline): timed out, outcome after {after:?} ({fences} fences); T2's bytes stayed");
+    println!("T1 (16 MiB WRITE in 1,024 requests, 1 ms deadline): timed out, outcome after {after:?} ({fences} fences); T2's bytes stayed");
 }
 
 /// Finding 1, with a request that really stays in flight: a notification stuck in the NIC's
