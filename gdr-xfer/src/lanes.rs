@@ -94,6 +94,17 @@ pub(crate) struct Lanes {
 }
 
 impl Lanes {
+    /// A post on a lane without that queue pair (destroyed, or never made): the lane is broken.
+    fn no_qp(lane: LaneRef) -> PostResult {
+        PostResult::Broken {
+            posted: 0,
+            detail: format!(
+                "lane {} has no queue pair of generation {}",
+                lane.lane, lane.gen
+            ),
+        }
+    }
+
     fn qp(&self, lane: LaneRef) -> Option<&QueuePair> {
         self.qps
             .get(lane.lane)?
@@ -141,13 +152,7 @@ impl Io for Lanes {
     fn post_rdma(&mut self, lane: LaneRef, op: Op, local: &Arc<SegmentInner>) -> PostResult {
         let rail = lane.lane / self.per_rail;
         let Some(qp) = self.qp(lane) else {
-            return PostResult::Broken {
-                posted: 0,
-                detail: format!(
-                    "lane {} has no queue pair of generation {}",
-                    lane.lane, lane.gen
-                ),
-            };
+            return Self::no_qp(lane);
         };
         let Some(slice) = local.whole.get(rail) else {
             return PostResult::Rejected(format!(
@@ -189,13 +194,7 @@ impl Io for Lanes {
             Err(e) => return PostResult::Rejected(e.to_string()),
         };
         let Some(qp) = self.qp(lane) else {
-            return PostResult::Broken {
-                posted: 0,
-                detail: format!(
-                    "lane {} has no queue pair of generation {}",
-                    lane.lane, lane.gen
-                ),
-            };
+            return Self::no_qp(lane);
         };
         match qp.post_send(&SendRequest::send(&[staged]).id(wr_id)) {
             Ok(()) => PostResult::Posted,

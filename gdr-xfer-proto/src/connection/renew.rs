@@ -60,16 +60,19 @@ impl<I: Io> Connection<I> {
                     endpoints,
                 });
             }
-            Err(e) => {
-                let why = format!("renewing: {e}");
-                io.event(Event::RenewalFailed {
-                    rail,
-                    why: why.clone(),
-                });
-                self.rails[rail].pause(now, why);
-                self.check_rails(now, io);
-            }
+            Err(e) => self.renewal_failed(now, io, rail, format!("renewing: {e}")),
         }
+    }
+
+    /// A renewal of rail `rail` failed: the rail pauses (a longer cool-down), and every
+    /// transfer fails if no rail is left for a quiesce time.
+    fn renewal_failed(&mut self, now: Instant, io: &mut I, rail: usize, why: String) {
+        io.event(Event::RenewalFailed {
+            rail,
+            why: why.clone(),
+        });
+        self.rails[rail].pause(now, why);
+        self.check_rails(now, io);
     }
 
     /// Starts the renewals that are due (cool-down over) and gives up those the peer did not
@@ -82,12 +85,7 @@ impl<I: Io> Connection<I> {
                 RailState::Renewing if now >= r.until => {
                     self.drop_offer(io, rail);
                     let why = "the peer did not answer the renewal".to_string();
-                    io.event(Event::RenewalFailed {
-                        rail,
-                        why: why.clone(),
-                    });
-                    self.rails[rail].pause(now, why);
-                    self.check_rails(now, io);
+                    self.renewal_failed(now, io, rail, why);
                 }
                 _ => {}
             }
@@ -194,14 +192,9 @@ impl<I: Io> Connection<I> {
             return;
         }
         self.drop_offer(io, rail);
-        let why = "the peer could not renew it".to_string();
-        io.event(Event::RenewalFailed {
-            rail,
-            why: why.clone(),
-        });
-        self.rails[rail].pause(now, why);
+        // The peer destroyed its side of the old queue pairs before refusing.
         self.rail_quiet(now, io, rail);
-        self.check_rails(now, io);
+        self.renewal_failed(now, io, rail, "the peer could not renew it".into());
     }
 
     /// The peer answered our offer: connect, install, probe.

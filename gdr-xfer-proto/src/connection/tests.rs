@@ -233,6 +233,24 @@ impl T {
         }
     }
 
+    /// The peer answers our last renewal offer (its side of the old queue pairs is gone).
+    fn peer_renews(&mut self, ms: u64) {
+        let (rail, epoch) = match self.io.control.last() {
+            Some(Control::Renew { rail, epoch, .. }) => (*rail, *epoch),
+            other => panic!("no renewal offered: {other:?}"),
+        };
+        let now = self.at(ms);
+        self.c.handle_control(
+            now,
+            &mut self.io,
+            Control::Renewed {
+                rail,
+                epoch,
+                endpoints: vec![9],
+            },
+        );
+    }
+
     fn tick(&mut self, ms: u64) {
         let now = self.at(ms);
         self.c.handle_timeout(now, &mut self.io);
@@ -333,20 +351,7 @@ fn a_fenced_write_waits_for_the_peer_to_confirm_or_one_more_quiesce_time() {
         "its bytes may still be on the wire towards the peer"
     );
     // The peer answers the renewal (it destroyed its side first): the outcome comes.
-    let epoch = match t.io.control.last() {
-        Some(Control::Renew { epoch, .. }) => *epoch,
-        other => panic!("{other:?}"),
-    };
-    let now = t.at(115);
-    t.c.handle_control(
-        now,
-        &mut t.io,
-        Control::Renewed {
-            rail: 0,
-            epoch,
-            endpoints: vec![9],
-        },
-    );
+    t.peer_renews(115);
     assert!(matches!(
         t.io.outcome(1),
         Some(Err(Failure::Timeout { .. }))
@@ -404,20 +409,7 @@ fn a_request_error_fails_its_transfer_and_renews_the_rail_without_failing_the_ot
         "a WRITE whose queue pair is destroyed waits for the peer"
     );
     assert_eq!(t.c.rails()[0].1.errors, 0, "not a rail failure");
-    let epoch = match t.io.control.last() {
-        Some(Control::Renew { epoch, .. }) => *epoch,
-        other => panic!("{other:?}"),
-    };
-    let now = t.at(2);
-    t.c.handle_control(
-        now,
-        &mut t.io,
-        Control::Renewed {
-            rail: 0,
-            epoch,
-            endpoints: vec![9],
-        },
-    );
+    t.peer_renews(2);
     assert!(matches!(
         t.io.outcome(1),
         Some(Err(Failure::Request { .. }))
@@ -696,20 +688,7 @@ fn a_pinned_transfer_keeps_to_its_rail_when_its_preferred_rail_comes_back() {
     assert_eq!(first.lane.lane, 1);
     // Rail 0 comes back (renewal answered, probe completed).
     t.tick(2 + crate::FIRST_COOLDOWN.as_millis() as u64);
-    let epoch = match t.io.control.last() {
-        Some(Control::Renew { epoch, .. }) => *epoch,
-        other => panic!("{other:?}"),
-    };
-    let now = t.at(300);
-    t.c.handle_control(
-        now,
-        &mut t.io,
-        Control::Renewed {
-            rail: 0,
-            epoch,
-            endpoints: vec![9],
-        },
-    );
+    t.peer_renews(300);
     let probe = t.io.messages.pop().unwrap();
     t.complete(301, probe.0, probe.1, Status::Success);
     assert_eq!(t.c.rails()[0].0, crate::RailState::Active);
