@@ -8,7 +8,9 @@
 //! the time passed in ([`Connection::submit`], [`Connection::handle_send_completion`],
 //! [`Connection::handle_recv`], [`Connection::handle_control`],
 //! [`Connection::handle_timeout`]) and asked when to wake ([`Connection::poll_timeout`]);
-//! every piece of I/O it needs goes through its driver's [`Io`]. It has no dependency beyond
+//! every piece of I/O it needs goes through its driver's [`Io`]. The control messages agents
+//! exchange are encoded and decoded here too ([`wire`]), with a queue pair's endpoint written
+//! by the driver's [`wire::Codec`]. It has no dependency beyond
 //! the standard library: no gdr, no libibverbs, no threads, no clock.
 //!
 //! `gdr-xfer` drives it with gdr's queue pairs, progress threads and sockets. The
@@ -33,6 +35,7 @@ mod connection;
 mod control;
 mod io;
 mod lane;
+mod location;
 mod notify;
 mod rail;
 mod run;
@@ -41,11 +44,13 @@ pub mod sim;
 mod slab;
 pub mod staged;
 mod transfer;
+pub mod wire;
 
 pub use config::{Config, CHUNK};
 pub use connection::Connection;
 pub use control::Control;
 pub use io::{Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status};
+pub use location::{Location, ParseLocationError};
 pub use rail::{RailCounters, RailState, FIRST_COOLDOWN, HEALTHY, MAX_COOLDOWN, SAMPLE};
 pub use run::{slices_of, Cursor, Run};
 pub use transfer::{Failure, Outcome, Spec, Stats, TransferKey};

@@ -24,7 +24,6 @@ use crate::config::AgentConfig;
 use crate::connection::Connection;
 use crate::control;
 use crate::error::{Error, Result};
-use crate::location::Location;
 use crate::notify::{Delivered, Notification};
 use crate::peer::Peer;
 use crate::rail::AgentRail;
@@ -34,6 +33,7 @@ use crate::staged::{StagedDevice, StagedMemory};
 use crate::transfer::Failure;
 use crate::wire::{Message, SegmentInfo, MAX_NAME};
 use crate::GpuStaging;
+use gdr_xfer_proto::Location;
 
 /// Access every segment is registered with: peers may read and write it.
 const SEGMENT_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE

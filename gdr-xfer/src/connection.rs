@@ -20,8 +20,7 @@ use std::time::Instant;
 use gdr::connect::TcpLink;
 use gdr::{Completion, WcStatus};
 use gdr_xfer_proto::{
-    Config, Connection as Core, Control, LaneRef, Receipt, SendCompletion, Spec, Status,
-    TransferKey,
+    Config, Connection as Core, LaneRef, Receipt, SendCompletion, Spec, Status, TransferKey,
 };
 
 use crate::agent::AgentShared;
@@ -29,7 +28,7 @@ use crate::lanes::{After, Lanes};
 use crate::notify::{split_recv_wr_id, Delivered, Notification};
 use crate::rail::RailStats;
 use crate::transfer::Failure;
-use crate::wire::{Message, RailRenew, SegmentInfo};
+use crate::wire::{Message, SegmentInfo};
 
 /// The core and the lanes it drives, under one lock.
 pub(crate) struct Driven {
@@ -167,30 +166,7 @@ impl Connection {
         if let Some(mut w) = writer {
             let mut failed = None;
             for msg in after.control {
-                let msg = match msg {
-                    Control::Renew {
-                        rail,
-                        epoch,
-                        endpoints,
-                    } => Message::RailRenew(RailRenew {
-                        rail: rail as u8,
-                        epoch,
-                        endpoints,
-                    }),
-                    Control::Renewed {
-                        rail,
-                        epoch,
-                        endpoints,
-                    } => Message::RailRenewed(RailRenew {
-                        rail: rail as u8,
-                        epoch,
-                        endpoints,
-                    }),
-                    Control::Refused { rail, epoch } => Message::RailRefused {
-                        rail: rail as u8,
-                        epoch,
-                    },
-                };
+                let msg = Message::from_control(msg);
                 if let Err(e) = msg
                     .encode()
                     .map_err(|e| e.to_string())
@@ -409,22 +385,9 @@ impl Connection {
     /// Applies a control message from the peer (after the handshake). An error means the peer
     /// must be dropped.
     pub(crate) fn apply(&self, msg: Message) -> Result<(), String> {
-        let control = match msg {
-            Message::RailRenew(r) => Control::Renew {
-                rail: usize::from(r.rail),
-                epoch: r.epoch,
-                endpoints: r.endpoints,
-            },
-            Message::RailRenewed(r) => Control::Renewed {
-                rail: usize::from(r.rail),
-                epoch: r.epoch,
-                endpoints: r.endpoints,
-            },
-            Message::RailRefused { rail, epoch } => Control::Refused {
-                rail: usize::from(rail),
-                epoch,
-            },
-            msg => return self.apply_table(msg),
+        let control = match msg.into_control() {
+            Ok(control) => control,
+            Err(msg) => return self.apply_table(msg),
         };
         self.drive(|core, io, now| core.handle_control(now, io, control));
         Ok(())
@@ -494,7 +457,7 @@ pub(crate) fn apply_to(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::location::Location;
+    use gdr_xfer_proto::Location;
 
     fn seg(id: u32) -> SegmentInfo {
         SegmentInfo {

@@ -92,7 +92,7 @@ fn send(link: &mut TcpLink, msg: &Message) -> Result<()> {
 
 fn recv(link: &mut TcpLink, peer: &str) -> Result<Message> {
     let bytes = link.recv_bytes()?;
-    Message::decode(peer, &bytes)
+    Ok(Message::decode(peer, &bytes)?)
 }
 
 /// The peer's hello; a bye instead (the peer refused us) is an error with its reason.

@@ -50,7 +50,9 @@ pub(crate) struct Published {
 
 impl Published {
     pub(crate) fn put_segment(&self, agent: &str, seg: &Segment) {
-        let value = Message::Segments(vec![seg.info().clone()]).encode();
+        let value = Message::Segments(vec![seg.info().clone()])
+            .encode()
+            .map_err(Error::from);
         let r = value.and_then(|v| self.dir.put(&segment_key(agent, seg.id()), &v));
         if let Err(e) = r {
             log::warn!(

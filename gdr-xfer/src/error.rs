@@ -245,3 +245,22 @@ impl Error {
         }
     }
 }
+
+impl From<gdr_xfer_proto::wire::WireError> for Error {
+    fn from(e: gdr_xfer_proto::wire::WireError) -> Self {
+        use gdr_xfer_proto::wire::WireError;
+        match e {
+            WireError::Invalid { what, hint } => Error::invalid(what, hint),
+            WireError::Protocol { peer, detail } => Error::protocol(peer, detail),
+        }
+    }
+}
+
+impl From<gdr_xfer_proto::ParseLocationError> for Error {
+    fn from(e: gdr_xfer_proto::ParseLocationError) -> Self {
+        Error::invalid(
+            format!("memory location {:?}", e.input),
+            gdr_xfer_proto::ParseLocationError::HINT,
+        )
+    }
+}

@@ -335,10 +335,10 @@ mod tests {
     use super::Planner;
     use crate::descriptor::{BlockTable, Desc};
     use crate::error::Error;
-    use crate::location::Location;
     use crate::segment::{Backing, Segment};
     use crate::staged::{EmulatedGpu, StagedDevice, StagedMemory};
     use crate::wire::SegmentInfo;
+    use gdr_xfer_proto::Location;
 
     fn local(len: usize) -> Segment {
         let info = SegmentInfo {

@@ -15,9 +15,9 @@ use gdr::gpu_mr::GpuMemoryRegion;
 use gdr::mr::{LocalSlice, MemoryRegion};
 
 use crate::error::{Error, Result};
-use crate::location::Location;
 use crate::staged::{SegmentPath, StagedMemory};
 use crate::wire::SegmentInfo;
+use gdr_xfer_proto::Location;
 
 /// The registrations under a segment: one per rail of the agent (rail 0 first), all of the
 /// same memory at the same address.

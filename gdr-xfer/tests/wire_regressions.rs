@@ -9,10 +9,11 @@ use std::path::PathBuf;
 
 use gdr::device::{Gid, Mtu};
 use gdr::qp::Endpoint;
+use gdr_xfer::wire::WireError;
 use gdr_xfer::wire::{
     Hello, Message, RailRenew, MAGIC, MAX_REASON, MAX_SEGMENTS_PER_MESSAGE, VERSION,
 };
-use gdr_xfer::{Error, Location, SegmentInfo};
+use gdr_xfer::{Location, SegmentInfo};
 
 /// An endpoint as an rxe queue pair reports it: RoCE v2, IPv4-mapped GID at index 1, no LID.
 fn rxe_endpoint(qpn: u32, psn: u32) -> Endpoint {
@@ -220,7 +221,7 @@ fn a_bye_reason_that_is_not_utf8_is_a_protocol_error() {
         raw_bye(&"shut down é".as_bytes()[..11]),
     ] {
         match Message::decode("evil", &input) {
-            Err(Error::Protocol { peer, detail }) => {
+            Err(WireError::Protocol { peer, detail }) => {
                 assert_eq!(peer, "evil");
                 assert!(detail.contains("UTF-8"), "{detail}");
             }
@@ -235,7 +236,7 @@ fn a_bye_reason_that_is_not_utf8_is_a_protocol_error() {
     assert_eq!(m.encode().unwrap(), bytes);
     let e = Message::decode("evil", &raw_bye(&[b'x'; MAX_REASON + 1])).unwrap_err();
     assert!(
-        matches!(e, Error::Protocol { ref peer, .. } if peer == "evil"),
+        matches!(e, WireError::Protocol { ref peer, .. } if peer == "evil"),
         "{e}"
     );
 }

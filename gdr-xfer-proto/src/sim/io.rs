@@ -331,3 +331,24 @@ impl Io for SimIo {
         self.out.events.push(event);
     }
 }
+
+/// The simulation's queue pair endpoints on the wire: the simulated queue pair's number. Every
+/// control message between simulated agents crosses the real wire format
+/// ([`crate::wire::Message`]): encoded by the sender, decoded by the receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimCodec;
+
+impl crate::wire::Codec for SimCodec {
+    type Endpoint = usize;
+
+    fn encode_endpoint(qp: &usize) -> Result<Vec<u8>, String> {
+        Ok((*qp as u64).to_be_bytes().to_vec())
+    }
+
+    fn decode_endpoint(bytes: &[u8]) -> Result<usize, String> {
+        let b: [u8; 8] = bytes
+            .try_into()
+            .map_err(|_| format!("{} bytes, not 8", bytes.len()))?;
+        usize::try_from(u64::from_be_bytes(b)).map_err(|_| "queue pair number too large".into())
+    }
+}

@@ -8,7 +8,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use super::io::{SimIo, SimLocal};
+use super::io::{SimCodec, SimIo, SimLocal};
 use super::net::{rkey, Net, Payload, QpState, SEG, SEGS};
 use super::rng::Rng;
 use super::staging::{
@@ -18,11 +18,11 @@ use super::xfers::{Kind, Misuse, XRun, XState, Xfer, GRAIN};
 use super::{FaultClass, Report};
 use crate::config::Config;
 use crate::connection::Connection;
-use crate::control::Control;
 use crate::io::{Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
 use crate::run::Run;
 use crate::staged::{ChildStats, StagedJob, StagedRun};
 use crate::transfer::{Failure, Outcome, Spec, TransferKey};
+use crate::wire::Message;
 
 /// Everything that happens in the simulation.
 #[derive(Debug)]
@@ -67,7 +67,8 @@ pub(crate) enum Ev {
     Control {
         from: usize,
         to: usize,
-        msg: Control<Vec<usize>>,
+        /// The encoded [`crate::wire::Message`].
+        bytes: Vec<u8>,
     },
     Submit {
         agent: usize,
@@ -514,7 +515,15 @@ impl World {
                     self.call(agent, peer, |core, io, now| core.handle_timeout(now, io));
                 }
             }
-            Ev::Control { from, to, msg } => {
+            Ev::Control { from, to, bytes } => {
+                let msg = match Message::<SimCodec>::decode(&format!("agent {from}"), &bytes)
+                    .map(Message::into_control)
+                {
+                    Ok(Ok(control)) => control,
+                    other => {
+                        panic!("agent {to} received a control message it cannot use: {other:?}")
+                    }
+                };
                 self.log(|| format!("control {from}->{to} {msg:?}"));
                 self.call(to, from, |core, io, now| core.handle_control(now, io, msg));
             }
@@ -663,6 +672,10 @@ impl World {
             if !self.net.borrow().alive[peer] {
                 continue;
             }
+            let bytes = match Message::<SimCodec>::from_control(msg).encode() {
+                Ok(bytes) => bytes,
+                Err(e) => panic!("agent {agent} sent a control message it cannot encode: {e}"),
+            };
             let d = self.us(30, 1500);
             let at = (self.now + d).max(self.control_at[agent][peer] + Duration::from_nanos(1));
             self.control_at[agent][peer] = at;
@@ -671,7 +684,7 @@ impl World {
                 Ev::Control {
                     from: agent,
                     to: peer,
-                    msg,
+                    bytes,
                 },
             );
         }

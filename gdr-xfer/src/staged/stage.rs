@@ -9,11 +9,11 @@ use gdr::pd::ProtectionDomain;
 
 use super::StagedDevice;
 use crate::error::{Error, Result};
-use crate::location::Location;
 use crate::segment::{Backing, Segment, SegmentInner};
 use crate::staging::slots::SlotRegions;
 use crate::staging::{Chunk, Direction, Stager, StagingConfig, StagingEvent, Ticket};
 use crate::wire::SegmentInfo;
+use gdr_xfer_proto::Location;
 
 /// A stager, seen the same way for every copy engine.
 pub(crate) trait Stage: Send {

@@ -3,8 +3,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::{Error, Result};
-
 /// The memory location of a segment, written as Mooncake and the rest of the field write it:
 /// `cpu`, `cpu:<numa node>` or `cuda:<ordinal>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,15 +55,32 @@ impl fmt::Display for Location {
     }
 }
 
-impl FromStr for Location {
-    type Err = Error;
+/// A string that is not a [`Location`] (`cpu`, `cpu:<numa node>` or `cuda:<ordinal>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseLocationError {
+    /// The string given.
+    pub input: String,
+}
 
-    fn from_str(s: &str) -> Result<Location> {
-        let bad = || {
-            Error::invalid(
-                format!("memory location {s:?}"),
-                "write cpu, cpu:<numa node> or cuda:<ordinal>",
-            )
+impl ParseLocationError {
+    /// How to write a location.
+    pub const HINT: &'static str = "write cpu, cpu:<numa node> or cuda:<ordinal>";
+}
+
+impl fmt::Display for ParseLocationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "memory location {:?}; hint: {}", self.input, Self::HINT)
+    }
+}
+
+impl std::error::Error for ParseLocationError {}
+
+impl FromStr for Location {
+    type Err = ParseLocationError;
+
+    fn from_str(s: &str) -> Result<Location, ParseLocationError> {
+        let bad = || ParseLocationError {
+            input: s.to_string(),
         };
         let (kind, index) = match s.split_once(':') {
             Some((k, i)) => (k, Some(i.parse::<u32>().map_err(|_| bad())?)),
@@ -92,8 +107,11 @@ mod tests {
             assert_eq!(Location::from_wire(k, i), Some(l));
         }
         for bad in ["", "gpu:0", "cuda", "cpu:-1", "cuda:x", "cpu:1:2"] {
-            assert!(
-                matches!(bad.parse::<Location>(), Err(Error::InvalidArgument { .. })),
+            assert_eq!(
+                bad.parse::<Location>(),
+                Err(ParseLocationError {
+                    input: bad.to_string()
+                }),
                 "{bad:?}"
             );
         }
