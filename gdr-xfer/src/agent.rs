@@ -795,7 +795,11 @@ impl AgentShared {
         let m = if self.rails.len() == 1 {
             1
         } else {
-            crate::rail::preferred_rails_here(&self.rail_names(), location)
+            crate::rail::preferred_rails_here(
+                &self.rail_names(),
+                location,
+                self.config.rails_follow_nccl_env,
+            )
         };
         masks.insert(location, m);
         m

@@ -64,6 +64,13 @@ pub struct AgentConfig {
     /// How long the progress thread keeps polling after the last completion before it sleeps on
     /// the completion channel (default 200 us; zero sleeps at once).
     pub busy_poll: Duration,
+    /// Whether the ranking of rails for a segment's memory takes this process's NCCL variables
+    /// into account as `gdr doctor` does (`NCCL_IB_HCA` leaving a NIC out, a wrong
+    /// `NCCL_IB_GID_INDEX`, a strict `NCCL_NET_GDR_LEVEL`). Default `false`: the rails are
+    /// ranked from the topology alone, so NCCL settings exported for another program do not
+    /// change which NICs this agent prefers. Which rails exist is [`AgentConfig::device`]'s
+    /// business either way.
+    pub rails_follow_nccl_env: bool,
     /// What to do with GPU memory the NIC cannot reach directly (default
     /// [`GpuStaging::Fallback`]).
     pub gpu_staging: GpuStaging,
@@ -109,6 +116,7 @@ impl AgentConfig {
             quiesce: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(10),
             busy_poll: Duration::from_micros(200),
+            rails_follow_nccl_env: false,
             gpu_staging: GpuStaging::Fallback,
             staging: StagingConfig::default(),
         }
@@ -222,6 +230,13 @@ impl AgentConfig {
     /// Sets how long the progress threads poll after the last completion before sleeping.
     pub fn busy_poll(mut self, t: Duration) -> Self {
         self.busy_poll = t;
+        self
+    }
+
+    /// Sets whether the rail ranking follows this process's NCCL variables
+    /// ([`AgentConfig::rails_follow_nccl_env`]).
+    pub fn rails_follow_nccl_env(mut self, follow: bool) -> Self {
+        self.rails_follow_nccl_env = follow;
         self
     }
 

@@ -19,10 +19,13 @@
 //! The rails nearest the memory: for the location of a transfer's (first) local segment, the
 //! agent's rails are ranked by [`gdr::doctor::rank_rails`], the function `gdr doctor` ranks and
 //! prints them with (PCIe path class to the GPU, or NUMA node of host memory, then port rate),
-//! so the engine and the doctor never disagree; a transfer stripes over the agent's best-ranked
+//! so the engine and the doctor never disagree on the same report. The agent's report leaves
+//! this process's NCCL variables out unless [`crate::AgentConfig::rails_follow_nccl_env`] says
+//! otherwise (`gdr doctor` keeps them: it answers for NCCL). A transfer stripes over the agent's best-ranked
 //! rails for its memory ([`preferred_rails`]). When none of those is active, it uses any active
 //! rail (a further rail is slower, not wrong).
 
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -32,15 +35,23 @@ pub use gdr_xfer_proto::RailState;
 use gdr::device::Context;
 use gdr::doctor::{MemoryLocation, Report};
 use gdr::pd::ProtectionDomain;
+use gdr::topology::{collect_with, CollectOptions, Snapshot};
 use gdr::CompletionQueue;
 
-/// This machine's doctor report, read once per process (the topology does not change while
-/// it runs; which rails work is the engine's own bookkeeping). `None` when it cannot be read.
-fn host_report() -> Option<&'static Report> {
-    static REPORT: OnceLock<Option<Report>> = OnceLock::new();
-    REPORT
-        .get_or_init(
-            || match gdr::doctor::host_report(std::path::Path::new("/")) {
+/// This machine's doctor report for ranking rails, read once per process for each choice of
+/// `nccl_env` (the topology does not change while it runs; which rails work is the engine's
+/// own bookkeeping). `None` when it cannot be read.
+fn host_report(nccl_env: bool) -> Option<&'static Report> {
+    static REPORTS: [OnceLock<Option<Report>>; 2] = [OnceLock::new(), OnceLock::new()];
+    REPORTS[usize::from(nccl_env)]
+        .get_or_init(|| {
+            let read = if nccl_env {
+                gdr::doctor::host_report(Path::new("/"))
+            } else {
+                collect_with(Path::new("/"), CollectOptions::live())
+                    .map(|snapshot| rail_report(snapshot, false))
+            };
+            match read {
                 Ok(r) => Some(r),
                 Err(e) => {
                     log::warn!(
@@ -48,9 +59,18 @@ fn host_report() -> Option<&'static Report> {
                     );
                     None
                 }
-            },
-        )
+            }
+        })
         .as_ref()
+}
+
+/// The doctor's report on `snapshot` for ranking rails: with the NCCL variables the snapshot
+/// recorded when `nccl_env`, without any otherwise.
+fn rail_report(mut snapshot: Snapshot, nccl_env: bool) -> Report {
+    if !nccl_env {
+        snapshot.env.clear();
+    }
+    gdr::doctor::diagnose(&snapshot)
 }
 
 /// The doctor's name for a segment location.
@@ -101,9 +121,14 @@ pub(crate) fn preferred_rails(
         .fold(0, |m, (i, _)| m | (1 << i))
 }
 
-/// [`preferred_rails`] on this machine's report.
-pub(crate) fn preferred_rails_here(rails: &[(String, u8)], location: crate::Location) -> u32 {
-    preferred_rails(host_report(), rails, &memory_location(location))
+/// [`preferred_rails`] on this machine's report, with or without this process's NCCL
+/// variables ([`crate::AgentConfig::rails_follow_nccl_env`]).
+pub(crate) fn preferred_rails_here(
+    rails: &[(String, u8)],
+    location: crate::Location,
+    nccl_env: bool,
+) -> u32 {
+    preferred_rails(host_report(nccl_env), rails, &memory_location(location))
 }
 
 /// One of the agent's rails.
@@ -185,13 +210,49 @@ impl RailStats {
 mod tests {
     use super::*;
 
-    fn fixture(name: &str) -> Report {
+    fn snapshot(name: &str) -> Snapshot {
         let path = format!(
             "{}/../gdr/tests/fixtures/doctor/snapshots/{name}",
             env!("CARGO_MANIFEST_DIR")
         );
         let text = std::fs::read_to_string(&path).unwrap();
-        gdr::doctor::diagnose(&gdr::topology::Snapshot::from_json(&text, &path).unwrap())
+        Snapshot::from_json(&text, &path).unwrap()
+    }
+
+    fn fixture(name: &str) -> Report {
+        gdr::doctor::diagnose(&snapshot(name))
+    }
+
+    #[test]
+    fn nccl_variables_exported_for_another_program_do_not_move_the_rails_unless_asked() {
+        // The fixed DGX (RoCE), with mlx5_1's RoCE v2 IPv4 GID at index 1 instead of 3, in a
+        // process whose environment says NCCL_IB_GID_INDEX=1 (exported for an NCCL program
+        // using mlx5_1): to NCCL, mlx5_0 is not usable.
+        let mut snap = snapshot("dgx-a100-fixed.json");
+        let mlx5_1 = snap.rdma.iter_mut().find(|d| d.name == "mlx5_1").unwrap();
+        for g in &mut mlx5_1.ports[0].gids {
+            g.index = match g.index {
+                1 => 3,
+                3 => 1,
+                i => i,
+            };
+        }
+        snap.env
+            .insert("NCCL_IB_GID_INDEX".to_string(), "1".to_string());
+        let rails = vec![("mlx5_0".to_string(), 1), ("mlx5_1".to_string(), 1)];
+        let gpu0 = MemoryLocation::Gpu { ordinal: 0 };
+        let topology_only = rail_report(snap.clone(), false);
+        assert_eq!(
+            preferred_rails(Some(&topology_only), &rails, &gpu0),
+            0b01,
+            "by default GPU 0's memory keeps to the NIC on its PCIe switch"
+        );
+        let as_nccl = rail_report(snap, true);
+        assert_eq!(
+            preferred_rails(Some(&as_nccl), &rails, &gpu0),
+            0b10,
+            "asked to follow NCCL's variables, the agent avoids mlx5_0 as NCCL would"
+        );
     }
 
     #[test]
