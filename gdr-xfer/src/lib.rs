@@ -209,6 +209,9 @@ mod segment;
 pub mod staged;
 pub mod staging;
 mod transfer;
+// Public for the fuzz targets and the tests that play a hostile peer; the format itself is
+// documented in `gdr_xfer_proto::wire`.
+#[doc(hidden)]
 pub mod wire;
 
 pub use agent::Agent;
