@@ -10,7 +10,9 @@
 //!
 //! With the feature `etcd`, peers find each other by name instead: `--etcd 127.0.0.1:2379` on
 //! both sides (the target publishes itself as `kv-target`, with a lease of `--ttl-ms`), and the
-//! initiator gives `--connect-name kv-target` instead of `--connect`.
+//! initiator gives `--connect-name kv-target` instead of `--connect`. The target then listens
+//! on an address peers can reach (`--listen 10.0.0.1:7100`, not `0.0.0.0`): that is what it
+//! publishes.
 //!
 //! Block `i` of the initiator's pool goes to block `(i * 7919 + 13) % blocks` of the target's
 //! (a permutation whenever 7919 does not divide `blocks`), so nothing merges and every block is

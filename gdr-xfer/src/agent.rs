@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{SocketAddr, TcpListener};
 use std::ops::RangeBounds;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -80,6 +80,11 @@ pub(crate) struct AgentShared {
     timers: Mutex<Instant>,
     peers_changed: Condvar,
     pub(crate) shutdown: AtomicBool,
+    /// Set by [`Agent::shutdown`] (and drop): new transfers, registrations and connections are
+    /// refused with [`Error::AgentClosed`].
+    pub(crate) closing: AtomicBool,
+    /// The callers' transfers without an outcome yet ([`crate::transfer::Pending`]).
+    pub(crate) pending: Arc<AtomicUsize>,
     /// Threads to join at drop (control readers, directory watches).
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Handshakes of accepted connections in progress (at most `max_peers`).
@@ -93,13 +98,14 @@ pub(crate) struct AgentShared {
 
 /// A transfer agent. See the [crate documentation](crate) for an example.
 ///
-/// Dropping it closes every connection (pending transfers fail with
-/// [`Error::AgentClosed`]) and stops its threads; memory still in use by the NIC is released by
-/// gdr only once the queue pairs are destroyed.
+/// [`Agent::shutdown`] ends it in order, with a grace time for pending transfers; dropping it
+/// does the same without one: every connection closes (pending transfers fail with
+/// [`Error::AgentClosed`]), its directory records go, and its threads stop; memory still in use
+/// by the NIC is released by gdr only once the queue pairs are destroyed.
 pub struct Agent {
-    shared: Arc<AgentShared>,
-    progress: Vec<JoinHandle<()>>,
-    listeners: Mutex<Vec<(SocketAddr, JoinHandle<()>)>>,
+    pub(crate) shared: Arc<AgentShared>,
+    pub(crate) progress: Mutex<Vec<JoinHandle<()>>>,
+    pub(crate) listeners: Mutex<Vec<(SocketAddr, JoinHandle<()>)>>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -163,15 +169,17 @@ impl Agent {
             timers: Mutex::new(Instant::now()),
             peers_changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            pending: Arc::new(AtomicUsize::new(0)),
             threads: Mutex::new(Vec::new()),
             handshakes: AtomicU32::new(0),
             #[cfg(feature = "etcd")]
             published: Mutex::new(None),
             staging,
         });
-        let mut agent = Agent {
+        let agent = Agent {
             shared,
-            progress: Vec::with_capacity(nrails),
+            progress: Mutex::new(Vec::with_capacity(nrails)),
             listeners: Mutex::new(Vec::new()),
         };
         for rail in 0..nrails {
@@ -180,7 +188,11 @@ impl Agent {
                 .name(format!("xfer-progress-{}-{rail}", agent.shared.config.name))
                 .spawn(move || crate::progress::run(s, rail))
                 .map_err(|e| Error::io("starting a progress thread", e))?;
-            agent.progress.push(h);
+            agent
+                .progress
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(h);
         }
         Ok(agent)
     }
@@ -222,6 +234,7 @@ impl Agent {
         name: &str,
         location: Location,
     ) -> Result<Segment> {
+        self.shared.check_open()?;
         check_name(name)?;
         let first =
             MemoryRegion::register(&self.shared.rails[0].pd, Box::new(memory), SEGMENT_ACCESS)?;
@@ -264,6 +277,7 @@ impl Agent {
         range: impl RangeBounds<usize>,
         name: &str,
     ) -> Result<Segment> {
+        self.shared.check_open()?;
         check_name(name)?;
         let (offset, len) = resolve(range, buffer.len())?;
         let location = Location::Cuda {
@@ -308,6 +322,7 @@ impl Agent {
         range: impl RangeBounds<usize>,
         name: &str,
     ) -> Result<Segment> {
+        self.shared.check_open()?;
         check_name(name)?;
         let (offset, len) = resolve(range, gpu.len())?;
         let location = Location::Cuda {
@@ -349,6 +364,7 @@ impl Agent {
         len: u64,
         name: &str,
     ) -> Result<Segment> {
+        self.shared.check_open()?;
         check_name(name)?;
         crate::descriptor::check_local(0, parent, offset, len)?;
         self.add_segment(
@@ -474,6 +490,7 @@ impl Agent {
     /// # Errors
     /// [`Error::Io`] when the address cannot be bound.
     pub fn listen(&self, addr: &str) -> Result<SocketAddr> {
+        self.shared.check_open()?;
         let listener =
             TcpListener::bind(addr).map_err(|e| Error::io(format!("listening on {addr}"), e))?;
         let local = listener
@@ -502,8 +519,16 @@ impl Agent {
     /// [`Error::Protocol`] for a peer that is not a compatible gdr-xfer agent;
     /// [`Error::InvalidArgument`] when a peer of that name is already connected.
     pub fn connect(&self, addr: &str) -> Result<Peer> {
-        let stream = control::dial(addr, self.shared.config.connect_timeout)?;
-        let conn = control::establish(&self.shared, stream, true)?;
+        self.connect_within(addr, self.shared.config.connect_timeout)
+    }
+
+    /// [`Agent::connect`], all of it (dialling and the handshake) within `timeout`.
+    pub(crate) fn connect_within(&self, addr: &str, timeout: Duration) -> Result<Peer> {
+        self.shared.check_open()?;
+        let end = Instant::now().checked_add(timeout);
+        let stream = control::dial(addr, timeout)?;
+        let left = end.map_or(timeout, |e| e.saturating_duration_since(Instant::now()));
+        let conn = control::establish(&self.shared, stream, true, left)?;
         Ok(Peer { conn })
     }
 
@@ -613,49 +638,6 @@ impl Agent {
     }
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        {
-            let _peers = self.shared.lock_peers();
-            self.shared.shutdown.store(true, Ordering::Release);
-        }
-        for c in self.shared.peer_list() {
-            c.send_control(&Message::Bye(format!(
-                "{} shut down",
-                self.shared.config.name
-            )));
-            c.lose(Failure::AgentClosed);
-            self.shared.remove_peer(&c);
-        }
-        for (_, h) in self
-            .listeners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
-            let _ = h.join();
-        }
-        // Staged transfers fail (their children did, with the connections), and the staging
-        // thread ends.
-        self.shared.staging.stop();
-        for h in self.progress.drain(..) {
-            let _ = h.join();
-        }
-        // The control readers end once their sockets are shut down (lose() did): join them, so
-        // that when drop returns no thread of this agent runs and its queue pairs are gone.
-        let threads = std::mem::take(
-            &mut *self
-                .shared
-                .threads
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
-        for h in threads {
-            let _ = h.join();
-        }
-    }
-}
-
 /// Whether a GPU registration failed because gdr found no direct path for the NIC (the cases
 /// staging serves), rather than for bad memory or exhausted resources.
 fn no_direct_path(e: &Error) -> bool {
@@ -736,7 +718,9 @@ fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
                 let spawned = std::thread::Builder::new()
                     .name(format!("xfer-accept-{}", shared.config.name))
                     .spawn(move || {
-                        if let Err(e) = control::establish(&s, stream, false) {
+                        if let Err(e) =
+                            control::establish(&s, stream, false, s.config.connect_timeout)
+                        {
                             log::warn!("{}: connection from {from} refused: {e}", s.config.name);
                         }
                         s.handshakes.fetch_sub(1, Ordering::AcqRel);
@@ -767,7 +751,7 @@ impl AgentShared {
         self.published.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lock_peers(&self) -> MutexGuard<'_, HashMap<String, Arc<Connection>>> {
+    pub(crate) fn lock_peers(&self) -> MutexGuard<'_, HashMap<String, Arc<Connection>>> {
         self.peers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -780,6 +764,11 @@ impl AgentShared {
         let mut threads = self.threads.lock().unwrap_or_else(|p| p.into_inner());
         threads.retain(|t| !t.is_finished());
         threads.push(h);
+    }
+
+    /// The threads kept so far (to join them).
+    pub(crate) fn take_threads(&self) -> Vec<JoinHandle<()>> {
+        std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub(crate) fn peer_list(&self) -> Vec<Arc<Connection>> {
@@ -837,11 +826,12 @@ impl AgentShared {
     pub(crate) fn add_peer(&self, conn: &Arc<Connection>) -> Result<()> {
         {
             let mut peers = self.lock_peers();
-            // Checked under the lock `Drop` takes its snapshot of the peers under: a handshake
-            // cannot slip a connection in after the snapshot.
+            // Checked under the lock `shutdown` and `Drop` take their snapshot of the peers
+            // under: a handshake cannot slip a connection in after the snapshot.
             if self.shutdown.load(Ordering::Acquire) {
                 return Err(Error::AgentClosed);
             }
+            self.check_open()?;
             if peers.contains_key(&conn.name) {
                 return Err(Error::invalid(
                     format!("a peer named {:?} is already connected", conn.name),

@@ -128,14 +128,14 @@ struct Linger<'a> {
     reader: &'a mut TcpLink,
 }
 
-/// Runs the handshake on a new TCP connection (`initiator`: we connected) and returns the
-/// established connection, registered with the agent.
+/// Runs the handshake on a new TCP connection (`initiator`: we connected), within `timeout`,
+/// and returns the established connection, registered with the agent.
 pub(crate) fn establish(
     agent: &Arc<AgentShared>,
     stream: TcpStream,
     initiator: bool,
+    timeout: Duration,
 ) -> Result<Arc<Connection>> {
-    let timeout = agent.config.connect_timeout;
     let addr = stream
         .peer_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string());

@@ -33,6 +33,17 @@ fn segment_key(agent: &str, id: u32) -> String {
     format!("{agent}/segments/{id}")
 }
 
+/// An address a peer can connect to: a specific IP and a port.
+fn check_advertised(addr: SocketAddr) -> Result<()> {
+    if addr.ip().is_unspecified() || addr.port() == 0 {
+        return Err(Error::invalid(
+            format!("advertised address {addr}: peers cannot connect to it"),
+            "advertise this host's IP on the network the peers use and the port listen() returned (listen on \"0.0.0.0:0\" binds every interface; publish e.g. 10.0.0.2 with its port)",
+        ));
+    }
+    Ok(())
+}
+
 fn check_publishable(name: &str) -> Result<()> {
     if name.contains('/') {
         return Err(Error::invalid(
@@ -74,13 +85,20 @@ impl Agent {
     /// [`Agent::listen`] listens) and every segment, now and as they are registered and
     /// deregistered, all bound to the directory's lease.
     ///
+    /// The records are deleted when the agent shuts down or is dropped; a record of an agent
+    /// that died goes when the directory's lease ends.
+    ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a name with `/` or when already published;
-    /// [`Error::Directory`] when etcd refuses.
+    /// [`Error::InvalidArgument`] for a name with `/`, when already published, or for an
+    /// address peers cannot connect to (`0.0.0.0`, `::`, port 0: what `listen("0.0.0.0:0")`
+    /// binds, not where peers reach it); [`Error::Directory`] when etcd refuses;
+    /// [`Error::AgentClosed`] after [`Agent::shutdown`].
     pub fn publish(&self, dir: Arc<EtcdDirectory>, advertise: SocketAddr) -> Result<()> {
         let shared = self.shared();
+        shared.check_open()?;
         let name = &shared.config.name;
         check_publishable(name)?;
+        check_advertised(advertise)?;
         let mut slot = shared.lock_published();
         if slot.is_some() {
             return Err(Error::invalid(
@@ -106,9 +124,15 @@ impl Agent {
     /// connects to it, and watches its keys: when they go (its lease ended), the peer is lost
     /// and its pending transfers fail with [`Error::PeerLost`].
     ///
+    /// All of it (the lookup, connecting, the handshake) takes at most `timeout`: an address
+    /// that does not answer (a record left by an agent that died) is tried again, with the
+    /// record looked up again, until then.
+    ///
     /// # Errors
-    /// [`Error::UnknownPeer`] when it does not appear in time; [`Error::Protocol`] for a
-    /// malformed record; [`Agent::connect`]'s errors; [`Error::Directory`].
+    /// [`Error::UnknownPeer`] when it does not appear, or does not answer, in time (the hint
+    /// names the address tried); [`Error::Protocol`] for a malformed record;
+    /// [`Agent::connect`]'s other errors; [`Error::Directory`]; [`Error::AgentClosed`] after
+    /// [`Agent::shutdown`].
     pub fn connect_named(
         &self,
         dir: &Arc<EtcdDirectory>,
@@ -116,40 +140,53 @@ impl Agent {
         timeout: Duration,
     ) -> Result<Peer> {
         check_publishable(name)?;
-        let end = Instant::now() + timeout;
-        // List and watch at one revision: nothing between the lookup and the watch is missed.
-        let (listing, watch) = loop {
+        self.shared().check_open()?;
+        let end = Instant::now().checked_add(timeout);
+        let left = || {
+            end.map_or(Duration::MAX, |e| {
+                e.saturating_duration_since(Instant::now())
+            })
+        };
+        // The last address that did not answer, and why: a record left by an agent that died
+        // stays until its lease ends, and a restarted agent may replace it meanwhile.
+        let mut stale: Option<(String, Error)> = None;
+        let (peer, watch, addr) = loop {
+            // List and watch at one revision: nothing between the lookup and the watch is
+            // missed.
             let (listing, watch) = dir.list_and_watch(&format!("{name}/"))?;
-            if listing
+            let record = listing
                 .entries
                 .iter()
-                .any(|(k, _)| *k == endpoint_key(name))
-            {
-                break (listing, watch);
+                .find(|(k, _)| *k == endpoint_key(name))
+                .map(|(_, v)| AgentRecord::decode(name, v))
+                .transpose()?;
+            if let Some(record) = record {
+                let budget = left().min(self.config().connect_timeout);
+                match self.connect_within(&record.addr, budget) {
+                    Ok(peer) => break (peer, watch, record.addr),
+                    Err(e @ (Error::Io { .. } | Error::Timeout { .. })) => {
+                        stale = Some((record.addr, e));
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            if Instant::now() >= end {
+            if left().is_zero() {
                 return Err(Error::UnknownPeer {
                     name: name.to_string(),
-                    hint: "is it running and published in the same etcd prefix?".into(),
+                    hint: match &stale {
+                        Some((addr, e)) => format!("its directory record points at {addr}, where no agent answered within {timeout:?} ({e}): a record left by an agent that died stays until its lease ends").into(),
+                        None => "is it running and published in the same etcd prefix?".into(),
+                    },
                 });
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(left().min(Duration::from_millis(50)));
         };
-        let record = listing
-            .entries
-            .iter()
-            .find(|(k, _)| *k == endpoint_key(name))
-            .map(|(_, v)| AgentRecord::decode(name, v))
-            .transpose()?
-            .ok_or_else(|| Error::protocol(name, "endpoint record vanished"))?;
-        let peer = self.connect(&record.addr)?;
         if peer.name() != name {
             self.disconnect(&peer);
             return Err(Error::protocol(
                 name,
                 format!(
-                    "the agent at {} says it is {:?}, the directory says {name:?}",
-                    record.addr,
+                    "the agent at {addr} says it is {:?}, the directory says {name:?}",
                     peer.name()
                 ),
             ));
@@ -164,6 +201,31 @@ impl Agent {
             .map_err(|e| Error::io("starting the directory watch thread", e))?;
         self.shared().keep_thread(h);
         Ok(peer)
+    }
+}
+
+impl Agent {
+    /// Deletes this agent's records from the directory it published itself in, the endpoint
+    /// first (so that no one finds it any more), then its segments; later registrations are
+    /// not published. Best effort: what etcd refuses goes when the lease ends.
+    pub(crate) fn withdraw(&self) {
+        let shared = self.shared();
+        let Some(published) = shared.lock_published().take() else {
+            return;
+        };
+        let name = &shared.config.name;
+        if let Err(e) = published.dir.delete(&endpoint_key(name)) {
+            log::warn!("{name}: withdrawing from the directory: {e}");
+        }
+        let ids: Vec<u32> = shared
+            .lock_segments()
+            .values()
+            .filter(|s| s.is_published())
+            .map(|s| s.id())
+            .collect();
+        for id in ids {
+            published.delete_segment(name, id);
+        }
     }
 }
 

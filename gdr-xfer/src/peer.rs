@@ -11,7 +11,7 @@ use gdr_xfer_proto::Spec;
 
 use crate::plan::Planner;
 use crate::staged::driver::Job;
-use crate::transfer::{Stopper, Transfer, TransferCell};
+use crate::transfer::{Pending, Stopper, Transfer, TransferCell};
 use crate::wire::SegmentInfo;
 
 /// A connected peer. Cheap to clone. Transfers to it are one-sided: the peer's CPU takes no
@@ -226,6 +226,9 @@ impl Peer {
     ) -> Result<Transfer> {
         let started = Instant::now();
         let agent = self.conn.agent.upgrade().ok_or(Error::AgentClosed)?;
+        // Counted before the check, so that a shutdown either sees this transfer or refuses it.
+        let pending = Pending::new(&agent.pending);
+        agent.check_open()?;
         self.check_connected()?;
         if let Some(n) = &opts.notify {
             if n.len() > self.conn.notify_max as usize {
@@ -266,6 +269,7 @@ impl Peer {
             plan.descriptors,
             timeout,
         ));
+        cell.set_pending(pending);
         if plan.locals.iter().any(|l| l.is_staged()) {
             // Staged local memory: the staging driver moves it in chunks, each a child transfer
             // from or to a bounce buffer (crate::staged).

@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -97,6 +98,27 @@ struct CellState {
     submit_time: Duration,
     plan_time: Duration,
     stopper: Stopper,
+    /// Counts the transfer in its agent until its outcome (a caller's transfer, not a staged
+    /// transfer's child).
+    pending: Option<Pending>,
+}
+
+/// One of the caller's transfers counted as pending in its agent ([`crate::Agent::shutdown`]
+/// waits for the count to reach zero): from before submission until the outcome is recorded,
+/// or the transfer is refused.
+pub(crate) struct Pending(Arc<AtomicUsize>);
+
+impl Pending {
+    pub(crate) fn new(count: &Arc<AtomicUsize>) -> Pending {
+        count.fetch_add(1, Ordering::SeqCst);
+        Pending(count.clone())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Where the engine reports a transfer's outcome, and what its observers wait on.
@@ -135,6 +157,7 @@ impl TransferCell {
                 submit_time: Duration::ZERO,
                 plan_time: Duration::ZERO,
                 stopper: Stopper::None,
+                pending: None,
             }),
             cond: Condvar::new(),
         }
@@ -147,6 +170,14 @@ impl TransferCell {
     /// Records how it can be stopped.
     pub(crate) fn set_stopper(&self, s: Stopper) {
         self.lock().stopper = s;
+    }
+
+    /// Counts the transfer as pending until its outcome (at once uncounted if it has one).
+    pub(crate) fn set_pending(&self, pending: Pending) {
+        let mut st = self.lock();
+        if st.outcome.is_none() {
+            st.pending = Some(pending);
+        }
     }
 
     /// Records the times the submitting thread spent.
@@ -176,6 +207,7 @@ impl TransferCell {
         });
         st.outcome = Some(outcome);
         st.stopper = Stopper::None;
+        st.pending = None;
         if let Some(w) = st.waker.take() {
             w.wake();
         }
@@ -272,7 +304,10 @@ impl TransferCell {
 /// Its outcome, whatever it is, comes only when none of its requests can touch its memory any
 /// more: from then on the local memory and the remote range may be reused. Dropping the handle
 /// does not stop the transfer: the engine finishes it (or fails it at its deadline) and
-/// releases its memory once the NIC is done with it.
+/// releases its memory once the NIC is done with it, but the caller can no longer tell when
+/// that is. To reuse the memory early, [`cancel`](Transfer::cancel) and then wait: the
+/// `Cancelled` outcome (or the one that came first) is the moment. [`crate::Agent::shutdown`]
+/// ends every transfer of an agent the same way.
 pub struct Transfer {
     pub(crate) cell: Arc<TransferCell>,
 }

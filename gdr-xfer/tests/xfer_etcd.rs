@@ -227,3 +227,96 @@ fn a_record_pointing_at_another_agent_is_refused() {
         .unwrap();
     assert_eq!(peer.name(), "real");
 }
+
+fn directory(etcd: &EtcdServer) -> Arc<EtcdDirectory> {
+    Arc::new(
+        EtcdDirectory::connect(
+            &[etcd.endpoint()],
+            DEFAULT_PREFIX,
+            // A long lease: records that go, go because the agent withdrew them.
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+        )
+        .unwrap(),
+    )
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn records_go_when_the_agent_shuts_down_or_is_dropped_and_unreachable_addresses_are_refused() {
+    let etcd = EtcdServer::start();
+    let dir = directory(&etcd);
+    let a = agent("leaver");
+    let addr = a.listen("127.0.0.1:0").unwrap();
+    // What listen("0.0.0.0:0") binds is not where peers reach the agent.
+    for bad in ["0.0.0.0:7100", "[::]:7100", "127.0.0.1:0"] {
+        let e = a.publish(dir.clone(), bad.parse().unwrap()).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { what, .. } if what.contains("peers cannot connect")),
+            "{bad}: {e}"
+        );
+    }
+    a.publish(dir.clone(), addr).unwrap();
+    let seg = a.alloc_host(4096, "kv").unwrap();
+    let seg_key = format!("leaver/segments/{}", seg.id());
+    assert!(dir.get("leaver/endpoint").unwrap().is_some());
+    assert!(dir.get(&seg_key).unwrap().is_some());
+    let report = a.shutdown(Duration::from_secs(5));
+    assert_eq!(report.failed, 0);
+    // Gone at once, 60 s before the lease would have ended.
+    assert_eq!(dir.get("leaver/endpoint").unwrap(), None);
+    assert_eq!(dir.get(&seg_key).unwrap(), None);
+    assert!(matches!(
+        a.publish(dir.clone(), addr),
+        Err(Error::AgentClosed)
+    ));
+    let finder = agent("finder");
+    let e = finder
+        .connect_named(&dir, "leaver", Duration::from_millis(500))
+        .unwrap_err();
+    assert!(matches!(e, Error::UnknownPeer { .. }), "{e}");
+    // A dropped agent withdraws too.
+    let b = agent("dropped");
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    b.publish(dir.clone(), addr).unwrap();
+    assert!(dir.get("dropped/endpoint").unwrap().is_some());
+    drop(b);
+    assert_eq!(dir.get("dropped/endpoint").unwrap(), None);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_stale_record_fails_connect_named_within_its_timeout_and_names_the_address() {
+    let etcd = EtcdServer::start();
+    let dir = directory(&etcd);
+    // The record of an agent that died: nothing listens at its address any more.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = gone.local_addr().unwrap();
+    drop(gone);
+    let record = gdr_xfer::wire::AgentRecord {
+        addr: addr.to_string(),
+    }
+    .encode()
+    .unwrap();
+    dir.put("ghost/endpoint", &record).unwrap();
+    // An agent whose own connect timeout is longer than the call's: the call's wins.
+    let finder = common::agent_with(
+        gdr_xfer::AgentConfig::new("finder").connect_timeout(Duration::from_secs(30)),
+    );
+    let timeout = Duration::from_secs(2);
+    let start = Instant::now();
+    let e = finder.connect_named(&dir, "ghost", timeout).unwrap_err();
+    let took = start.elapsed();
+    println!("connect_named to a stale record: {e} after {took:?}");
+    match &e {
+        Error::UnknownPeer { name, hint } => {
+            assert_eq!(name, "ghost");
+            let hint = hint.text().unwrap_or_default();
+            assert!(hint.contains(&addr.to_string()), "{hint}");
+        }
+        other => panic!("expected UnknownPeer, got {other}"),
+    }
+    // The call's timeout bounds the whole call (with room for a loaded emulated host), not the
+    // agent's 30 s connect timeout.
+    assert!(took < timeout + Duration::from_secs(3), "{took:?}");
+}

@@ -1,0 +1,122 @@
+//! Ending an agent (`Agent::shutdown`, drop): new work refused at once with a typed error,
+//! pending transfers given their grace time and then failed with `AgentClosed`, every outcome
+//! counted, the peer told.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{agent, connected, pattern};
+use gdr_xfer::{Desc, Error, Location, TransferOptions};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_shutdown_lets_pending_transfers_end_then_refuses_new_work() {
+    let (a, b, pb, _pa) = connected(agent("sa"), agent("sb"));
+    let len = 16usize << 20;
+    let src = a.alloc_host(len, "src").unwrap();
+    src.write(0, &pattern(len, 3)).unwrap();
+    let dst = b.alloc_host(len, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    // 64 writes of 256 KiB: in the emulated VM they take a while, so most are pending when
+    // the shutdown begins.
+    let chunk = len as u64 / 64;
+    let transfers: Vec<_> = (0..64u64)
+        .map(|i| {
+            pb.write(
+                &[Desc::new(&src, i * chunk, r.id, i * chunk, chunk)],
+                &TransferOptions::new(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let report = a.shutdown(WAIT);
+    println!("shutdown with a {WAIT:?} grace time: {report:?}");
+    assert_eq!(
+        report.failed, 0,
+        "every transfer ended within the grace time"
+    );
+    assert!(report.pending <= 64, "{report:?}");
+    for t in transfers {
+        t.wait(Duration::ZERO)
+            .expect("ended before shutdown returned");
+    }
+    assert_eq!(dst.to_vec(0, len).unwrap(), pattern(len, 3));
+    // Everything new is refused with the same typed error.
+    let one = [Desc::new(&src, 0, r.id, 0, 1)];
+    assert!(matches!(
+        pb.write(&one, &TransferOptions::new()),
+        Err(Error::AgentClosed | Error::PeerLost { .. })
+    ));
+    assert!(matches!(
+        a.alloc_host(4096, "late"),
+        Err(Error::AgentClosed)
+    ));
+    assert!(matches!(
+        a.register_host(vec![0u8; 4096], "late", Location::Cpu { numa: None }),
+        Err(Error::AgentClosed)
+    ));
+    assert!(matches!(a.listen("127.0.0.1:0"), Err(Error::AgentClosed)));
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    assert!(matches!(
+        a.connect(&addr.to_string()),
+        Err(Error::AgentClosed)
+    ));
+    assert!(a.peers().is_empty(), "{:?}", a.peers());
+    // The peer was told: its side of the connection is gone, without waiting for a timeout.
+    let end = Instant::now() + WAIT;
+    while b.peer("sa").is_some() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(b.peer("sa").is_none());
+    // A second shutdown, and the drop, do nothing more.
+    assert_eq!(a.shutdown(Duration::ZERO).pending, 0);
+    drop(a);
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_shutdown_without_grace_fails_what_is_pending_and_counts_it() {
+    let (a, b, pb, _pa) = connected(agent("za"), agent("zb"));
+    let len = 64usize << 20;
+    let src = a.alloc_host(len, "src").unwrap();
+    let _dst = b.alloc_host(len, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    let chunk = len as u64 / 256;
+    let transfers: Vec<_> = (0..256u64)
+        .map(|i| {
+            pb.write(
+                &[Desc::new(&src, i * chunk, r.id, i * chunk, chunk)],
+                &TransferOptions::new(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let report = a.shutdown(Duration::ZERO);
+    println!("shutdown without grace: {report:?}");
+    assert!(
+        report.pending > 0,
+        "64 MiB over Soft-RoCE take longer than submitting them"
+    );
+    let (mut ok, mut closed) = (0, 0);
+    for t in transfers {
+        // Every outcome is there when shutdown returns.
+        match t.wait(Duration::ZERO) {
+            Ok(_) => ok += 1,
+            Err(Error::AgentClosed) => closed += 1,
+            Err(e) => panic!("unexpected outcome {e}"),
+        }
+    }
+    println!("{ok} transfers done, {closed} failed with AgentClosed");
+    assert_eq!(ok + closed, 256);
+    assert!(closed > 0);
+    // Counted when the grace time ended: a transfer that finished during the teardown is
+    // counted but done.
+    assert!(closed <= report.failed, "{closed} > {report:?}");
+    assert!(report.failed <= report.pending, "{report:?}");
+    // The source memory is the caller's again: the transfers' requests are gone with the
+    // queue pairs; dropping it now is fine.
+    drop(src);
+}
