@@ -31,6 +31,7 @@ use crate::segment::{Backing, Segment};
 use crate::staged::driver::Driver as StagingDriver;
 use crate::staged::{StagedDevice, StagedMemory};
 use crate::transfer::Failure;
+use crate::wakers::Wakers;
 use crate::wire::{Message, SegmentInfo, MAX_NAME};
 use crate::GpuStaging;
 use gdr_xfer_proto::Location;
@@ -75,6 +76,10 @@ pub(crate) struct AgentShared {
     /// the queue is bounded by the peers' slots.
     notifications: Mutex<VecDeque<Delivered>>,
     notified: Condvar,
+    /// The async waits for notifications ([`crate::futures`]).
+    pub(crate) notification_wakers: Wakers,
+    /// The async waits for peers.
+    pub(crate) peer_wakers: Wakers,
     /// When the connections' timers last ran; whichever progress thread finds it free and due
     /// runs them.
     timers: Mutex<Instant>,
@@ -166,6 +171,8 @@ impl Agent {
             drains: (0..nrails).map(|_| AtomicU64::new(0)).collect(),
             notifications: Mutex::new(VecDeque::new()),
             notified: Condvar::new(),
+            notification_wakers: Wakers::default(),
+            peer_wakers: Wakers::default(),
             timers: Mutex::new(Instant::now()),
             peers_changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
@@ -524,12 +531,7 @@ impl Agent {
 
     /// [`Agent::connect`], all of it (dialling and the handshake) within `timeout`.
     pub(crate) fn connect_within(&self, addr: &str, timeout: Duration) -> Result<Peer> {
-        self.shared.check_open()?;
-        let end = Instant::now().checked_add(timeout);
-        let stream = control::dial(addr, timeout)?;
-        let left = end.map_or(timeout, |e| e.saturating_duration_since(Instant::now()));
-        let conn = control::establish(&self.shared, stream, true, left)?;
-        Ok(Peer { conn })
+        connect_shared(&self.shared, addr, timeout)
     }
 
     /// The connected peer with this name.
@@ -585,14 +587,7 @@ impl Agent {
 
     /// Closes the connection to a peer: its pending transfers fail with [`Error::PeerLost`].
     pub fn disconnect(&self, peer: &Peer) {
-        peer.conn.send_control(&Message::Bye(format!(
-            "{} closed the connection",
-            self.name()
-        )));
-        peer.conn.lose(Failure::PeerLost {
-            reason: "disconnected by this agent".into(),
-        });
-        self.shared.remove_peer(&peer.conn);
+        self.shared.disconnect(peer);
     }
 
     // ----- notifications -----
@@ -690,6 +685,21 @@ fn resolve(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)>
             "give a non-empty range inside the buffer",
         )),
     }
+}
+
+/// Connects `shared`'s agent to the agent at `addr`, all of it (dialling and the handshake)
+/// within `timeout`; dialling gives up when the agent closes.
+pub(crate) fn connect_shared(
+    shared: &Arc<AgentShared>,
+    addr: &str,
+    timeout: Duration,
+) -> Result<Peer> {
+    shared.check_open()?;
+    let end = Instant::now().checked_add(timeout);
+    let stream = control::dial(addr, timeout, &|| shared.closing.load(Ordering::SeqCst))?;
+    let left = end.map_or(timeout, |e| e.saturating_duration_since(Instant::now()));
+    let conn = control::establish(shared, stream, true, left)?;
+    Ok(Peer { conn })
 }
 
 fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
@@ -890,6 +900,7 @@ impl AgentShared {
             }
         }
         self.peers_changed.notify_all();
+        self.peer_wakers.wake_all();
         let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
         if !retiring.iter().any(|(c, _, _)| Arc::ptr_eq(c, conn)) {
             let at = self
@@ -947,8 +958,21 @@ impl AgentShared {
         drop(gone);
     }
 
+    /// [`Agent::disconnect`].
+    pub(crate) fn disconnect(&self, peer: &Peer) {
+        peer.conn.send_control(&Message::Bye(format!(
+            "{} closed the connection",
+            self.config.name
+        )));
+        peer.conn.lose(Failure::PeerLost {
+            reason: "disconnected by this agent".into(),
+        });
+        self.remove_peer(&peer.conn);
+    }
+
     pub(crate) fn notify_peers_changed(&self) {
         self.peers_changed.notify_all();
+        self.peer_wakers.wake_all();
     }
 
     /// The connection and lane of a queue pair number.
@@ -958,9 +982,16 @@ impl AgentShared {
         Some((c.clone(), *i))
     }
 
+    /// The next notification kept for the application, if any.
+    pub(crate) fn pop_notification(&self) -> Option<Notification> {
+        let n = self.lock_notifications().pop_front()?;
+        Some(n.take())
+    }
+
     pub(crate) fn deliver(&self, n: Delivered) {
         self.lock_notifications().push_back(n);
         self.notified.notify_all();
+        self.notification_wakers.wake_all();
     }
 
     /// Runs every connection's timers when [`crate::progress::TICK`] has passed since they

@@ -28,6 +28,7 @@ use crate::lanes::{After, Lanes};
 use crate::notify::{split_recv_wr_id, Delivered, Notification};
 use crate::rail::RailStats;
 use crate::transfer::Failure;
+use crate::wakers::Wakers;
 use crate::wire::{Message, SegmentInfo};
 
 /// The core and the lanes it drives, under one lock.
@@ -46,6 +47,9 @@ pub(crate) struct Connection {
     /// (device, port) of each shared rail.
     pub(crate) rail_names: Vec<(String, u8)>,
     pub(crate) remote: RwLock<HashMap<u32, SegmentInfo>>,
+    /// The async waits for a segment of this peer, woken when its table changes or the peer
+    /// goes ([`crate::futures`]).
+    pub(crate) table_wakers: Wakers,
     /// The largest notification that can be sent to the peer (the smaller of its limit and
     /// our send slots).
     pub(crate) notify_max: u32,
@@ -105,6 +109,7 @@ impl Connection {
                 qps_per_rail,
                 rail_names: p.rail_names,
                 remote: RwLock::new(HashMap::new()),
+                table_wakers: Wakers::default(),
                 notify_max,
                 writer: Mutex::new(p.writer),
                 socket: p.socket,
@@ -214,6 +219,7 @@ impl Connection {
         c.get_or_insert(reason.clone());
         drop(c);
         self.drive(|core, _, _| core.closing(reason));
+        self.table_wakers.wake_all();
     }
 
     /// Why the peer is gone, if it is (closing or lost).
@@ -363,6 +369,7 @@ impl Connection {
         self.lost.store(true, Ordering::Release);
         self.drive(|core, io, now| core.close(now, io, failure));
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        self.table_wakers.wake_all();
     }
 
     /// Sends a control message to the peer; a failure loses the peer. Never call it with the
@@ -396,7 +403,10 @@ impl Connection {
     /// Applies a segment-table message (the handshake's; a rail renewal there is an error).
     pub(crate) fn apply_table(&self, msg: Message) -> Result<(), String> {
         let mut table = self.remote.write().unwrap_or_else(|p| p.into_inner());
-        apply_to(&mut table, msg, self.nrails)
+        let r = apply_to(&mut table, msg, self.nrails);
+        drop(table);
+        self.table_wakers.wake_all();
+        r
     }
 }
 

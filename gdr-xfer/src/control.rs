@@ -23,12 +23,15 @@ use crate::wire::{segment_messages, Hello, Message, MAX_QPS};
 const RENEW_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Opens a TCP connection to `addr`, retrying refused attempts until `timeout` (the peer may
-/// not listen yet).
-pub(crate) fn dial(addr: &str, timeout: Duration) -> Result<TcpStream> {
+/// not listen yet) or until `stop` says so ([`Error::AgentClosed`]).
+pub(crate) fn dial(addr: &str, timeout: Duration, stop: &dyn Fn() -> bool) -> Result<TcpStream> {
     // No end for a timeout past what the clock can count (`Duration::MAX`).
     let end = Instant::now().checked_add(timeout);
     let mut last = None;
     loop {
+        if stop() {
+            return Err(Error::AgentClosed);
+        }
         let addrs: Vec<_> = addr
             .to_socket_addrs()
             .map_err(|e| Error::io(format!("resolving {addr:?}"), e))?

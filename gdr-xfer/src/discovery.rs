@@ -139,69 +139,97 @@ impl Agent {
         name: &str,
         timeout: Duration,
     ) -> Result<Peer> {
-        check_publishable(name)?;
-        self.shared().check_open()?;
-        let end = Instant::now().checked_add(timeout);
-        let left = || {
-            end.map_or(Duration::MAX, |e| {
-                e.saturating_duration_since(Instant::now())
-            })
-        };
-        // The last address that did not answer, and why: a record left by an agent that died
-        // stays until its lease ends, and a restarted agent may replace it meanwhile.
-        let mut stale: Option<(String, Error)> = None;
-        let (peer, watch, addr) = loop {
-            // List and watch at one revision: nothing between the lookup and the watch is
-            // missed.
-            let (listing, watch) = dir.list_and_watch(&format!("{name}/"))?;
-            let record = listing
-                .entries
-                .iter()
-                .find(|(k, _)| *k == endpoint_key(name))
-                .map(|(_, v)| AgentRecord::decode(name, v))
-                .transpose()?;
-            if let Some(record) = record {
-                let budget = left().min(self.config().connect_timeout);
-                match self.connect_within(&record.addr, budget) {
-                    Ok(peer) => break (peer, watch, record.addr),
-                    Err(e @ (Error::Io { .. } | Error::Timeout { .. })) => {
-                        stale = Some((record.addr, e));
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            if left().is_zero() {
-                return Err(Error::UnknownPeer {
-                    name: name.to_string(),
-                    hint: match &stale {
-                        Some((addr, e)) => format!("its directory record points at {addr}, where no agent answered within {timeout:?} ({e}): a record left by an agent that died stays until its lease ends").into(),
-                        None => "is it running and published in the same etcd prefix?".into(),
-                    },
-                });
-            }
-            std::thread::sleep(left().min(Duration::from_millis(50)));
-        };
-        if peer.name() != name {
-            self.disconnect(&peer);
-            return Err(Error::protocol(
-                name,
-                format!(
-                    "the agent at {addr} says it is {:?}, the directory says {name:?}",
-                    peer.name()
-                ),
-            ));
-        }
-        let weak = Arc::downgrade(self.shared());
-        let conn = peer.conn.clone();
-        let endpoint = endpoint_key(name);
-        let segments = format!("{name}/segments/");
-        let h = std::thread::Builder::new()
-            .name(format!("xfer-watch-{name}"))
-            .spawn(move || watch_peer(weak, conn, watch, endpoint, segments))
-            .map_err(|e| Error::io("starting the directory watch thread", e))?;
-        self.shared().keep_thread(h);
-        Ok(peer)
+        connect_named(self.shared(), dir, name, timeout)
     }
+
+    /// [`Agent::connect_named`], awaited: it runs on a thread of its own (see
+    /// [`crate::futures`]).
+    ///
+    /// # Errors
+    /// As [`Agent::connect_named`].
+    pub fn connect_named_async(
+        &self,
+        dir: &Arc<EtcdDirectory>,
+        name: &str,
+        timeout: Duration,
+    ) -> crate::futures::Connecting {
+        let (shared, dir, name) = (self.shared().clone(), dir.clone(), name.to_string());
+        crate::futures::Connecting::spawn(&shared.config.name.clone(), move || {
+            connect_named(&shared, &dir, &name, timeout)
+        })
+    }
+}
+
+/// [`Agent::connect_named`] for `shared`'s agent.
+fn connect_named(
+    shared: &Arc<AgentShared>,
+    dir: &Arc<EtcdDirectory>,
+    name: &str,
+    timeout: Duration,
+) -> Result<Peer> {
+    check_publishable(name)?;
+    shared.check_open()?;
+    let end = Instant::now().checked_add(timeout);
+    let left = || {
+        end.map_or(Duration::MAX, |e| {
+            e.saturating_duration_since(Instant::now())
+        })
+    };
+    // The last address that did not answer, and why: a record left by an agent that died
+    // stays until its lease ends, and a restarted agent may replace it meanwhile.
+    let mut stale: Option<(String, Error)> = None;
+    let (peer, watch, addr) = loop {
+        // List and watch at one revision: nothing between the lookup and the watch is
+        // missed.
+        let (listing, watch) = dir.list_and_watch(&format!("{name}/"))?;
+        let record = listing
+            .entries
+            .iter()
+            .find(|(k, _)| *k == endpoint_key(name))
+            .map(|(_, v)| AgentRecord::decode(name, v))
+            .transpose()?;
+        if let Some(record) = record {
+            let budget = left().min(shared.config.connect_timeout);
+            match crate::agent::connect_shared(shared, &record.addr, budget) {
+                Ok(peer) => break (peer, watch, record.addr),
+                Err(e @ (Error::Io { .. } | Error::Timeout { .. })) => {
+                    stale = Some((record.addr, e));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if left().is_zero() {
+            let hint = match &stale {
+                Some((addr, e)) => format!("its directory record points at {addr}, where no agent answered within {timeout:?} ({e}): a record left by an agent that died stays until its lease ends").into(),
+                None => "is it running and published in the same etcd prefix?".into(),
+            };
+            return Err(Error::UnknownPeer {
+                name: name.to_string(),
+                hint,
+            });
+        }
+        std::thread::sleep(left().min(Duration::from_millis(50)));
+    };
+    if peer.name() != name {
+        shared.disconnect(&peer);
+        return Err(Error::protocol(
+            name,
+            format!(
+                "the agent at {addr} says it is {:?}, the directory says {name:?}",
+                peer.name()
+            ),
+        ));
+    }
+    let weak = Arc::downgrade(shared);
+    let conn = peer.conn.clone();
+    let endpoint = endpoint_key(name);
+    let segments = format!("{name}/segments/");
+    let h = std::thread::Builder::new()
+        .name(format!("xfer-watch-{name}"))
+        .spawn(move || watch_peer(weak, conn, watch, endpoint, segments))
+        .map_err(|e| Error::io("starting the directory watch thread", e))?;
+    shared.keep_thread(h);
+    Ok(peer)
 }
 
 impl Agent {

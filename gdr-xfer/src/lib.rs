@@ -84,7 +84,9 @@
 //! # Ok::<(), gdr_xfer::Error>(())
 //! ```
 //!
-//! A [`Transfer`] is also a [`Future`](std::future::Future): `.await` it on any executor.
+//! A [`Transfer`] is also a [`Future`](std::future::Future): `.await` it on any executor. So
+//! are the async forms of the blocking calls (connecting, waiting for a peer, a segment or a
+//! notification), and [`Agent::notifications`] is a stream: see [`futures`].
 //!
 //! ## Finding a peer through etcd (feature `etcd`)
 //!
@@ -199,6 +201,7 @@ pub mod directory;
 #[cfg(feature = "etcd")]
 mod discovery;
 pub mod error;
+pub mod futures;
 mod lanes;
 mod notify;
 mod peer;
@@ -210,6 +213,7 @@ mod shutdown;
 pub mod staged;
 pub mod staging;
 mod transfer;
+mod wakers;
 // Public for the fuzz targets and the tests that play a hostile peer; the format itself is
 // documented in `gdr_xfer_proto::wire`.
 #[doc(hidden)]

@@ -108,7 +108,7 @@ impl Peer {
         }
     }
 
-    fn check_connected(&self) -> Result<()> {
+    pub(crate) fn check_connected(&self) -> Result<()> {
         match self.conn.gone_reason() {
             Some(reason) => Err(Error::PeerLost {
                 peer: self.conn.name.clone(),

@@ -110,6 +110,9 @@ impl Agent {
         for h in shared.take_threads() {
             let _ = h.join();
         }
+        // Async waits see the agent closed.
+        shared.peer_wakers.wake_all();
+        shared.notification_wakers.wake_all();
     }
 }
 

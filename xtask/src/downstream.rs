@@ -1,6 +1,7 @@
 //! `cargo xtask downstream`: builds new crates from README.md alone, the way a user would start:
 //! for each section of [`SECTIONS`] ("## Using the library" for gdr, "## Transfers between
-//! machines: gdr-xfer" for gdr-xfer), the dependency line (the first `toml` block) and the
+//! machines: gdr-xfer" for gdr-xfer, "### gdr-xfer on tokio" for its async forms), the
+//! dependency line (the first `toml` block) and the
 //! example (the first `rust` block) become `target/downstream/<crate>/{Cargo.toml,src/main.rs}`,
 //! and the crate is compiled (not run: it needs an RDMA device and a peer).
 //!
@@ -19,6 +20,7 @@ use crate::{cargo, say, Result};
 pub const SECTIONS: &[(&str, &str)] = &[
     ("## Using the library", "hello"),
     ("## Transfers between machines: gdr-xfer", "hello-xfer"),
+    ("### gdr-xfer on tokio", "hello-xfer-tokio"),
 ];
 
 /// The first section (the tests use it).
