@@ -51,15 +51,16 @@
 //! use std::time::Duration;
 //! use gdr_xfer::{Agent, AgentConfig, BlockTable, Op, TransferOptions};
 //!
-//! // The target (prefill side, say): a pool of blocks peers may write.
-//! let target = Agent::new(AgentConfig::new("prefill-0").device("mlx5_0"))?;
+//! // The target (the decode side): a pool of KV blocks that prefill writes into.
+//! let target = Agent::new(AgentConfig::new("decode-0").device("mlx5_0"))?;
 //! let _pool = target.alloc_host(1024 * 65536, "kv-pool")?;
 //! target.listen("0.0.0.0:7100")?;
 //!
-//! // The initiator, in another process: connect, find the pool, write blocks 0..128 of the
-//! // local pool into blocks 512.. of the target's, with a notification after the data.
-//! let agent = Agent::new(AgentConfig::new("decode-0").device("mlx5_0"))?;
-//! let local = agent.alloc_host(128 * 65536, "staging")?;
+//! // The initiator (the prefill side), in another process: connect, find the pool, write
+//! // blocks 0..128 of its KV cache into blocks 512.. of the target's pool, with a notification
+//! // after the data.
+//! let agent = Agent::new(AgentConfig::new("prefill-0").device("mlx5_0"))?;
+//! let local = agent.alloc_host(128 * 65536, "kv-cache")?;
 //! let peer = agent.connect("10.0.0.1:7100")?;
 //! let pool = peer.wait_segment_named("kv-pool", Duration::from_secs(5))?;
 //! let local_blocks: Vec<u32> = (0..128).collect();
@@ -104,14 +105,14 @@
 //! let etcd = vec!["10.0.0.100:2379".to_string()];
 //! let dir = Arc::new(EtcdDirectory::connect(&etcd, DEFAULT_PREFIX, DEFAULT_TTL, Duration::from_secs(5))?);
 //!
-//! // The target publishes itself.
-//! let target = Agent::new(AgentConfig::new("prefill-0"))?;
+//! // The target (decode) publishes itself.
+//! let target = Agent::new(AgentConfig::new("decode-0"))?;
 //! let addr = target.listen("10.0.0.1:7100")?;
 //! target.publish(dir.clone(), addr)?;
 //!
-//! // A peer finds it by name (in another process, with its own directory).
-//! let agent = Agent::new(AgentConfig::new("decode-0"))?;
-//! let peer = agent.connect_named(&dir, "prefill-0", Duration::from_secs(10))?;
+//! // Prefill finds it by name (in another process, with its own directory).
+//! let agent = Agent::new(AgentConfig::new("prefill-0"))?;
+//! let peer = agent.connect_named(&dir, "decode-0", Duration::from_secs(10))?;
 //! # Ok::<(), gdr_xfer::Error>(())
 //! ```
 //!
@@ -146,7 +147,7 @@
 //! use gdr_xfer::staged::EmulatedGpu;
 //! use gdr_xfer::{Agent, AgentConfig, Desc, SegmentPath, TransferOptions};
 //!
-//! let agent = Agent::new(AgentConfig::new("decode-0").device("rxe0"))?;
+//! let agent = Agent::new(AgentConfig::new("prefill-0").device("rxe0"))?;
 //! let gpu = EmulatedGpu::new(0, 64 << 20);
 //! let kv = agent.register_emulated_gpu(&gpu, .., "kv")?;
 //! assert!(matches!(kv.path(), SegmentPath::Staged(_)));
