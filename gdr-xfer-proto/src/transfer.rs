@@ -99,7 +99,9 @@ pub struct Spec<I: Io> {
     pub op: Op,
     /// The local segments its runs name (kept until its outcome).
     pub locals: Vec<I::Local>,
-    /// The runs (non-empty), checked against both segment tables by the caller.
+    /// The runs, checked against both segment tables by the caller. Empty only for a
+    /// message: a transfer with a notification and no data, whose outcome is the
+    /// notification's delivery to the peer's NIC.
     pub runs: Vec<Run>,
     /// Remote keys, `rails` per remote segment of the runs (rail-minor).
     pub rkeys: Vec<u32>,

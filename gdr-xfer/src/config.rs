@@ -43,7 +43,9 @@ pub struct AgentConfig {
     pub max_peers: u32,
     /// Notification receive slots per peer (default 64).
     pub notify_slots: u16,
-    /// Largest notification in bytes (default 1024, at most 4096).
+    /// Largest notification (or message, [`crate::Peer::send_notification`]) this agent
+    /// receives, in bytes (default 1024, at most 64 KiB): each receive slot holds one, so a
+    /// peer takes `notify_slots` of them per rail in memory.
     pub notify_max: u32,
     /// Notifications from one peer the agent keeps for the application before it stops
     /// posting that peer's receive slots (default 1024). Past it, each further notification
@@ -215,7 +217,7 @@ impl AgentConfig {
         self
     }
 
-    /// Sets the largest notification, in bytes (at most 4096).
+    /// Sets the largest notification, in bytes (at most 64 KiB).
     pub fn notify_max(mut self, bytes: u32) -> Self {
         self.notify_max = bytes;
         self
@@ -295,7 +297,7 @@ impl AgentConfig {
                     "{} notification slots of {} bytes",
                     self.notify_slots, self.notify_max
                 ),
-                "use at least one slot of 1..=4096 bytes",
+                "use at least one slot of 1..=65536 bytes",
             );
         }
         Ok(())

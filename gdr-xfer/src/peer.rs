@@ -1,8 +1,9 @@
 //! The handle of a connected peer: its segment table, and the transfers to it.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use crate::agent::AgentShared;
 use crate::config::TransferOptions;
 use crate::connection::Connection;
 use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
@@ -217,20 +218,79 @@ impl Peer {
         })
     }
 
-    fn submit(
+    /// Sends `data` to the peer as a notification without a transfer (NIXL's `genNotif`): the
+    /// peer takes it like any other ([`crate::Agent::wait_notification`],
+    /// [`crate::Agent::notifications`]), once. The returned transfer is done once the peer's
+    /// NIC took the message; `opts`' timeout applies while it waits for a send slot. Messages
+    /// travel like notifications, on the first rail with a free send slot: over several rails
+    /// two of them may arrive in either order.
+    ///
+    /// Messages are sized by the receiver: at most the smaller of its
+    /// [`AgentConfig::notify_max`](crate::AgentConfig::notify_max) and this agent's (up to
+    /// 64 KiB), and held back by its receive slots, as notifications are (a receiver that does
+    /// not take them makes the sender's NIC retry, not the receiver's memory grow).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty message, one longer than the peer takes, or
+    /// `opts` with a notification of its own; [`Error::PeerLost`], [`Error::AgentClosed`].
+    pub fn send_notification(
         &self,
-        op: Op,
+        data: impl Into<Vec<u8>>,
         opts: &TransferOptions,
-        capacity: usize,
-        plan: impl FnOnce(&mut Planner<'_>) -> Result<()>,
     ) -> Result<Transfer> {
         let started = Instant::now();
+        let data = data.into();
+        if data.is_empty() || opts.notify.is_some() {
+            return Err(Error::invalid(
+                format!(
+                    "a message of {} bytes{}",
+                    data.len(),
+                    if opts.notify.is_some() {
+                        " with a notification of its own"
+                    } else {
+                        ""
+                    }
+                ),
+                "send at least one byte, and leave TransferOptions::notify unset: the message is the notification",
+            ));
+        }
+        let (agent, pending) = self.begin(Some(&data))?;
+        let timeout = opts.timeout.unwrap_or(agent.config.default_timeout);
+        let cell = Arc::new(TransferCell::new(
+            Op::Write,
+            self.conn.name.clone(),
+            0,
+            0,
+            timeout,
+        ));
+        cell.set_message();
+        cell.set_pending(pending);
+        let spec = Spec {
+            op: Op::Write,
+            locals: Vec::new(),
+            runs: Vec::new(),
+            rkeys: Vec::new(),
+            timeout: Some(timeout),
+            notify: Some(data),
+            rail_mask: u32::MAX,
+            handle: cell.clone(),
+        };
+        let key = self.conn.submit(spec).map_err(|f| cell.error(&f))?;
+        cell.set_stopper(Stopper::Core(Arc::downgrade(&self.conn), key));
+        cell.set_times(Duration::ZERO, started.elapsed());
+        Ok(Transfer { cell })
+    }
+
+    /// What every submission checks first: the agent open, the peer connected, the
+    /// notification within what the peer takes. Returns the agent and the transfer counted as
+    /// pending in it.
+    fn begin(&self, notify: Option<&[u8]>) -> Result<(Arc<AgentShared>, Pending)> {
         let agent = self.conn.agent.upgrade().ok_or(Error::AgentClosed)?;
         // Counted before the check, so that a shutdown either sees this transfer or refuses it.
         let pending = Pending::new(&agent.pending);
         agent.check_open()?;
         self.check_connected()?;
-        if let Some(n) = &opts.notify {
+        if let Some(n) = notify {
             if n.len() > self.conn.notify_max as usize {
                 return Err(Error::invalid(
                     format!(
@@ -239,10 +299,22 @@ impl Peer {
                         self.conn.notify_max,
                         self.conn.name
                     ),
-                    "send a short key and keep the payload in a segment",
+                    "send a short key and keep the payload in a segment, or raise notify_max on both agents (up to 64 KiB)",
                 ));
             }
         }
+        Ok((agent, pending))
+    }
+
+    fn submit(
+        &self,
+        op: Op,
+        opts: &TransferOptions,
+        capacity: usize,
+        plan: impl FnOnce(&mut Planner<'_>) -> Result<()>,
+    ) -> Result<Transfer> {
+        let started = Instant::now();
+        let (agent, pending) = self.begin(opts.notify.as_deref())?;
         let plan = {
             let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
             let mut planner = Planner::new(

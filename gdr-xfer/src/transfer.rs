@@ -130,6 +130,8 @@ pub(crate) struct TransferCell {
     pub(crate) timeout: Duration,
     pub(crate) started: Instant,
     pub(crate) deadline: Option<Instant>,
+    /// A message ([`crate::Peer::send_notification`]): a notification without data.
+    message: std::sync::atomic::AtomicBool,
     state: Mutex<CellState>,
     cond: Condvar,
 }
@@ -151,6 +153,7 @@ impl TransferCell {
             timeout,
             started,
             deadline: started.checked_add(timeout),
+            message: std::sync::atomic::AtomicBool::new(false),
             state: Mutex::new(CellState {
                 outcome: None,
                 waker: None,
@@ -170,6 +173,23 @@ impl TransferCell {
     /// Records how it can be stopped.
     pub(crate) fn set_stopper(&self, s: Stopper) {
         self.lock().stopper = s;
+    }
+
+    /// Marks it as a message (for the errors' wording).
+    pub(crate) fn set_message(&self) {
+        self.message.store(true, Ordering::Relaxed);
+    }
+
+    /// What it is, for errors: `Write transfer of 4096 bytes to decode-0`, `message to decode-0`.
+    fn describe(&self) -> String {
+        if self.message.load(Ordering::Relaxed) {
+            format!("message to {}", self.peer)
+        } else {
+            format!(
+                "{:?} transfer of {} bytes to {}",
+                self.op, self.bytes, self.peer
+            )
+        }
     }
 
     /// Counts the transfer as pending until its outcome (at once uncounted if it has one).
@@ -233,7 +253,7 @@ impl TransferCell {
         let peer = self.peer.clone();
         match f {
             Failure::Timeout { after } => Error::Timeout {
-                what: format!("{:?} transfer of {} bytes to {}", self.op, self.bytes, self.peer),
+                what: self.describe(),
                 after: *after,
                 hint: Hint::new(
                     "is the peer alive and its link up? raise the transfer's timeout for large transfers",

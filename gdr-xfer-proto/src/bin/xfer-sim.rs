@@ -76,8 +76,8 @@ fn main() -> ExitCode {
         ran as f64 / secs.max(1e-9)
     );
     println!(
-        "transfers: {} submitted ({} staged), {} refused, {} done, failed {:?}; notifications {}; DMAs checked {}",
-        total.submitted, total.staged, total.refused, total.done, total.failed, total.notifications, total.dmas
+        "transfers: {} submitted ({} staged, {} messages), {} refused, {} done, failed {:?}; notifications {}; DMAs checked {}",
+        total.submitted, total.staged, total.messages, total.refused, total.done, total.failed, total.notifications, total.dmas
     );
     println!(
         "faults: {} stalls, {} lane faults, {} link cuts, {} kills, {} deregistrations; fences {}, renewals {}, rail pauses {}; events {}, virtual time {:.1} s",

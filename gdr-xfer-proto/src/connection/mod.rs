@@ -273,8 +273,11 @@ impl<I: Io> Connection<I> {
     /// # Errors
     /// [`Failure::PeerLost`] when the connection is closing or closed, [`Failure::NoRail`]
     /// when no rail is usable, [`Failure::Rejected`] for a transfer that names segments or keys
-    /// it does not have, an empty run, or a notification longer than [`Config::notify_max`];
-    /// nothing is kept then.
+    /// it does not have, an empty run, no run and no notification, or a notification longer
+    /// than [`Config::notify_max`]; nothing is kept then.
+    ///
+    /// A transfer with a notification and no runs is a *message*: only the notification is
+    /// sent, and its outcome is `Ok` once the peer's NIC took it.
     pub fn submit(
         &mut self,
         now: Instant,
@@ -282,8 +285,8 @@ impl<I: Io> Connection<I> {
         spec: Spec<I>,
     ) -> Result<TransferKey, Failure> {
         let rejected = |detail: String| Err(Failure::Rejected { detail });
-        if spec.runs.is_empty() {
-            return rejected("a transfer without runs".into());
+        if spec.runs.is_empty() && spec.notify.is_none() {
+            return rejected("a transfer without runs and without a notification".into());
         }
         if let Some(n) = &spec.notify {
             if n.len() as u64 > u64::from(self.cfg.notify_max) {
@@ -315,12 +318,16 @@ impl<I: Io> Connection<I> {
             };
         }
         let locals = spec.locals.len() as u64;
-        if min_len == 0 || u64::from(max_local) >= locals {
+        if min_len == 0 || (!spec.runs.is_empty() && u64::from(max_local) >= locals) {
             return rejected(format!(
                 "a run of {min_len} bytes, or of local segment {max_local} ({locals} given)"
             ));
         }
-        let remotes = u64::from(max_remote) + 1;
+        let remotes = if spec.runs.is_empty() {
+            0
+        } else {
+            u64::from(max_remote) + 1
+        };
         if (spec.rkeys.len() as u64) < remotes * self.cfg.rails as u64 {
             return rejected(format!(
                 "{} remote keys for {remotes} remote segments on {} rails",
@@ -373,11 +380,20 @@ impl<I: Io> Connection<I> {
             retried_slices: 0,
             posted_at: None,
         };
+        let message = t.runs.is_empty();
         let key = self.transfers.insert(t);
         if let Some(d) = deadline {
             self.deadlines.insert((d, key));
         }
-        self.pending.push_back(key);
+        if message {
+            // Nothing to post but the notification: it is due at once.
+            if let Some(t) = self.transfers.get_mut(key) {
+                t.queued = false;
+            }
+            self.notify_due.push_back(key);
+        } else {
+            self.pending.push_back(key);
+        }
         self.pump(now, io);
         Ok(key)
     }

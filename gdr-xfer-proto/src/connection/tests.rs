@@ -829,3 +829,56 @@ fn closing_the_connection_destroys_its_queue_pairs_and_ends_every_transfer() {
     t.complete(2, lane(0, 0), 1, Status::LaneError);
     assert_eq!(t.io.finished.len(), 2);
 }
+
+#[test]
+fn a_message_is_a_notification_without_data_held_back_by_the_send_slots() {
+    let mut t = T::new(cfg(2, 1));
+    let message = |t: &mut T, ms: u64, handle: u32, timeout_ms: u64, body: &[u8]| {
+        let spec = Spec::<Mock> {
+            op: Op::Write,
+            locals: vec![],
+            runs: vec![],
+            rkeys: vec![],
+            timeout: Some(Duration::from_millis(timeout_ms)),
+            notify: Some(body.to_vec()),
+            rail_mask: u32::MAX,
+            handle,
+        };
+        let now = t.at(ms);
+        t.c.submit(now, &mut t.io, spec)
+    };
+    // Sent at once, nothing else posted; done once the peer's NIC took it.
+    message(&mut t, 0, 1, 1000, b"want 7").unwrap();
+    assert!(t.io.posts.is_empty());
+    let (l, wr, h, data) = t.io.messages.pop().unwrap();
+    assert_eq!((h.flags, data.as_slice()), (0, &b"want 7"[..]));
+    assert!(t.io.outcome(1).is_none());
+    t.complete(1, l, wr, Status::Success);
+    assert_eq!(t.io.outcome(1), Some(&Ok(())));
+    // Two send slots per rail, two rails: the fifth message waits for a slot, and its
+    // deadline passes first: it fails without ever being sent.
+    for h in 2..6 {
+        message(&mut t, 2, h, 1000, b"m").unwrap();
+    }
+    message(&mut t, 2, 6, 10, b"late").unwrap();
+    assert_eq!(t.io.messages.len(), 4, "one per send slot");
+    t.tick(20);
+    assert!(matches!(
+        t.io.outcome(6),
+        Some(Err(Failure::Timeout { .. }))
+    ));
+    t.complete_all(21);
+    for h in 2..6 {
+        assert_eq!(t.io.outcome(h), Some(&Ok(())), "message {h}");
+    }
+    assert!(
+        t.io.messages.iter().all(|m| m.3 != b"late"),
+        "a message past its deadline is never sent"
+    );
+    // Too long for the peer: refused, nothing kept.
+    assert!(matches!(
+        message(&mut t, 30, 7, 1000, &[0; 17]),
+        Err(Failure::Rejected { .. })
+    ));
+    assert_eq!(t.c.transfers(), 0);
+}

@@ -89,6 +89,8 @@ pub struct Report {
     pub dmas: u64,
     /// Staged transfers (through simulated bounce buffers).
     pub staged: u64,
+    /// Messages (a notification without data).
+    pub messages: u64,
 }
 
 impl Report {
@@ -113,6 +115,7 @@ impl Report {
         self.deregistrations += o.deregistrations;
         self.dmas += o.dmas;
         self.staged += o.staged;
+        self.messages += o.messages;
     }
 }
 

@@ -793,7 +793,9 @@ impl World {
             None
         };
         let max_grains = (3 * self.p.cfg.slice_size as usize / GRAIN).max(1);
-        let nruns = 1 + self.rng.index(3);
+        // Some are messages: a notification without data.
+        let message = misuse != Some(Misuse::ForeignLocal) && self.rng.percent(5);
+        let nruns = if message { 0 } else { 1 + self.rng.index(3) };
         let x = self.net.borrow().xfers.list.len();
         let mut runs = Vec::new();
         let mut locals: Vec<SimLocal> = Vec::new();
@@ -866,17 +868,18 @@ impl World {
             self.us(50, 8000)
         };
         let cancel = self.rng.percent(8);
-        let notify = (self.rng.percent(50) || misuse == Some(Misuse::LongNotify)).then(|| {
-            let max = self.p.cfg.notify_max as usize;
-            let len = if misuse == Some(Misuse::LongNotify) {
-                max + 1 + self.rng.index(16)
-            } else {
-                8 + self.rng.index(max - 7)
-            };
-            let mut d = vec![0xabu8; len];
-            d[..8].copy_from_slice(&(x as u64).to_be_bytes());
-            d
-        });
+        let notify =
+            (message || self.rng.percent(50) || misuse == Some(Misuse::LongNotify)).then(|| {
+                let max = self.p.cfg.notify_max as usize;
+                let len = if misuse == Some(Misuse::LongNotify) {
+                    max + 1 + self.rng.index(16)
+                } else {
+                    8 + self.rng.index(max - 7)
+                };
+                let mut d = vec![0xabu8; len];
+                d[..8].copy_from_slice(&(x as u64).to_be_bytes());
+                d
+            });
         let epochs: Vec<u32> = {
             let net = self.net.borrow();
             remote_segs
@@ -912,7 +915,7 @@ impl World {
             let Net { xfers, mem, .. } = &mut *net;
             xfers.fill_source(x, mem);
         }
-        if runs.is_empty() {
+        if runs.is_empty() && notify.is_none() {
             self.net.borrow_mut().xfers.refused(x);
             return;
         }
@@ -927,6 +930,9 @@ impl World {
             handle: x,
         };
         self.report.submitted += 1;
+        if spec.runs.is_empty() {
+            self.report.messages += 1;
+        }
         self.log(|| {
             format!("submit {x}: {agent}->{peer} {op:?} misuse {misuse:?} timeout {timeout:?}")
         });

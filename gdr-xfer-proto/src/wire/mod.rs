@@ -58,7 +58,7 @@ pub const MAX_NAME: usize = 64;
 /// Most queue pairs per peer.
 pub const MAX_QPS: usize = 16;
 /// Largest notification, in bytes.
-pub const MAX_NOTIFY: u32 = 4096;
+pub const MAX_NOTIFY: u32 = 64 * 1024;
 /// Most segment entries (or removed ids) in one message; longer tables take several messages.
 pub const MAX_SEGMENTS_PER_MESSAGE: usize = 1024;
 /// Longest reason in a bye message, in bytes.
