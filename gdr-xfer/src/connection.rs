@@ -298,15 +298,7 @@ impl Connection {
 
     /// Handles a send-queue completion of lane `lane`.
     pub(crate) fn on_send_completion(&self, lane: LaneRef, c: &Completion) {
-        let status = match c.status {
-            WcStatus::Success => Status::Success,
-            WcStatus::RemoteAccess
-            | WcStatus::LocalProtection
-            | WcStatus::LocalLength
-            | WcStatus::LocalAccess
-            | WcStatus::RemoteInvalidRequest => Status::RequestError,
-            _ => Status::LaneError,
-        };
+        let status = core_status(c.status);
         if status != Status::Success && !self.is_lost() {
             log::warn!(
                 "peer {}: request {} on QP {:#x} (lane {}) completed with {} (vendor error {:#x})",
@@ -410,6 +402,24 @@ impl Connection {
     }
 }
 
+/// What a send completion's status means to the core.
+fn core_status(status: WcStatus) -> Status {
+    match status {
+        WcStatus::Success => Status::Success,
+        // The request's own fault: posted elsewhere it would fail the same way.
+        WcStatus::RemoteAccess
+        | WcStatus::LocalProtection
+        | WcStatus::LocalLength
+        | WcStatus::LocalAccess => Status::RequestError,
+        // Everything else is the path's or the queue pairs'. That includes a remote
+        // invalid request: every request is checked against both segment tables before it
+        // is posted, and a responder whose queue pair the peer is tearing down (a fence or
+        // a renewal of its own) NAKs our requests still in flight with it (seen on rxe in
+        // the cluster tier): the rail fails over and they are posted again.
+        _ => Status::LaneError,
+    }
+}
+
 /// Most segments a peer may announce: a hostile peer cannot grow our table without bound.
 pub(crate) const MAX_REMOTE_SEGMENTS: usize = 1 << 20;
 
@@ -467,6 +477,29 @@ pub(crate) fn apply_to(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_requests_own_faults_fail_its_transfer_the_rest_fails_the_rail_over() {
+        for s in [
+            WcStatus::RemoteAccess,
+            WcStatus::LocalProtection,
+            WcStatus::LocalLength,
+            WcStatus::LocalAccess,
+        ] {
+            assert_eq!(core_status(s), Status::RequestError, "{s:?}");
+        }
+        // A peer tearing its queue pair down (its own fence) NAKs what is in flight with
+        // "remote invalid request" (rxe, cluster tier): not the request's fault.
+        for s in [
+            WcStatus::RemoteInvalidRequest,
+            WcStatus::RetryExceeded,
+            WcStatus::WrFlush,
+            WcStatus::RnrRetryExceeded,
+        ] {
+            assert_eq!(core_status(s), Status::LaneError, "{s:?}");
+        }
+        assert_eq!(core_status(WcStatus::Success), Status::Success);
+    }
     use gdr_xfer_proto::Location;
 
     fn seg(id: u32) -> SegmentInfo {
