@@ -107,6 +107,29 @@ pub enum Error {
         len: u64,
     },
 
+    /// A block of a pool ([`crate::PoolTable`]), or of a [`crate::BlockTable`] whose base
+    /// leaves no whole block in its segment, does not lie inside the segment; nothing was
+    /// posted.
+    #[error("pool {pool}: {side} block {block} ({block_len} bytes at {offset}) lies outside segment {segment} ({segment_len} bytes){hint}")]
+    BlockOutOfSegment {
+        /// The pool's position in its table (0 for a block table).
+        pool: usize,
+        /// `"local"` or `"remote"`.
+        side: &'static str,
+        /// The largest block index of that side.
+        block: u64,
+        /// The segment's id.
+        segment: u32,
+        /// Where that block starts in the segment (saturated on overflow).
+        offset: u64,
+        /// Bytes per block.
+        block_len: u64,
+        /// The segment's length.
+        segment_len: u64,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// No peer of that name is known (not connected, or not found in the directory).
     #[error("no peer named {name:?}{hint}")]
     UnknownPeer {

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use gdr_xfer_proto::Spec;
 
 use crate::plan::Planner;
+use crate::pools::PoolTable;
 use crate::staged::driver::Job;
 use crate::transfer::{Pending, Stopper, Transfer, TransferCell};
 use crate::wire::SegmentInfo;
@@ -189,7 +190,8 @@ impl Peer {
     /// block).
     ///
     /// # Errors
-    /// As [`Peer::write`], and [`Error::IndexOutOfRange`] for a block outside its segment.
+    /// As [`Peer::write`], and [`Error::IndexOutOfRange`] for a block outside its segment
+    /// ([`Error::BlockOutOfSegment`] when the table's base leaves no whole block).
     pub fn transfer_blocks(
         &self,
         op: Op,
@@ -197,6 +199,28 @@ impl Peer {
         opts: &TransferOptions,
     ) -> Result<Transfer> {
         self.submit(op, opts, table.local_blocks.len(), |p| p.blocks(table))
+    }
+
+    /// Moves the same blocks in every pool of a layer-aware table (layers x {K, V} of a KV
+    /// cache) in direction `op`: one call, one transfer, and one outcome for all of its
+    /// blocks. Runs continuing on both sides are merged, as for a block table.
+    ///
+    /// The outcome is the transfer's: when it fails, any of its blocks may or may not have
+    /// landed, so a caller reporting blocks that failed to load (vLLM's
+    /// `get_block_ids_with_load_errors`) reports all of them.
+    ///
+    /// # Errors
+    /// As [`Peer::write`], [`Error::BlockOutOfSegment`] for a block outside its pool's segment
+    /// (naming the pool), [`Error::InvalidArgument`] for index arrays of different lengths, a
+    /// zero block length, strides shorter than a block, or no pool.
+    pub fn transfer_pools(
+        &self,
+        op: Op,
+        table: &PoolTable<'_>,
+        opts: &TransferOptions,
+    ) -> Result<Transfer> {
+        let capacity = usize::try_from(table.blocks()).unwrap_or(usize::MAX);
+        self.submit(op, opts, capacity.min(1 << 24), |p| p.pools(table))
     }
 
     /// Moves entries `local_idx[i]` of a prepared local list to or from entries `remote_idx[i]`

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::descriptor::{check_local, BlockTable, Desc, LocalList, RemoteList};
 use crate::error::{Error, Result};
+use crate::pools::PoolTable;
 use gdr_xfer_proto::Run;
 
 use crate::segment::SegmentInner;
@@ -19,6 +20,24 @@ pub(crate) struct Plan {
     pub(crate) runs: Vec<Run>,
     pub(crate) descriptors: u64,
 }
+
+/// Where a list of blocks lies on each side: the plan's local and remote segment indexes,
+/// the offset (local) and address (remote) of block 0, the strides, the bytes per block.
+struct Sides {
+    local: u32,
+    remote: u32,
+    local_base: u64,
+    remote_base: u64,
+    local_stride: u64,
+    remote_stride: u64,
+    len: u64,
+    /// How many blocks fit on each side: an index at or past it is out of range.
+    local_fit: u64,
+    remote_fit: u64,
+}
+
+const LOCAL_BLOCKS: &str = "local blocks";
+const REMOTE_BLOCKS: &str = "remote blocks";
 
 /// Builds a plan: distinct local segments by identity, runs merged as they are pushed.
 pub(crate) struct Planner<'t> {
@@ -191,50 +210,154 @@ impl<'t> Planner<'t> {
         let (addr, seg_len, remote) = self.remote(t.remote)?;
         let remote_blocks = seg_len.saturating_sub(t.remote_base) / t.block_len;
         let l = self.local(0, &t.local.inner)?;
-        self.runs.reserve(t.local_blocks.len());
+        // A base that leaves no whole block: said so, not as "index 1 of 0".
+        let first = t.local_blocks.first().zip(t.remote_blocks.first());
+        if let Some((&lb, &rb)) = first.filter(|_| local_blocks == 0 || remote_blocks == 0) {
+            let local = local_blocks == 0;
+            let (block, base, segment, segment_len) = if local {
+                (lb, t.local_base, t.local.id(), t.local.len())
+            } else {
+                (rb, t.remote_base, t.remote, seg_len)
+            };
+            return Err(Error::BlockOutOfSegment {
+                pool: 0,
+                side: if local { "local" } else { "remote" },
+                block: u64::from(block),
+                segment,
+                offset: u64::from(block)
+                    .saturating_mul(t.block_len)
+                    .saturating_add(base),
+                block_len: t.block_len,
+                segment_len,
+                hint: "the table's base leaves no whole block in the segment: check local_base, remote_base and block_len".into(),
+            });
+        }
         // Wrapping: a base past the segment (a caller's u64::MAX) would overflow here, and it
         // is used only for blocks in range, where `addr + base` lies inside the segment (whose
         // end does not overflow: the wire format refuses such tables).
-        let (len, local_base, remote_base) =
-            (t.block_len, t.local_base, addr.wrapping_add(t.remote_base));
-        // The run being extended, kept out of the vector while the blocks continue it (the same
-        // merge rule as `push`: a block continuing it on both sides extends it). It starts as
-        // the last run of earlier descriptors when that one is of the same segment pair.
+        let sides = Sides {
+            local: l,
+            remote,
+            local_base: t.local_base,
+            remote_base: addr.wrapping_add(t.remote_base),
+            local_stride: t.block_len,
+            remote_stride: t.block_len,
+            len: t.block_len,
+            local_fit: local_blocks,
+            remote_fit: remote_blocks,
+        };
+        self.push_blocks(&sides, t.local_blocks, t.remote_blocks)
+            .map_err(|(list, index, len)| Error::IndexOutOfRange { list, index, len })
+    }
+
+    /// Adds a layer-aware table: the same blocks in every pool.
+    pub(crate) fn pools(&mut self, t: &PoolTable<'_>) -> Result<()> {
+        if t.local_blocks.len() != t.remote_blocks.len() {
+            return Err(Error::invalid(
+                format!(
+                    "pool table: {} local blocks but {} remote blocks",
+                    t.local_blocks.len(),
+                    t.remote_blocks.len()
+                ),
+                "give one remote block per local block",
+            ));
+        }
+        if t.block_len == 0 || t.local_stride < t.block_len || t.remote_stride < t.block_len {
+            return Err(Error::invalid(
+                format!(
+                    "pool table: blocks of {} bytes, strides {} (local) and {} (remote)",
+                    t.block_len, t.local_stride, t.remote_stride
+                ),
+                "use a non-zero block length and strides of at least the block length",
+            ));
+        }
+        // How many blocks of a pool at `base` fit in a segment of `seg_len` bytes.
+        let fit = |base: u64, stride: u64, seg_len: u64| match seg_len
+            .checked_sub(base)
+            .and_then(|room| room.checked_sub(t.block_len))
+        {
+            Some(room) => room / stride + 1,
+            None => 0,
+        };
+        for (p, pool) in t.pools.iter().enumerate() {
+            let l = self.local(p, &pool.local.inner)?;
+            let (addr, seg_len, remote) = self.remote(pool.remote)?;
+            let (local_len, local_id) = (pool.local.len(), pool.local.id());
+            let sides = Sides {
+                local: l,
+                remote,
+                local_base: pool.local_base,
+                // In range only when some block fits, and then it lies inside the segment.
+                remote_base: addr.wrapping_add(pool.remote_base),
+                local_stride: t.local_stride,
+                remote_stride: t.remote_stride,
+                len: t.block_len,
+                local_fit: fit(pool.local_base, t.local_stride, local_len),
+                remote_fit: fit(pool.remote_base, t.remote_stride, seg_len),
+            };
+            self.push_blocks(&sides, t.local_blocks, t.remote_blocks)
+                .map_err(|(list, block, _)| {
+                    let local = list == LOCAL_BLOCKS;
+                    let (base, stride, segment, segment_len) = if local {
+                        (pool.local_base, t.local_stride, local_id, local_len)
+                    } else {
+                        (pool.remote_base, t.remote_stride, pool.remote, seg_len)
+                    };
+                    Error::BlockOutOfSegment {
+                        pool: p,
+                        side: if local { "local" } else { "remote" },
+                        block,
+                        segment,
+                        offset: block.saturating_mul(stride).saturating_add(base),
+                        block_len: t.block_len,
+                        segment_len,
+                        hint: "check the pool's base, the strides and the block indices against the segments (Peer::segment for the peer's)".into(),
+                    }
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Appends blocks, each checked against the blocks that fit on each side, merging those
+    /// that continue the run before them on both sides (the rule of [`Planner::push`]). A block
+    /// out of range is `Err((list, index, blocks that fit))`.
+    fn push_blocks(
+        &mut self,
+        s: &Sides,
+        local_blocks: &[u32],
+        remote_blocks: &[u32],
+    ) -> std::result::Result<(), (&'static str, u64, u64)> {
+        self.runs.reserve(local_blocks.len());
+        // The run being extended, kept out of the vector while the blocks continue it. It
+        // starts as the last run of earlier descriptors when that one is of the same segment
+        // pair.
         let mut cur = match self.runs.last() {
-            Some(last) if last.local == l && last.remote == remote => self.runs.pop(),
+            Some(last) if last.local == s.local && last.remote == s.remote => self.runs.pop(),
             _ => None,
         };
-        for (&lb, &rb) in t.local_blocks.iter().zip(t.remote_blocks) {
-            if u64::from(lb) >= local_blocks {
-                return Err(Error::IndexOutOfRange {
-                    list: "local blocks",
-                    index: u64::from(lb),
-                    len: local_blocks,
-                });
+        for (&lb, &rb) in local_blocks.iter().zip(remote_blocks) {
+            if u64::from(lb) >= s.local_fit {
+                return Err((LOCAL_BLOCKS, u64::from(lb), s.local_fit));
             }
-            if u64::from(rb) >= remote_blocks {
-                return Err(Error::IndexOutOfRange {
-                    list: "remote blocks",
-                    index: u64::from(rb),
-                    len: remote_blocks,
-                });
+            if u64::from(rb) >= s.remote_fit {
+                return Err((REMOTE_BLOCKS, u64::from(rb), s.remote_fit));
             }
-            // In range, so neither product overflows: both are below the segment lengths.
-            let local_offset = local_base + u64::from(lb) * len;
-            let remote_addr = remote_base + u64::from(rb) * len;
+            // In range, so neither sum overflows: both lie below the segments' ends.
+            let local_offset = s.local_base + u64::from(lb) * s.local_stride;
+            let remote_addr = s.remote_base + u64::from(rb) * s.remote_stride;
             let next = Run {
-                local: l,
+                local: s.local,
                 local_offset,
                 remote_addr,
-                remote,
-                len,
+                remote: s.remote,
+                len: s.len,
             };
             match &mut cur {
                 Some(c)
                     if c.local_offset + c.len == local_offset
                         && c.remote_addr + c.len == remote_addr =>
                 {
-                    c.len += len;
+                    c.len += s.len;
                 }
                 Some(c) => self.runs.push(std::mem::replace(c, next)),
                 None => cur = Some(next),
@@ -243,7 +366,7 @@ impl<'t> Planner<'t> {
         if let Some(c) = cur {
             self.runs.push(c);
         }
-        self.descriptors += t.local_blocks.len() as u64;
+        self.descriptors += local_blocks.len() as u64;
         Ok(())
     }
 
@@ -335,6 +458,7 @@ mod tests {
     use super::Planner;
     use crate::descriptor::{BlockTable, Desc};
     use crate::error::Error;
+    use crate::pools::PoolTable;
     use crate::segment::{Backing, Segment};
     use crate::staged::{EmulatedGpu, StagedDevice, StagedMemory};
     use crate::wire::SegmentInfo;
@@ -444,18 +568,108 @@ mod tests {
                 local_blocks: &lb,
                 remote_blocks: &rb,
             });
+            // Said as a block outside the segment, not as "index 0 of 0".
             assert!(
                 matches!(
                     r,
-                    Err(Error::IndexOutOfRange {
-                        index: 0,
-                        len: 0,
+                    Err(Error::BlockOutOfSegment {
+                        pool: 0,
+                        block: 0,
                         ..
                     })
                 ),
                 "({len}, {lbase}, {rbase}): {r:?}"
             );
+            assert!(p.runs.is_empty());
         }
+    }
+
+    #[test]
+    fn every_pool_moves_the_same_blocks_merged_where_both_sides_continue() {
+        // 4 pools (2 layers x K, V) of 16 blocks of 256 bytes, 4 KiB apart locally; remote
+        // pools 8 KiB apart, blocks with 512-byte strides (padding between blocks).
+        let seg = local(1 << 20);
+        let t = table();
+        let (lb, rb) = ([0u32, 1, 2, 7], [3u32, 4, 9, 10]);
+        let mut table = PoolTable::new(256, &lb, &rb).strides(256, 512);
+        for p in 0..4u64 {
+            table = table.pool(&seg, p * 4096, 7, p * 8192);
+        }
+        assert_eq!((table.pools(), table.blocks()), (4, 16));
+        let mut p = Planner::new("peer", &t, 2, 0, 1);
+        p.pools(&table).unwrap();
+        let base = 0x10_0000;
+        let mut want = Vec::new();
+        for pool in 0..4u64 {
+            let (l, r) = (pool * 4096, base + pool * 8192);
+            // Remote strides are 512: no two blocks continue on the remote side.
+            want.push((l, r + 3 * 512, 256));
+            want.push((l + 256, r + 4 * 512, 256));
+            want.push((l + 512, r + 9 * 512, 256));
+            want.push((l + 7 * 256, r + 10 * 512, 256));
+        }
+        assert_eq!(runs(&p), want);
+        assert_eq!(p.descriptors, 16);
+        // Consecutive on both sides: one run per pool.
+        let (lb, rb) = ([4u32, 5, 6], [0u32, 1, 2]);
+        let mut table = PoolTable::new(256, &lb, &rb);
+        for p in 0..2u64 {
+            table = table.pool(&seg, p * 4096, 7, p * 4096);
+        }
+        let mut p = Planner::new("peer", &t, 2, 0, 1);
+        p.pools(&table).unwrap();
+        assert_eq!(
+            runs(&p),
+            vec![(1024, base, 768), (4096 + 1024, base + 4096, 768)]
+        );
+    }
+
+    #[test]
+    fn a_block_outside_a_pool_names_the_pool_and_bad_tables_are_refused() {
+        let seg = local(64 << 10);
+        let t = table();
+        let (lb, rb) = ([0u32, 15], [0u32, 1]);
+        // Pool 2's local base leaves room for 8 blocks only: block 15 is outside.
+        let table = PoolTable::new(1024, &lb, &rb)
+            .pool(&seg, 0, 7, 0)
+            .pool(&seg, 16 << 10, 7, 0)
+            .pool(&seg, 56 << 10, 7, 0);
+        let mut p = Planner::new("peer", &t, 1, 0, 1);
+        match p.pools(&table) {
+            Err(Error::BlockOutOfSegment {
+                pool: 2,
+                side: "local",
+                block: 15,
+                offset,
+                ..
+            }) => assert_eq!(offset, (56 << 10) + 15 * 1024),
+            other => panic!("{other:?}"),
+        }
+        // A remote base past the peer's segment, strides shorter than a block, uneven
+        // arrays, a zero block length: refused.
+        let mut p = Planner::new("peer", &t, 1, 0, 1);
+        let far = PoolTable::new(1024, &lb, &rb).pool(&seg, 0, 7, u64::MAX);
+        assert!(matches!(
+            p.pools(&far),
+            Err(Error::BlockOutOfSegment { side: "remote", .. })
+        ));
+        for bad in [
+            PoolTable::new(1024, &lb, &rb)
+                .strides(512, 1024)
+                .pool(&seg, 0, 7, 0),
+            PoolTable::new(1024, &lb, &rb[..1]).pool(&seg, 0, 7, 0),
+            PoolTable::new(0, &lb, &rb).pool(&seg, 0, 7, 0),
+        ] {
+            let mut p = Planner::new("peer", &t, 1, 0, 1);
+            assert!(
+                matches!(p.pools(&bad), Err(Error::InvalidArgument { .. })),
+                "{bad:?}"
+            );
+        }
+        // No pool: nothing to move.
+        let mut p = Planner::new("peer", &t, 1, 0, 1);
+        p.pools(&PoolTable::new(1024, &lb, &rb)).unwrap();
+        assert!(matches!(p.finish(), Err(Error::InvalidArgument { .. })));
     }
 
     #[test]

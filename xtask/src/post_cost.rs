@@ -17,6 +17,11 @@ pub struct PostCostOpts {
     /// Llama-70B at TP8 through vLLM's NIXL connector).
     #[arg(long, default_value = "100000,18880")]
     pub blocks: String,
+    /// Measure the layer-aware form instead (`Peer::transfer_pools`): each count's blocks
+    /// spread over this many pools (64: 32 layers x K and V; `--blocks 128000 --pools 64` is
+    /// 2,000 blocks per pool).
+    #[arg(long, default_value_t = 1)]
+    pub pools: u64,
 }
 
 /// Callgrind's toggles: the submission and wait, the progress thread's completion handling
@@ -43,10 +48,11 @@ pub fn post_cost(opts: &PostCostOpts) -> Result<i32> {
         })
         .collect::<Result<_>>()?;
     let bin = shell_quote(&exe.executable.to_string_lossy());
+    let pools = opts.pools.max(1);
     let mut script = String::from("cd /tmp\n");
     for n in &counts {
         script.push_str(&format!(
-            "XFER_BLOCKS={n} valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.{n} {TOGGLES} {bin} > /tmp/run.{n} 2>&1 || {{ cat /tmp/run.{n}; exit 1; }}\n\
+            "XFER_POOLS={pools} XFER_BLOCKS={n} valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.{n} {TOGGLES} {bin} > /tmp/run.{n} 2>&1 || {{ cat /tmp/run.{n}; exit 1; }}\n\
              grep '^blocks=' /tmp/run.{n}\n\
              total=$(callgrind_annotate --inclusive=no /tmp/cg.{n} | awk '/PROGRAM TOTALS/ {{gsub(\",\",\"\",$1); print $1}}')\n\
              own=$(callgrind_annotate --inclusive=no /tmp/cg.{n} | awk '/librxe-rdmav34/ {{gsub(\",\",\"\",$1); s+=$1}} END {{print s+0}}')\n\
