@@ -518,11 +518,13 @@ impl Agent {
         Ok(local)
     }
 
-    /// Connects to the agent listening at `addr` (`host:port`), retrying until the agent's
-    /// connect timeout while nothing listens there yet.
+    /// Connects to the agent listening at `addr` (`host:port`). A refused connection is tried
+    /// again until [`AgentConfig::connect_timeout`] (10 s by default: the peer may not listen
+    /// yet), and the handshake must end within what is left of it.
     ///
     /// # Errors
-    /// [`Error::Io`] or [`Error::Timeout`]-like link errors when nothing answers;
+    /// [`Error::Io`] (with the last refusal or the socket's error) when nothing accepted within
+    /// the connect timeout, or when the handshake's socket failed or timed out;
     /// [`Error::Protocol`] for a peer that is not a compatible gdr-xfer agent;
     /// [`Error::InvalidArgument`] when a peer of that name is already connected.
     pub fn connect(&self, addr: &str) -> Result<Peer> {
