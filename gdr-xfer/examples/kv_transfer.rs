@@ -14,6 +14,9 @@
 //! on an address peers can reach (`--listen 10.0.0.1:7100`, not `0.0.0.0`): that is what it
 //! publishes.
 //!
+//! With the feature `metrics`, `--metrics 127.0.0.1:9100` serves the engine's metrics to
+//! Prometheus at `http://127.0.0.1:9100/metrics` (`gdr_xfer::metrics` lists them).
+//!
 //! Block `i` of the initiator's pool goes to block `(i * 7919 + 13) % blocks` of the target's
 //! (a permutation whenever 7919 does not divide `blocks`), so nothing merges and every block is
 //! its own work request.
@@ -33,6 +36,7 @@ struct Args {
     etcd: Option<String>,
     connect_name: Option<String>,
     ttl_ms: u64,
+    metrics: Option<std::net::SocketAddr>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -47,6 +51,7 @@ fn parse() -> Result<Args, String> {
         etcd: None,
         connect_name: None,
         ttl_ms: 10_000,
+        metrics: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -64,6 +69,9 @@ fn parse() -> Result<Args, String> {
             "--etcd" => a.etcd = Some(value()?),
             "--connect-name" => a.connect_name = Some(value()?),
             "--ttl-ms" => a.ttl_ms = value()?.parse().map_err(|e| format!("--ttl-ms: {e}"))?,
+            "--metrics" => {
+                a.metrics = Some(value()?.parse().map_err(|e| format!("--metrics: {e}"))?)
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -289,6 +297,27 @@ fn initiate(a: &Args) -> gdr_xfer::Result<()> {
     Ok(())
 }
 
+/// With `--metrics ADDR` (feature `metrics`), serves the engine's metrics to Prometheus at
+/// `http://ADDR/metrics`.
+#[cfg(feature = "metrics")]
+fn serve_metrics(a: &Args) -> Result<(), String> {
+    let Some(addr) = a.metrics else { return Ok(()) };
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| format!("--metrics {addr}: {e}"))?;
+    println!("metrics: http://{addr}/metrics");
+    Ok(())
+}
+
+#[cfg(not(feature = "metrics"))]
+fn serve_metrics(a: &Args) -> Result<(), String> {
+    match a.metrics {
+        Some(_) => Err("--metrics needs the feature metrics".into()),
+        None => Ok(()),
+    }
+}
+
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args = match parse() {
@@ -298,6 +327,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Err(e) = serve_metrics(&args) {
+        eprintln!("kv_transfer: {e}");
+        std::process::exit(2);
+    }
     let r = if args.serve {
         serve(&args)
     } else {

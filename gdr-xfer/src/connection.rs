@@ -64,6 +64,9 @@ pub(crate) struct Connection {
     ready: AtomicBool,
     lost_reason: Mutex<Option<String>>,
     driven: Mutex<Driven>,
+    /// When the rails were last handed to the metrics recorder.
+    #[cfg(feature = "metrics")]
+    metrics_at: Mutex<Option<Instant>>,
 }
 
 /// What a new connection is made of.
@@ -118,6 +121,8 @@ impl Connection {
                 ready: AtomicBool::new(false),
                 lost_reason: Mutex::new(None),
                 driven: Mutex::new(Driven { core, io }),
+                #[cfg(feature = "metrics")]
+                metrics_at: Mutex::new(None),
             }
         })
     }
@@ -294,6 +299,23 @@ impl Connection {
         if due {
             self.drive(|core, io, now| core.handle_timeout(now, io));
         }
+        #[cfg(feature = "metrics")]
+        self.export_rails(now);
+    }
+
+    /// Hands the rails' counters to the metrics recorder, once a second.
+    #[cfg(feature = "metrics")]
+    fn export_rails(&self, now: Instant) {
+        {
+            let mut at = self.metrics_at.lock().unwrap_or_else(|p| p.into_inner());
+            if at.is_some_and(|t| {
+                now.saturating_duration_since(t) < std::time::Duration::from_secs(1)
+            }) {
+                return;
+            }
+            *at = Some(now);
+        }
+        crate::metrics::rails(&self.name, &self.rail_stats());
     }
 
     /// Handles a send-queue completion of lane `lane`.

@@ -204,6 +204,8 @@ mod discovery;
 pub mod error;
 pub mod futures;
 mod lanes;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod notify;
 mod peer;
 mod plan;

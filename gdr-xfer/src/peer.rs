@@ -393,6 +393,8 @@ impl Peer {
             cell.set_stopper(Stopper::Core(Arc::downgrade(&self.conn), key));
         }
         cell.set_times(plan_time, started.elapsed());
+        #[cfg(feature = "metrics")]
+        crate::metrics::transfer_planned(op, plan_time);
         Ok(Transfer { cell })
     }
 }

@@ -217,6 +217,11 @@ impl TransferCell {
         if st.outcome.is_some() {
             return;
         }
+        // A caller's transfer (a staged transfer's children are not counted).
+        #[cfg(feature = "metrics")]
+        if st.pending.is_some() {
+            crate::metrics::transfer_finished(&self.peer, self.op, &outcome);
+        }
         if let Err(f) = &outcome {
             log::debug!("transfer to {} failed: {f:?}", self.peer);
         }
