@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gdr::cuda::DeviceBuffer;
+use gdr::cuda::{DeviceBuffer, DeviceMemory};
 use gdr::device::{Context, DeviceList, PortState, Selection};
 use gdr::gpu_mr::RegistrationPath;
 use gdr::mr::{AccessFlags, AlignedBuffer, HostMemory, MemoryRegion};
@@ -313,6 +313,46 @@ impl Agent {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Registers `range` of GPU memory the application allocated itself (PyTorch's caching
+    /// allocator, cudarc, a pool), through the registration cache, for the NIC to reach
+    /// directly. `memory` is any owner implementing gdr's [`DeviceMemory`] (an `unsafe` trait:
+    /// its implementation promises the range stays allocated and unchanged while the value
+    /// lives); the segment and every request using it keep the `Arc`, so the memory outlives
+    /// the NIC's use of it. Sub-ranges of one owner share registrations as for
+    /// [`Agent::register_gpu`].
+    ///
+    /// Without a GPUDirect path the registration fails with gdr's error and its hint: staging
+    /// through bounce buffers needs gdr's own [`DeviceBuffer`] ([`Agent::register_gpu`]).
+    ///
+    /// For an address from C or Python with no Rust owner, wrap it in a type whose `unsafe impl
+    /// DeviceMemory` states who keeps it allocated (see [`DeviceMemory`]'s safety section).
+    ///
+    /// # Errors
+    /// As [`Agent::register_gpu`]; [`Error::InvalidArgument`] for a bad range or name.
+    pub fn register_gpu_memory<M: DeviceMemory + Send + Sync + 'static>(
+        &self,
+        memory: Arc<M>,
+        range: impl RangeBounds<usize>,
+        name: &str,
+    ) -> Result<Segment> {
+        self.shared.check_open()?;
+        check_name(name)?;
+        let (offset, len) = resolve(range, memory.len())?;
+        let pds: Vec<_> = self.shared.rails.iter().map(|r| r.pd.clone()).collect();
+        let (mr, base) = self.lock_cache().register_gpu(
+            &pds,
+            &memory,
+            offset,
+            len,
+            SEGMENT_ACCESS,
+            RegistrationPath::Auto,
+        )?;
+        let location = Location::Cuda {
+            ordinal: mr[0].ordinal().max(0) as u32,
+        };
+        self.add_segment(name, location, Backing::Gpu(mr), base, len as u64)
     }
 
     /// Registers `range` of an emulated GPU's memory as a staged segment (feature

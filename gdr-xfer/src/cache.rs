@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 
-use gdr::cuda::DeviceBuffer;
+use gdr::cuda::{DeviceBuffer, DeviceMemory};
 use gdr::gpu_mr::{GpuMemoryRegion, RegistrationPath};
 use gdr::mr::AccessFlags;
 use gdr::pd::ProtectionDomain;
@@ -116,41 +116,49 @@ pub(crate) type RegistrationCache = RangeCache<GpuRails>;
 
 impl RegistrationCache {
     /// Registrations (one per rail's protection domain in `pds`) covering
-    /// `offset..offset + len` of `buffer`, and the offset of that range in them. The buffer's
-    /// identity is its address (`Arc::as_ptr`), which cannot be reused while a registration of
-    /// it lives (the registration holds the buffer).
-    pub(crate) fn register_gpu(
+    /// `offset..offset + len` of the device memory `memory` holds, and the offset of that range
+    /// in them. The memory's identity is its owner's address (`Arc::as_ptr`), which cannot be
+    /// reused while a registration of it lives (the registration holds the owner).
+    pub(crate) fn register_gpu<M: DeviceMemory + Send + Sync + 'static>(
         &mut self,
         pds: &[Arc<ProtectionDomain>],
-        buffer: &Arc<DeviceBuffer>,
+        memory: &Arc<M>,
         offset: usize,
         len: usize,
         access: AccessFlags,
         path: RegistrationPath,
     ) -> Result<(Arc<GpuRails>, usize)> {
-        let base = buffer.device_ptr();
+        let base = memory.device_ptr();
         let start = base + offset as u64;
         let (region, at) = self.get_or_register(
-            Arc::as_ptr(buffer) as usize,
+            Arc::as_ptr(memory) as *const () as usize,
             start,
             start + len as u64,
             |lo, hi| {
+                let range = (lo - base) as usize..(hi - base) as usize;
                 let rails = pds
                     .iter()
-                    .map(|pd| {
-                        GpuMemoryRegion::register(
-                            pd,
-                            buffer.clone(),
-                            (lo - base) as usize..(hi - base) as usize,
-                            access,
-                            path,
-                        )
-                    })
+                    .map(|pd| register_one(pd, memory, range.clone(), access, path))
                     .collect::<gdr::Result<GpuRails>>()?;
                 Ok(Arc::new(rails))
             },
         )?;
         Ok((region, at as usize))
+    }
+}
+
+/// One registration of `range` of `memory`: gdr's own buffers keep their typed owner (the
+/// region's `buffer()`), any other owner is held as it is.
+fn register_one<M: DeviceMemory + Send + Sync + 'static>(
+    pd: &Arc<ProtectionDomain>,
+    memory: &Arc<M>,
+    range: std::ops::Range<usize>,
+    access: AccessFlags,
+    path: RegistrationPath,
+) -> gdr::Result<Arc<GpuMemoryRegion>> {
+    match (memory.clone() as Arc<dyn std::any::Any + Send + Sync>).downcast::<DeviceBuffer>() {
+        Ok(buffer) => GpuMemoryRegion::register(pd, buffer, range, access, path),
+        Err(_) => GpuMemoryRegion::register_owned(pd, memory.clone(), range, access, path),
     }
 }
 

@@ -228,6 +228,10 @@ pub use cache::CacheStats;
 pub use config::{AgentConfig, GpuStaging, TransferOptions};
 pub use descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
 pub use error::{Error, Hint, Result};
+/// The gdr crate gdr-xfer is built on, so one dependency line is enough for what its API takes
+/// from it: [`gdr::cuda::DeviceBuffer`] and [`gdr::cuda::DeviceMemory`] for GPU memory,
+/// [`gdr::mr::HostMemory`] and [`gdr::mr::AlignedBuffer`] for host memory.
+pub use gdr;
 pub use gdr_xfer_proto::{Location, ParseLocationError};
 pub use notify::Notification;
 pub use peer::Peer;

@@ -15,7 +15,8 @@ pub fn gpu_bundle() -> Result<()> {
     let bundle = root.join("gpu-bundle");
 
     say!("building the test binaries (gpu_* targets are bundled)");
-    let tests: Vec<_> = cargo::build(&["test", "--workspace", "--no-run"])?
+    // Every feature: GPU tests behind one (gpu_cudarc needs `cudarc`) are bundled too.
+    let tests: Vec<_> = cargo::build(&["test", "--workspace", "--all-features", "--no-run"])?
         .into_iter()
         .filter(|a| a.test && a.name.starts_with("gpu_"))
         .collect();

@@ -114,6 +114,23 @@ unsafe impl<T: DeviceMemory + ?Sized> DeviceMemory for &T {
     }
 }
 
+// SAFETY: a CudaSlice owns its allocation (cuMemAlloc or cuMemAllocAsync) and frees it only
+// in Drop, which cannot run while the value is borrowed or held in an Arc; `num_bytes` bytes
+// from its pointer lie in that one allocation, and neither changes while the slice lives.
+// Reading the pointer through cudarc's `DevicePtr` on the slice's own stream records a read
+// event there, which only orders later writes of cudarc's after it.
+#[cfg(feature = "cudarc")]
+unsafe impl<T> DeviceMemory for cudarc::driver::CudaSlice<T> {
+    fn device_ptr(&self) -> u64 {
+        let stream = self.stream().clone();
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(self, &stream);
+        ptr
+    }
+    fn len(&self) -> usize {
+        self.num_bytes()
+    }
+}
+
 #[derive(Debug)]
 enum Origin {
     /// `cuMemAlloc`.

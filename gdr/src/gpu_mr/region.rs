@@ -14,7 +14,7 @@ use super::flush::FlushOutcome;
 use super::path::{choose_path, registration_error, PathInputs, RegistrationPath};
 use super::probe::{probe_nic_dma_buf, system_facts};
 use super::range::check_gpu_range;
-use crate::cuda::{self, DeviceBuffer, GpuInfo};
+use crate::cuda::{self, DeviceBuffer, DeviceMemory, GpuInfo};
 use crate::error::{Error, Hint, Result};
 use crate::mr::{AccessFlags, MemoryKind, Registered};
 use crate::pd::ProtectionDomain;
@@ -36,8 +36,16 @@ pub struct GpuMemoryRegion {
     relaxed_ordering: bool,
     gpu: GpuInfo,
     dma_buf: Option<DmaBufExport>,
-    buffer: Option<Arc<DeviceBuffer>>,
+    owner: Option<Owner>,
     pd: Arc<ProtectionDomain>,
+}
+
+/// What keeps a region's memory allocated until the region is gone: gdr's own buffer, or any
+/// owner of device memory ([`GpuMemoryRegion::register_owned`]).
+enum Owner {
+    Buffer(Arc<DeviceBuffer>),
+    // Held, never read: it keeps the memory allocated.
+    Memory(#[allow(dead_code)] Arc<dyn DeviceMemory + Send + Sync>),
 }
 
 // SAFETY: ibv_mr handles may be used from any thread; the region never touches the GPU bytes
@@ -87,7 +95,36 @@ impl GpuMemoryRegion {
             .ok_or_else(|| Error::invalid("device address overflows", Hint::NONE))?;
         // SAFETY: the range lies inside `buffer`, which the region keeps alive (an Arc moved into
         // it) until after deregistration.
-        unsafe { register_inner(pd, address, len, access, path, Some(buffer)) }
+        unsafe { register_inner(pd, address, len, access, path, Some(Owner::Buffer(buffer))) }
+    }
+
+    /// Registers `range` of device memory another allocator made (PyTorch's, cudarc's, a
+    /// pool's), held by `owner` for as long as the region lives: the region keeps the `Arc`, so
+    /// the memory is freed only once the region and every work request using it are gone.
+    ///
+    /// The same checks run as for [`register`](Self::register): the pointer must be device
+    /// memory and the range must lie in one allocation. `owner`'s [`DeviceMemory`] contract (an
+    /// `unsafe impl`) is what makes this safe: its range stays allocated, unchanged, for as long
+    /// as the value lives.
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub fn register_owned<M: DeviceMemory + Send + Sync + 'static>(
+        pd: &Arc<ProtectionDomain>,
+        owner: Arc<M>,
+        range: impl RangeBounds<usize>,
+        access: AccessFlags,
+        path: RegistrationPath,
+    ) -> Result<Arc<GpuMemoryRegion>> {
+        let (offset, len) =
+            crate::mr::resolve_range("GPU region within its owner's memory", range, owner.len())?;
+        let address = owner
+            .device_ptr()
+            .checked_add(offset as u64)
+            .ok_or_else(|| Error::invalid("device address overflows", Hint::NONE))?;
+        // SAFETY: the range lies inside `owner`'s memory, which its DeviceMemory contract keeps
+        // allocated while the value lives; the region keeps the Arc until after deregistration.
+        unsafe { register_inner(pd, address, len, access, path, Some(Owner::Memory(owner))) }
     }
 
     /// Registers device memory that something else owns (another framework's allocator).
@@ -135,7 +172,10 @@ impl GpuMemoryRegion {
     /// The buffer this region keeps alive, when registered with [`register`](Self::register);
     /// use it to fill and check the memory ([`DeviceBuffer::copy_from_host`], ...).
     pub fn buffer(&self) -> Option<&Arc<DeviceBuffer>> {
-        self.buffer.as_ref()
+        match &self.owner {
+            Some(Owner::Buffer(b)) => Some(b),
+            _ => None,
+        }
     }
 
     /// The dma-buf export behind a [`RegistrationPath::DmaBuf`] region (fd, aligned range,
@@ -177,7 +217,7 @@ unsafe fn register_inner(
     len: usize,
     access: AccessFlags,
     requested: RegistrationPath,
-    buffer: Option<Arc<DeviceBuffer>>,
+    owner: Option<Owner>,
 ) -> Result<Arc<GpuMemoryRegion>> {
     let range = check_gpu_range(address, len)?;
     // SAFETY: the allocation stays alive (this function's contract), so its context does.
@@ -302,7 +342,7 @@ unsafe fn register_inner(
         relaxed_ordering: relaxed,
         gpu: range.gpu,
         dma_buf,
-        buffer,
+        owner,
         pd: pd.clone(),
     };
     log::info!(
@@ -362,7 +402,7 @@ impl Drop for GpuMemoryRegion {
         // dma-buf and the protection domain rather than free what it may still write.
         keep_unless(
             ok,
-            (self.buffer.take(), self.dma_buf.take(), self.pd.clone()),
+            (self.owner.take(), self.dma_buf.take(), self.pd.clone()),
         );
     }
 }
