@@ -490,7 +490,7 @@ fn peer_memory_probe_reads_the_given_root() {
     // The doctor's collector reads the same tree into the same facts.
     let snap = gdr::topology::collect(&root).unwrap();
     assert_eq!(
-        SystemFacts::from_snapshot(&snap),
+        snap.system_facts(),
         SystemFacts::probe(&root),
         "registration and the doctor read the same facts"
     );
@@ -588,7 +588,7 @@ fn doctor_and_registration_agree_on_every_machine() {
             driver_version: driver,
             driver_exports_dma_buf: driver >= 11070,
             gpu,
-            system: SystemFacts::from_snapshot(&snap),
+            system: snap.system_facts(),
             nic: "mlx5_0".into(),
             // Not probed: the doctor leaves the NIC to registration; compare with one that
             // imports.

@@ -95,7 +95,7 @@ impl HostFacts {
         gpus.sort_by(|a, b| a.bdf.cmp(&b.bdf));
 
         let vm = snap.hypervisor.cpu_flag == Some(true);
-        let system = SystemFacts::from_snapshot(snap);
+        let system = snap.system_facts();
         let peermem = system.peer_memory().present();
         for g in &mut gpus {
             g.dmabuf = dmabuf_readiness(snap, &system, &[&*g], None).0;

@@ -5,9 +5,9 @@
 //!
 //! 1. **Capabilities** (`probe.rs`), probed once per process and per NIC and cached: the CUDA
 //!    driver version and the GPU's GPUDirect attributes ([`crate::cuda::GpuInfo`]), the host's
-//!    kernel modules, memory peers, NVIDIA module and kernel release ([`system_facts`]), and
-//!    whether the NIC imports dma-bufs ([`probe_nic_dma_buf`]: `ibv_reg_dmabuf_mr` with fd -1;
-//!    `EBADF` means yes).
+//!    kernel modules, memory peers, NVIDIA module and kernel release ([`system_facts`], read by
+//!    [`facts::FactReader`]), and whether the NIC imports dma-bufs ([`probe_nic_dma_buf`]:
+//!    `ibv_reg_dmabuf_mr` with fd -1; `EBADF` means yes).
 //! 2. **Pointer check** (`range.rs`, [`check_gpu_range`]): `cuPointerGetAttributes` must say
 //!    device memory. Managed memory is refused (it would pin CPU pages and silently test the
 //!    wrong path), host memory is sent to [`crate::mr::MemoryRegion`], addresses CUDA does not
@@ -43,6 +43,7 @@
 //! ```
 
 mod dma_buf;
+pub mod facts;
 mod flush;
 mod path;
 mod probe;

@@ -1,9 +1,10 @@
 //! The GPUDirect RDMA rules, in one place: which driver, kernel, kernel module and NIC support
 //! each registration path needs, and how a host's facts are read against them.
 //!
-//! Both [`super::choose_path`] (at registration) and [`crate::doctor`] (on a snapshot) decide
-//! with the functions here, from the same kind of facts, so the doctor cannot promise a path
-//! that registration refuses, nor refuse one that registration takes:
+//! Both [`super::choose_path`] (at registration) and the doctor (on a recorded host) decide
+//! with the functions here, from the same facts read by the same reader
+//! ([`super::facts::FactReader`]), so the doctor cannot promise a path that registration
+//! refuses, nor refuse one that registration takes:
 //!
 //! * **peer memory** ([`SystemFacts::peer_memory`]): a module of [`PEER_MEMORY_MODULES`] is
 //!   loaded, or a client of [`PEER_MEMORY_CLIENTS`] is registered under
@@ -42,7 +43,6 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::errno_text;
-use crate::topology::Snapshot;
 
 /// The first CUDA driver with `cuMemGetHandleForAddressRange` (dma-buf export), in
 /// `cuDriverGetVersion` form: 11.7.
@@ -110,7 +110,7 @@ pub fn is_open_kernel_module(version_line: &str) -> bool {
 }
 
 /// Host-wide facts that the paths depend on, as read from `/proc` and `/sys` (live:
-/// [`SystemFacts::probe`]) or taken from a doctor snapshot ([`SystemFacts::from_snapshot`]).
+/// [`SystemFacts::probe`]) or taken from a recorded host (a doctor snapshot).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct SystemFacts {
     /// Loaded kernel modules (`/proc/modules`, else the entries of `/sys/module`).
@@ -125,19 +125,9 @@ pub struct SystemFacts {
 
 impl SystemFacts {
     /// The facts of the machine whose `/proc` and `/sys` lie below `root` (`/` for this one),
-    /// read by the same code as the doctor's snapshots ([`crate::topology::collect`]).
+    /// read by [`super::facts::FactReader`], the reader the doctor's snapshots are read with.
     pub fn probe(root: &std::path::Path) -> Self {
-        crate::topology::system_facts(root)
-    }
-
-    /// The facts a doctor snapshot recorded.
-    pub fn from_snapshot(snap: &Snapshot) -> Self {
-        SystemFacts {
-            modules: snap.modules.clone(),
-            memory_peers: snap.memory_peers.iter().map(|p| p.name.clone()).collect(),
-            nvidia_version: snap.nvidia.as_ref().and_then(|n| n.version.clone()),
-            kernel_release: snap.kernel.release.clone(),
-        }
+        super::facts::FactReader::new(root).system_facts()
     }
 
     /// Whether a peer-memory module or client is there, and which.

@@ -2,12 +2,13 @@
 //!
 //! Every path is resolved inside the root, symbolic links included (an absolute link target is
 //! taken relative to the root), so a copied or synthetic `sys/` + `proc/` tree reads exactly like
-//! the live machine.
+//! the live machine. Every file is read through [`FactReader`], the reader registration takes
+//! its host facts from, so the doctor and registration see the same machine.
 
 use super::pcie::bytes_to_hex;
 use super::*;
-use std::io::ErrorKind;
-use std::path::{Component, Path, PathBuf};
+use crate::gpu_mr::facts::FactReader;
+use std::path::{Component, Path};
 
 /// What [`collect_with`] takes from outside the root.
 #[derive(Debug, Clone, Default)]
@@ -56,22 +57,6 @@ pub fn collect(root: &Path) -> crate::Result<Snapshot> {
     collect_with(root, CollectOptions::from_process_env())
 }
 
-/// The host facts the GPUDirect rules need ([`crate::gpu_mr::rules::SystemFacts`]), read below
-/// `root` by the same code that fills a [`Snapshot`] (modules, memory peers, NVIDIA module,
-/// kernel release), so registration and the doctor see the same machine.
-pub(crate) fn system_facts(root: &Path) -> crate::gpu_mr::rules::SystemFacts {
-    let mut c = Collector {
-        root: root.to_path_buf(),
-        errors: Vec::new(),
-    };
-    crate::gpu_mr::rules::SystemFacts {
-        modules: c.modules(),
-        memory_peers: c.list_dir("/sys/kernel/mm/memory_peers"),
-        nvidia_version: c.nvidia().and_then(|n| n.version),
-        kernel_release: c.read_str("/proc/sys/kernel/osrelease"),
-    }
-}
-
 /// [`collect`] with explicit environment and CUDA facts.
 pub fn collect_with(root: &Path, opts: CollectOptions) -> crate::Result<Snapshot> {
     let meta = std::fs::metadata(root)
@@ -83,22 +68,24 @@ pub fn collect_with(root: &Path, opts: CollectOptions) -> crate::Result<Snapshot
         ));
     }
     let mut c = Collector {
-        root: root.to_path_buf(),
-        errors: Vec::new(),
+        files: FactReader::new(root),
     };
     let mut snap = Snapshot::new(format!("collected from {}", root.display()));
     snap.kernel = Kernel {
-        release: c.read_str("/proc/sys/kernel/osrelease"),
-        cmdline: c.read_str("/proc/cmdline"),
+        release: c.files.kernel_release(),
+        cmdline: c.files.read_str("/proc/cmdline"),
     };
     snap.pci = c.pci_devices();
     snap.iommu = c.iommu();
-    snap.modules = c.modules();
+    snap.modules = c.files.modules();
     snap.memory_peers = c
-        .list_dir("/sys/kernel/mm/memory_peers")
+        .files
+        .memory_peers()
         .into_iter()
         .map(|name| MemoryPeer {
-            version: c.read_str(&format!("/sys/kernel/mm/memory_peers/{name}/version")),
+            version: c
+                .files
+                .read_str(&format!("/sys/kernel/mm/memory_peers/{name}/version")),
             name,
         })
         .collect();
@@ -111,23 +98,30 @@ pub fn collect_with(root: &Path, opts: CollectOptions) -> crate::Result<Snapshot
     }
     snap.memlock = c.memlock();
     snap.hypervisor = Hypervisor {
-        cpu_flag: c.read_str("/proc/cpuinfo").map(|text| {
+        cpu_flag: c.files.read_str("/proc/cpuinfo").map(|text| {
             text.lines()
                 .find(|l| l.starts_with("flags"))
                 .is_some_and(|l| l.split_whitespace().any(|w| w == "hypervisor"))
         }),
-        sys_vendor: c.read_str("/sys/class/dmi/id/sys_vendor"),
-        product_name: c.read_str("/sys/class/dmi/id/product_name"),
+        sys_vendor: c.files.read_str("/sys/class/dmi/id/sys_vendor"),
+        product_name: c.files.read_str("/sys/class/dmi/id/product_name"),
     };
     snap.env = opts.env;
     snap.cuda = opts.cuda;
-    snap.read_errors = c.errors;
+    snap.read_errors = c
+        .files
+        .take_unreadable()
+        .into_iter()
+        .map(|u| ReadError {
+            path: u.path,
+            error: u.error,
+        })
+        .collect();
     Ok(snap)
 }
 
 struct Collector {
-    root: PathBuf,
-    errors: Vec<ReadError>,
+    files: FactReader,
 }
 
 fn is_bdf(s: &str) -> bool {
@@ -150,18 +144,6 @@ fn basename(p: &str) -> Option<String> {
 }
 
 impl Collector {
-    /// The host path of a machine path (`/sys/x` -> `<root>/sys/x`).
-    fn host(&self, p: &str) -> PathBuf {
-        self.root.join(p.trim_start_matches('/'))
-    }
-
-    fn record(&mut self, p: &str, e: impl std::fmt::Display) {
-        self.errors.push(ReadError {
-            path: p.to_string(),
-            error: e.to_string(),
-        });
-    }
-
     /// Resolve symbolic links inside the root; returns the machine path, `None` if it does not
     /// exist.
     fn resolve(&self, p: &str) -> Option<String> {
@@ -186,13 +168,13 @@ impl Collector {
             }
             done.push(comp);
             let machine = format!("/{}", done.join("/"));
-            let meta = std::fs::symlink_metadata(self.host(&machine)).ok()?;
+            let meta = std::fs::symlink_metadata(self.files.host_path(&machine)).ok()?;
             if meta.file_type().is_symlink() {
                 links += 1;
                 if links > 40 {
                     return None;
                 }
-                let target = std::fs::read_link(self.host(&machine)).ok()?;
+                let target = std::fs::read_link(self.files.host_path(&machine)).ok()?;
                 done.pop();
                 if target.is_absolute() {
                     done.clear();
@@ -209,59 +191,25 @@ impl Collector {
         Some(format!("/{}", done.join("/")))
     }
 
-    fn read_bytes(&mut self, p: &str) -> Option<Vec<u8>> {
-        match std::fs::read(self.host(p)) {
-            Ok(b) => Some(b),
-            Err(e) if e.kind() == ErrorKind::NotFound => None,
-            Err(e) => {
-                self.record(p, e);
-                None
-            }
-        }
-    }
-
-    fn read_str(&mut self, p: &str) -> Option<String> {
-        let bytes = self.read_bytes(p)?;
-        Some(String::from_utf8_lossy(&bytes).trim_end().to_string())
-    }
-
     fn read_parsed<T: std::str::FromStr>(
         &mut self,
         p: &str,
         parse: fn(&str) -> Option<T>,
     ) -> Option<T> {
-        let s = self.read_str(p)?;
+        let s = self.files.read_str(p)?;
         let v = parse(s.trim());
         if v.is_none() {
-            self.record(p, format!("unexpected value {s:?}"));
+            self.files.record(p, format!("unexpected value {s:?}"));
         }
         v
     }
 
-    fn list_dir(&mut self, p: &str) -> Vec<String> {
-        match std::fs::read_dir(self.host(p)) {
-            Ok(rd) => {
-                let mut v: Vec<String> = rd
-                    .filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect();
-                v.sort();
-                v
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => Vec::new(),
-            Err(e) => {
-                self.record(p, e);
-                Vec::new()
-            }
-        }
-    }
-
     fn pci_devices(&mut self) -> Vec<PciDevice> {
         let mut out = Vec::new();
-        for bdf in self.list_dir("/sys/bus/pci/devices") {
+        for bdf in self.files.list_dir("/sys/bus/pci/devices") {
             let link = format!("/sys/bus/pci/devices/{bdf}");
             let Some(path) = self.resolve(&link) else {
-                self.record(&link, "dangling link");
+                self.files.record(&link, "dangling link");
                 continue;
             };
             let hex = |s: &str| {
@@ -276,8 +224,8 @@ impl Collector {
                 .read_parsed(&format!("{path}/device"), hex)
                 .and_then(|v| u16::try_from(v).ok());
             let numa_node = self.read_parsed(&format!("{path}/numa_node"), |s| s.parse().ok());
-            let current_link_speed = self.read_str(&format!("{path}/current_link_speed"));
-            let max_link_speed = self.read_str(&format!("{path}/max_link_speed"));
+            let current_link_speed = self.files.read_str(&format!("{path}/current_link_speed"));
+            let max_link_speed = self.files.read_str(&format!("{path}/max_link_speed"));
             let current_link_width =
                 self.read_parsed(&format!("{path}/current_link_width"), |s| s.parse().ok());
             let max_link_width =
@@ -289,7 +237,7 @@ impl Collector {
                 .resolve(&format!("{path}/iommu_group"))
                 .and_then(|p| basename(&p))
                 .and_then(|s| s.parse().ok());
-            let config = self.read_bytes(&format!("{path}/config")).map(|b| {
+            let config = self.files.read_bytes(&format!("{path}/config")).map(|b| {
                 let used = b.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
                 ConfigSpace {
                     len: b.len(),
@@ -316,35 +264,23 @@ impl Collector {
     }
 
     fn iommu(&mut self) -> Iommu {
-        let units = self.list_dir("/sys/class/iommu");
+        let units = self.files.list_dir("/sys/class/iommu");
         let mut group_types = BTreeMap::new();
-        for g in self.list_dir("/sys/kernel/iommu_groups") {
+        for g in self.files.list_dir("/sys/kernel/iommu_groups") {
             let Ok(n) = g.parse::<u32>() else { continue };
-            if let Some(t) = self.read_str(&format!("/sys/kernel/iommu_groups/{g}/type")) {
+            if let Some(t) = self
+                .files
+                .read_str(&format!("/sys/kernel/iommu_groups/{g}/type"))
+            {
                 group_types.insert(n, t);
             }
         }
         Iommu { units, group_types }
     }
 
-    fn modules(&mut self) -> Vec<String> {
-        let mut mods: Vec<String> = match self.read_str("/proc/modules") {
-            Some(text) => text
-                .lines()
-                .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-                .collect(),
-            None => self.list_dir("/sys/module"),
-        };
-        mods.sort();
-        mods.dedup();
-        mods
-    }
-
     fn nvidia(&mut self) -> Option<NvidiaDriver> {
-        let version = self
-            .read_str("/proc/driver/nvidia/version")
-            .and_then(|t| t.lines().next().map(|l| l.trim().to_string()));
-        let params_text = self.read_str("/proc/driver/nvidia/params");
+        let version = self.files.nvidia_version();
+        let params_text = self.files.read_str("/proc/driver/nvidia/params");
         if version.is_none() && params_text.is_none() {
             return None;
         }
@@ -360,7 +296,7 @@ impl Collector {
     }
 
     fn memlock(&mut self) -> Option<MemlockLimit> {
-        let text = self.read_str("/proc/self/limits")?;
+        let text = self.files.read_str("/proc/self/limits")?;
         let line = text.lines().find(|l| l.starts_with("Max locked memory"))?;
         let mut fields = line["Max locked memory".len()..].split_whitespace();
         let parse = |s: Option<&str>| -> Option<Limit> {
@@ -374,7 +310,8 @@ impl Collector {
         match (soft, hard) {
             (Some(soft), Some(hard)) => Some(MemlockLimit { soft, hard }),
             _ => {
-                self.record("/proc/self/limits", format!("unexpected line {line:?}"));
+                self.files
+                    .record("/proc/self/limits", format!("unexpected line {line:?}"));
                 None
             }
         }
@@ -382,9 +319,10 @@ impl Collector {
 
     fn rdma_devices(&mut self) -> Vec<RdmaDevice> {
         let mut out = Vec::new();
-        for name in self.list_dir("/sys/class/infiniband") {
+        for name in self.files.list_dir("/sys/class/infiniband") {
             let Some(dir) = self.resolve(&format!("/sys/class/infiniband/{name}")) else {
-                self.record(&format!("/sys/class/infiniband/{name}"), "dangling link");
+                self.files
+                    .record(&format!("/sys/class/infiniband/{name}"), "dangling link");
                 continue;
             };
             let pci_bdf = self
@@ -392,21 +330,24 @@ impl Collector {
                 .and_then(|p| basename(&p))
                 .filter(|b| is_bdf(b))
                 .filter(|b| {
-                    std::fs::symlink_metadata(self.host(&format!("/sys/bus/pci/devices/{b}")))
-                        .is_ok()
+                    std::fs::symlink_metadata(
+                        self.files.host_path(&format!("/sys/bus/pci/devices/{b}")),
+                    )
+                    .is_ok()
                 });
             let mut dev = RdmaDevice {
                 name: name.clone(),
                 pci_bdf,
-                parent: self.read_str(&format!("{dir}/parent")),
-                fw_ver: self.read_str(&format!("{dir}/fw_ver")),
-                node_type: self.read_str(&format!("{dir}/node_type")),
-                hca_type: self.read_str(&format!("{dir}/hca_type")),
-                board_id: self.read_str(&format!("{dir}/board_id")),
+                parent: self.files.read_str(&format!("{dir}/parent")),
+                fw_ver: self.files.read_str(&format!("{dir}/fw_ver")),
+                node_type: self.files.read_str(&format!("{dir}/node_type")),
+                hca_type: self.files.read_str(&format!("{dir}/hca_type")),
+                board_id: self.files.read_str(&format!("{dir}/board_id")),
                 ports: Vec::new(),
                 dma_buf: None,
             };
             let mut ports: Vec<u32> = self
+                .files
                 .list_dir(&format!("{dir}/ports"))
                 .iter()
                 .filter_map(|p| p.parse().ok())
@@ -416,21 +357,22 @@ impl Collector {
                 let pdir = format!("{dir}/ports/{port}");
                 let mut p = RdmaPort {
                     port,
-                    state: self.read_str(&format!("{pdir}/state")),
-                    phys_state: self.read_str(&format!("{pdir}/phys_state")),
-                    rate: self.read_str(&format!("{pdir}/rate")),
-                    link_layer: self.read_str(&format!("{pdir}/link_layer")),
+                    state: self.files.read_str(&format!("{pdir}/state")),
+                    phys_state: self.files.read_str(&format!("{pdir}/phys_state")),
+                    rate: self.files.read_str(&format!("{pdir}/rate")),
+                    link_layer: self.files.read_str(&format!("{pdir}/link_layer")),
                     gids: Vec::new(),
                     netdevs: Vec::new(),
                 };
                 let mut idx: Vec<u32> = self
+                    .files
                     .list_dir(&format!("{pdir}/gids"))
                     .iter()
                     .filter_map(|i| i.parse().ok())
                     .collect();
                 idx.sort_unstable();
                 for i in idx {
-                    let Some(gid) = self.read_str(&format!("{pdir}/gids/{i}")) else {
+                    let Some(gid) = self.files.read_str(&format!("{pdir}/gids/{i}")) else {
                         continue;
                     };
                     if gid.chars().all(|c| c == '0' || c == ':') {
@@ -440,8 +382,8 @@ impl Collector {
                     p.gids.push(GidEntry {
                         index: i,
                         gid,
-                        gid_type: self.read_str(&format!("{pdir}/gid_attrs/types/{i}")),
-                        ndev: self.read_str(&format!("{pdir}/gid_attrs/ndevs/{i}")),
+                        gid_type: self.files.read_str(&format!("{pdir}/gid_attrs/types/{i}")),
+                        ndev: self.files.read_str(&format!("{pdir}/gid_attrs/ndevs/{i}")),
                     });
                 }
                 let mut names: Vec<String> = p.gids.iter().filter_map(|g| g.ndev.clone()).collect();

@@ -13,10 +13,10 @@ mod collect;
 mod cuda;
 pub mod pcie;
 
-pub(crate) use collect::system_facts;
 pub use collect::{collect, collect_with, CollectOptions};
 pub use cuda::query_cuda;
 
+use crate::gpu_mr::rules::SystemFacts;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -465,6 +465,18 @@ impl Snapshot {
     /// Whether a module of this name is loaded.
     pub fn has_module(&self, name: &str) -> bool {
         self.modules.iter().any(|m| m == name)
+    }
+
+    /// The host facts the GPUDirect rules take ([`crate::gpu_mr::rules`]), as this snapshot
+    /// recorded them: what registration would read on the machine
+    /// ([`crate::gpu_mr::rules::SystemFacts::probe`]; both read through the same reader).
+    pub fn system_facts(&self) -> SystemFacts {
+        SystemFacts {
+            modules: self.modules.clone(),
+            memory_peers: self.memory_peers.iter().map(|p| p.name.clone()).collect(),
+            nvidia_version: self.nvidia.as_ref().and_then(|n| n.version.clone()),
+            kernel_release: self.kernel.release.clone(),
+        }
     }
 }
 
