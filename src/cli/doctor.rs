@@ -1,9 +1,9 @@
 //! `gdr doctor`: collect a topology snapshot (or load one) and print the diagnosis.
 
 use clap::{Args, Subcommand};
-use gdr::doctor::nccl_log;
-use gdr::doctor::{diagnose, nccl_env_from_process, NCCL_VARS};
-use gdr::topology::{collect_with, CollectOptions, Snapshot};
+use gdr_doctor::nccl_log;
+use gdr_doctor::topology::{collect_with, CollectOptions, Snapshot};
+use gdr_doctor::{diagnose, nccl_env_from_process, NCCL_VARS};
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 

@@ -3,8 +3,8 @@
 //!
 //! [`FactReader`] is the one reader of those files: registration reads this machine's facts
 //! with it ([`SystemFacts::probe`]), and a diagnostic tool that records a whole host (the
-//! doctor's collector) reads every file through it too, so both see the same
-//! machine the same way. A file that does not exist is not an error (the fact is unknown or
+//! `gdr-doctor` crate's collector) reads every file through it too, so both see the same machine
+//! the same way. A file that does not exist is not an error (the fact is unknown or
 //! empty); a file that exists but cannot be read is kept in [`FactReader::unreadable`] with the
 //! reason.
 //!

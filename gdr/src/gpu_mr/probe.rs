@@ -14,7 +14,7 @@ use crate::pd::ProtectionDomain;
 use crate::return_code::teardown;
 
 /// This machine's [`SystemFacts`] (read below `/` once per process, by
-/// [`super::facts::FactReader`], the reader of the doctor's collector).
+/// [`super::facts::FactReader`], the reader of `gdr-doctor`'s collector).
 pub fn system_facts() -> &'static SystemFacts {
     static FACTS: OnceLock<SystemFacts> = OnceLock::new();
     FACTS.get_or_init(|| SystemFacts::probe(Path::new("/")))

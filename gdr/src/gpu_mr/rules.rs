@@ -1,8 +1,8 @@
 //! The GPUDirect RDMA rules, in one place: which driver, kernel, kernel module and NIC support
 //! each registration path needs, and how a host's facts are read against them.
 //!
-//! Both [`super::choose_path`] (at registration) and the doctor (on a recorded host) decide
-//! with the functions here, from the same facts read by the same reader
+//! Both [`super::choose_path`] (at registration) and the `gdr-doctor` crate (on a recorded
+//! host) decide with the functions here, from the same facts read by the same reader
 //! ([`super::facts::FactReader`]), so the doctor cannot promise a path that registration
 //! refuses, nor refuse one that registration takes:
 //!
@@ -125,7 +125,7 @@ pub struct SystemFacts {
 
 impl SystemFacts {
     /// The facts of the machine whose `/proc` and `/sys` lie below `root` (`/` for this one),
-    /// read by [`super::facts::FactReader`], the reader the doctor's snapshots are read with.
+    /// read by [`super::facts::FactReader`], the reader `gdr-doctor`'s snapshots are read with.
     pub fn probe(root: &std::path::Path) -> Self {
         super::facts::FactReader::new(root).system_facts()
     }

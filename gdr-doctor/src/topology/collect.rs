@@ -7,7 +7,7 @@
 
 use super::pcie::bytes_to_hex;
 use super::*;
-use crate::gpu_mr::facts::FactReader;
+use gdr::gpu_mr::facts::FactReader;
 use std::path::{Component, Path};
 
 /// What [`collect_with`] takes from outside the root.
@@ -53,16 +53,16 @@ impl CollectOptions {
 ///
 /// Fails only when `root` itself is not a readable directory; anything missing below it is
 /// `None` in the snapshot, anything unreadable is listed in [`Snapshot::read_errors`].
-pub fn collect(root: &Path) -> crate::Result<Snapshot> {
+pub fn collect(root: &Path) -> gdr::Result<Snapshot> {
     collect_with(root, CollectOptions::from_process_env())
 }
 
 /// [`collect`] with explicit environment and CUDA facts.
-pub fn collect_with(root: &Path, opts: CollectOptions) -> crate::Result<Snapshot> {
+pub fn collect_with(root: &Path, opts: CollectOptions) -> gdr::Result<Snapshot> {
     let meta = std::fs::metadata(root)
-        .map_err(|e| crate::Error::io(format!("collect: root directory {}", root.display()), e))?;
+        .map_err(|e| gdr::Error::io(format!("collect: root directory {}", root.display()), e))?;
     if !meta.is_dir() {
-        return Err(crate::Error::invalid(
+        return Err(gdr::Error::invalid(
             format!("collect: root {} is not a directory", root.display()),
             "give a directory that contains sys/ and proc/ (or / for this machine)",
         ));
@@ -93,7 +93,7 @@ pub fn collect_with(root: &Path, opts: CollectOptions) -> crate::Result<Snapshot
     snap.rdma = c.rdma_devices();
     if opts.probe_nics {
         for dev in &mut snap.rdma {
-            dev.dma_buf = crate::gpu_mr::probe_nic_dma_buf_by_name(&dev.name);
+            dev.dma_buf = gdr::gpu_mr::probe_nic_dma_buf_by_name(&dev.name);
         }
     }
     snap.memlock = c.memlock();

@@ -1,4 +1,4 @@
-//! Filling [`CudaInfo`] from the CUDA driver (through [`crate::cuda`]).
+//! Filling [`CudaInfo`] from the CUDA driver (through [`gdr::cuda`]).
 
 use super::{CudaDevice, CudaInfo};
 
@@ -7,14 +7,14 @@ use super::{CudaDevice, CudaInfo};
 /// [`CudaInfo::error`] and the rest stays empty.
 pub fn query_cuda() -> CudaInfo {
     let mut info = CudaInfo::default();
-    match crate::cuda::driver_version() {
+    match gdr::cuda::driver_version() {
         Ok(v) => info.driver_version = Some(v),
         Err(e) => {
             info.error = Some(e.to_string());
             return info;
         }
     }
-    match crate::cuda::devices() {
+    match gdr::cuda::devices() {
         Ok(devs) => {
             info.devices = devs
                 .into_iter()

@@ -1,6 +1,6 @@
 //! Bad input to the doctor gives typed errors or recorded read errors, never a panic.
 
-use gdr::topology::{collect_with, CollectOptions, Snapshot, SNAPSHOT_FORMAT};
+use gdr_doctor::topology::{collect_with, CollectOptions, Snapshot, SNAPSHOT_FORMAT};
 use std::path::PathBuf;
 
 fn scratch(name: &str) -> PathBuf {
@@ -36,7 +36,7 @@ fn malformed_snapshots_are_invalid_argument_errors() {
     }
     // The smallest valid snapshot is accepted and diagnosed.
     let s = Snapshot::from_json(&format!("{{\"format\": {SNAPSHOT_FORMAT}}}"), "min.json").unwrap();
-    let r = gdr::doctor::diagnose(&s);
+    let r = gdr_doctor::diagnose(&s);
     assert_eq!(r.exit_code(), 1);
 }
 
@@ -61,9 +61,9 @@ fn garbage_config_hex_does_not_panic_the_diagnosis() {
                          "gids":[{"index":0,"gid":"::","gid_type":null,"ndev":null}],"netdevs":[]}]}],
       "env":{"NCCL_IB_GID_INDEX":"abc","NCCL_NET_GDR_LEVEL":"7","NCCL_IB_HCA":"^"}}"#;
     let s = Snapshot::from_json(text, "garbage.json").unwrap();
-    let r = gdr::doctor::diagnose(&s);
+    let r = gdr_doctor::diagnose(&s);
     let acs = r.findings_with_id("pcie.acs").next().unwrap();
-    assert_eq!(acs.severity, gdr::doctor::Severity::Unknown, "{acs:?}");
+    assert_eq!(acs.severity, gdr_doctor::Severity::Unknown, "{acs:?}");
     assert!(r.to_table(false).contains("NCCL_NET_GDR_LEVEL=7"));
 }
 
@@ -85,7 +85,7 @@ fn hostile_snapshot_lengths_and_paths_do_not_panic_or_abort() {
               {"name":"mlx5_1","pci_bdf":"0000:00:01.0","ports":[]}]}"#;
     let s = Snapshot::from_json(text, "hostile.json").unwrap();
     assert_eq!(s.pci[0].config_bytes(), None, "forged length refused");
-    let r = gdr::doctor::diagnose(&s);
+    let r = gdr_doctor::diagnose(&s);
     assert_eq!(r.pairs.len(), 4, "{:#?}", r.pairs);
     for p in &r.pairs {
         assert_eq!(
@@ -121,7 +121,7 @@ fn collect_records_unreadable_files_and_reads_the_rest() {
         s.read_errors
     );
     assert!(s.pci.is_empty() && s.rdma.is_empty() && s.nvidia.is_none());
-    let r = gdr::doctor::diagnose(&s);
+    let r = gdr_doctor::diagnose(&s);
     assert!(r.findings_with_id("collect.read_errors").next().is_some());
     let _ = std::fs::remove_dir_all(&root);
 }

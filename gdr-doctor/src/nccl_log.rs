@@ -3,7 +3,7 @@
 //! [`parse`] reads the lines NCCL prints (`host:pid:tid [dev] NCCL INFO ...`, any prefix a
 //! launcher adds before them is skipped) of one or more processes into an [`NcclLog`]; lines it
 //! does not know are counted and ignored, input that holds no NCCL line at all is an
-//! [`Error::InvalidArgument`](crate::Error::InvalidArgument). [`analyze`] turns the log into a
+//! [`Error::InvalidArgument`](gdr::Error::InvalidArgument). [`analyze`] turns the log into a
 //! [`LogReport`]: per process (NCCL prints the CUDA device in brackets, not the rank; ranks come
 //! from the `comm ... rank R nranks N` and channel lines) the NCCL version, the network and
 //! plugin, the devices and ports, whether each network connection of a channel uses GPUDirect
@@ -14,18 +14,18 @@
 //! `src/graph/topo.cc`, `src/transport/net_ib*`), from 2.4 to 2.30.
 //!
 //! ```
-//! let log = gdr::doctor::nccl_log::parse(
+//! let log = gdr_doctor::nccl_log::parse(
 //!     "n1:10:20 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA\n",
 //!     "example",
 //! )
 //! .unwrap();
-//! let report = gdr::doctor::nccl_log::analyze(&log, None);
+//! let report = gdr_doctor::nccl_log::analyze(&log, None);
 //! assert!(report.gdrdma_verified);
-//! assert!(gdr::doctor::nccl_log::parse("no nccl here\n", "x").is_err());
+//! assert!(gdr_doctor::nccl_log::parse("no nccl here\n", "x").is_err());
 //! ```
 
 use super::{Report, Severity};
-use crate::Hint;
+use gdr::Hint;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -375,7 +375,7 @@ fn distance(msg: &str) -> Option<GdrDistance> {
 }
 
 /// Read an NCCL log. Unknown lines are ignored; input without a single NCCL line is an error.
-pub fn parse(text: &str, source: &str) -> crate::Result<NcclLog> {
+pub fn parse(text: &str, source: &str) -> gdr::Result<NcclLog> {
     let mut log = NcclLog {
         source: source.to_string(),
         lines: 0,
@@ -443,7 +443,7 @@ pub fn parse(text: &str, source: &str) -> crate::Result<NcclLog> {
     }
     log.processes_left_out = left_out.len();
     if log.nccl_lines == 0 {
-        return Err(crate::Error::invalid(
+        return Err(gdr::Error::invalid(
             format!(
                 "NCCL log {source}: {} line(s), none printed by NCCL (no `NCCL INFO`, `NCCL WARN` or `NCCL version` line)",
                 log.lines
@@ -1225,7 +1225,7 @@ mod tests {
     #[test]
     fn no_nccl_line_is_an_error_naming_the_fix() {
         let e = parse("hello\nworld\n", "t.log").unwrap_err();
-        assert!(matches!(e, crate::Error::InvalidArgument { .. }), "{e}");
+        assert!(matches!(e, gdr::Error::InvalidArgument { .. }), "{e}");
         let s = e.to_string();
         assert!(s.contains("t.log") && s.contains("2 line(s)"), "{s}");
         assert!(e.hint().unwrap().contains("NCCL_DEBUG=INFO"));

@@ -1,7 +1,7 @@
 //! A snapshot of everything on a host that decides whether GPUDirect RDMA works, and how fast.
 //!
 //! [`collect`] reads sysfs and procfs below a configurable root (normally `/`) into a
-//! [`Snapshot`]; [`crate::doctor::diagnose`] turns a snapshot into findings without any I/O. A
+//! [`Snapshot`]; [`crate::diagnose`] turns a snapshot into findings without any I/O. A
 //! snapshot is plain data (serde), so one machine can be captured (`gdr doctor dump`) and replayed
 //! anywhere (`gdr doctor --snapshot FILE`).
 //!
@@ -16,7 +16,7 @@ pub mod pcie;
 pub use collect::{collect, collect_with, CollectOptions};
 pub use cuda::query_cuda;
 
-use crate::gpu_mr::rules::SystemFacts;
+use gdr::gpu_mr::rules::SystemFacts;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -25,8 +25,8 @@ use std::collections::BTreeMap;
 pub const SNAPSHOT_FORMAT: u32 = 1;
 
 /// Environment variables that change how NCCL uses the NIC (every variable the doctor checks,
-/// [`crate::doctor::NCCL_VARS`]), captured at collect time.
-pub const NCCL_ENV_VARS: &[&str] = crate::doctor::NCCL_VARS;
+/// [`crate::NCCL_VARS`]), captured at collect time.
+pub const NCCL_ENV_VARS: &[&str] = crate::NCCL_VARS;
 
 /// Everything the doctor looks at, read from one machine at one time.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -211,7 +211,7 @@ impl NvidiaDriver {
     pub fn is_open_kernel_module(&self) -> Option<bool> {
         self.version
             .as_deref()
-            .map(crate::gpu_mr::rules::is_open_kernel_module)
+            .map(gdr::gpu_mr::rules::is_open_kernel_module)
     }
 
     /// The driver version number, e.g. `580.159.04`.
@@ -248,10 +248,10 @@ pub struct RdmaDevice {
     /// Ports, sorted by number.
     pub ports: Vec<RdmaPort>,
     /// Whether the device imports dma-bufs, by the probe registration runs
-    /// ([`crate::gpu_mr::probe_nic_dma_buf`]); recorded by live collection only
+    /// ([`gdr::gpu_mr::probe_nic_dma_buf`]); recorded by live collection only
     /// ([`CollectOptions::probe_nics`]), `None`: not probed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dma_buf: Option<crate::gpu_mr::rules::NicDmaBuf>,
+    pub dma_buf: Option<gdr::gpu_mr::rules::NicDmaBuf>,
 }
 
 /// One port of an RDMA device.
@@ -409,14 +409,14 @@ impl Snapshot {
     /// Parse a snapshot from JSON; `what` names the input in errors (a file name).
     ///
     /// Malformed JSON and a format version this crate does not know are
-    /// [`crate::Error::InvalidArgument`], never a panic.
-    pub fn from_json(text: &str, what: &str) -> crate::Result<Snapshot> {
+    /// [`gdr::Error::InvalidArgument`], never a panic.
+    pub fn from_json(text: &str, what: &str) -> gdr::Result<Snapshot> {
         #[derive(Deserialize)]
         struct Probe {
             format: Option<u32>,
         }
         let probe: Probe = serde_json::from_str(text).map_err(|e| {
-            crate::Error::invalid(
+            gdr::Error::invalid(
                 format!("snapshot {what}: not a JSON object with a format field: {e}"),
                 "give a file written by `gdr doctor dump`",
             )
@@ -424,7 +424,7 @@ impl Snapshot {
         match probe.format {
             Some(SNAPSHOT_FORMAT) => {}
             Some(other) => {
-                return Err(crate::Error::invalid(
+                return Err(gdr::Error::invalid(
                     format!(
                         "snapshot {what}: format {other}, this gdr reads format {SNAPSHOT_FORMAT}"
                     ),
@@ -432,14 +432,14 @@ impl Snapshot {
                 ))
             }
             None => {
-                return Err(crate::Error::invalid(
+                return Err(gdr::Error::invalid(
                     format!("snapshot {what}: no `format` field"),
                     "give a file written by `gdr doctor dump`",
                 ))
             }
         }
         serde_json::from_str(text).map_err(|e| {
-            crate::Error::invalid(
+            gdr::Error::invalid(
                 format!("snapshot {what}: {e}"),
                 "give a file written by `gdr doctor dump`",
             )
@@ -467,9 +467,9 @@ impl Snapshot {
         self.modules.iter().any(|m| m == name)
     }
 
-    /// The host facts the GPUDirect rules take ([`crate::gpu_mr::rules`]), as this snapshot
+    /// The host facts the GPUDirect rules take ([`gdr::gpu_mr::rules`]), as this snapshot
     /// recorded them: what registration would read on the machine
-    /// ([`crate::gpu_mr::rules::SystemFacts::probe`]; both read through the same reader).
+    /// ([`gdr::gpu_mr::rules::SystemFacts::probe`]; both read through the same reader).
     pub fn system_facts(&self) -> SystemFacts {
         SystemFacts {
             modules: self.modules.clone(),

@@ -1,16 +1,16 @@
-//! Golden-output tests of `gdr::doctor::nccl_log` on real NCCL logs.
+//! Golden-output tests of `gdr_doctor::nccl_log` on real NCCL logs.
 //!
-//! Fixtures live in `tests/fixtures/nccl-logs/` (in this crate, `gdr/`): `<name>.log` is an
+//! Fixtures live in `tests/fixtures/nccl-logs/` (in this crate, `gdr-doctor/`): `<name>.log` is an
 //! `NCCL_DEBUG=INFO` log pasted in a public issue thread (the header names the thread), trimmed
 //! to the lines about the network path; `golden/<name>.table.txt` and
 //! `golden/<name>.report.json` are the expected reports. Each test also checks the verdict
 //! lines by hand, so a re-bless cannot silently change what a fixture proves.
 //!
-//! `GDR_BLESS=1 cargo test -p gdr --test nccl_log_golden` rewrites the goldens.
+//! `GDR_BLESS=1 cargo test -p gdr-doctor --test nccl_log_golden` rewrites the goldens.
 
-use gdr::doctor::nccl_log::{analyze, parse, LogReport, LogVerdict};
-use gdr::doctor::{diagnose, Severity};
-use gdr::topology::Snapshot;
+use gdr_doctor::nccl_log::{analyze, parse, LogReport, LogVerdict};
+use gdr_doctor::topology::Snapshot;
+use gdr_doctor::{diagnose, Severity};
 use std::path::{Path, PathBuf};
 
 fn dir() -> PathBuf {

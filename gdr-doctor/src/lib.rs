@@ -9,11 +9,15 @@
 //! ACS bits live in the extended configuration space, which only root can read.
 //!
 //! ```
-//! use gdr::topology::Snapshot;
-//! let report = gdr::doctor::diagnose(&Snapshot::new("empty"));
+//! use gdr_doctor::topology::Snapshot;
+//! let report = gdr_doctor::diagnose(&Snapshot::new("empty"));
 //! assert!(!report.gpudirect_usable);
 //! assert_eq!(report.exit_code(), 1);
 //! ```
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod host;
 mod nccl;
@@ -23,6 +27,7 @@ mod pair;
 pub mod path;
 mod rails;
 mod render;
+pub mod topology;
 
 use crate::topology::Snapshot;
 use serde::{Deserialize, Serialize};

@@ -2,8 +2,8 @@
 //! the transfer engine use ([`rank_rails`]; the key is documented there).
 //!
 //! ```
-//! use gdr::doctor::{diagnose, rank_rails, MemoryLocation};
-//! use gdr::topology::Snapshot;
+//! use gdr_doctor::{diagnose, rank_rails, MemoryLocation};
+//! use gdr_doctor::topology::Snapshot;
 //! let report = diagnose(&Snapshot::new("empty"));
 //! assert!(rank_rails(&report, &MemoryLocation::Any, None).is_empty());
 //! ```
@@ -13,8 +13,8 @@ use super::{
     diagnose, nccl_env_from_process, Finding, GpuSummary, NicSummary, PairReport, PathClass,
     Report, Severity, VerdictKind,
 };
-use crate::device::Selection;
 use crate::topology::{collect_with, CollectOptions};
+use gdr::device::Selection;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap};
@@ -446,7 +446,7 @@ fn resolve_gpu<'a>(report: &'a Report, memory: &MemoryLocation) -> Result<&'a Gp
 ///
 /// ```no_run
 /// use gdr::device::Selection;
-/// use gdr::doctor::{host_report, rank_rails, MemoryLocation};
+/// use gdr_doctor::{host_report, rank_rails, MemoryLocation};
 /// // Collect and diagnose once (at agent start), then rank per memory location.
 /// let report = host_report(std::path::Path::new("/"))?;
 /// let config = Selection::parse("^mlx5_2")?;
@@ -568,7 +568,7 @@ pub(crate) fn for_report(report: &Report) -> Vec<LocationRails> {
 /// own options: `diagnose(&collect_with(root, opts)?)`, then [`rank_rails`].
 ///
 /// Fails only when `root` is not a readable directory.
-pub fn host_report(root: &Path) -> crate::Result<Report> {
+pub fn host_report(root: &Path) -> gdr::Result<Report> {
     let mut opts = if root == Path::new("/") {
         CollectOptions::live()
     } else {
@@ -585,14 +585,14 @@ pub fn rails_for_host(
     root: &Path,
     memory: &MemoryLocation,
     selection: Option<&Selection>,
-) -> crate::Result<Vec<Rail>> {
+) -> gdr::Result<Vec<Rail>> {
     Ok(rank_rails(&host_report(root)?, memory, selection))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::doctor::{Verdict, REPORT_FORMAT};
+    use crate::{Verdict, REPORT_FORMAT};
 
     /// A NIC for [`report`]: name, NUMA node, port (`None`: no ports), rate, active.
     struct N(

@@ -1343,7 +1343,7 @@ mod tests {
     /// 0/1 and v1/v2 IPv4 at 2/3; no peer memory, no dma-buf; a PIX and a SYS pair) with `env`.
     fn dgx(env: &[(&str, &str)]) -> super::super::Report {
         let mut snap = Snapshot::from_json(
-            include_str!("../../tests/fixtures/doctor/snapshots/dgx-a100-failing.json"),
+            include_str!("../tests/fixtures/doctor/snapshots/dgx-a100-failing.json"),
             "dgx",
         )
         .unwrap();

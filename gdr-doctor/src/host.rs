@@ -2,11 +2,11 @@
 //! memlock, unreadable files.
 
 use super::{Finding, Severity};
-use crate::gpu_mr::rules::{
+use crate::topology::{CudaDevice, Limit, Snapshot};
+use gdr::gpu_mr::rules::{
     self, DmaBufBlocker, DmaBufFacts, GpuDmaBuf, NicDmaBuf, Readiness, SystemFacts,
     DMA_BUF_MIN_DRIVER_VERSION, DMA_BUF_MIN_KERNEL, OPEN_MODULE_MIN_DRIVER, RDMA_CORE_MIN_DMA_BUF,
 };
-use crate::topology::{CudaDevice, Limit, Snapshot};
 
 /// A GPU as the checks see it.
 #[derive(Debug, Clone)]
@@ -152,7 +152,7 @@ pub(crate) fn dmabuf_readiness(
         evidence.push(format!("kernel {r}"));
     }
     evidence.push(match facts.driver_version {
-        Some(v) => format!("CUDA driver {}", crate::cuda::version_text(v)),
+        Some(v) => format!("CUDA driver {}", gdr::cuda::version_text(v)),
         None => match snap.cuda.as_ref().and_then(|c| c.error.as_deref()) {
             Some(e) => format!("CUDA driver version: unknown ({e})"),
             None => "CUDA driver version: unknown (not collected)".into(),
@@ -477,7 +477,7 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
             "install the NVIDIA open kernel module (>= {OPEN_MODULE_MIN_DRIVER}, e.g. the `-open` driver packages), a kernel >= {}.{} and a CUDA driver >= {}; rdma-core >= {RDMA_CORE_MIN_DMA_BUF} for ibv_reg_dmabuf_mr",
             DMA_BUF_MIN_KERNEL.0,
             DMA_BUF_MIN_KERNEL.1,
-            crate::cuda::version_text(DMA_BUF_MIN_DRIVER_VERSION)
+            gdr::cuda::version_text(DMA_BUF_MIN_DRIVER_VERSION)
         ));
     } else if tri == Tri::Unknown {
         f = f.fix(match &snap.cuda {
@@ -495,7 +495,7 @@ fn dma_buf_requirements() -> String {
         "open kernel module >= {OPEN_MODULE_MIN_DRIVER}, Linux >= {}.{}, CUDA >= {}",
         DMA_BUF_MIN_KERNEL.0,
         DMA_BUF_MIN_KERNEL.1,
-        crate::cuda::version_text(DMA_BUF_MIN_DRIVER_VERSION)
+        gdr::cuda::version_text(DMA_BUF_MIN_DRIVER_VERSION)
     )
 }
 

@@ -6,9 +6,9 @@ use super::nccl::{read_level, Level, LevelRead};
 use super::nic::NicFacts;
 use super::path::{PathClass, PciPath};
 use super::{Finding, NicSummary, PairReport, Severity, Verdict, VerdictKind};
-use crate::gpu_mr::rules::{self, DmaBufBlocker, NicDmaBuf};
 use crate::topology::pcie::{self, Acs};
 use crate::topology::Snapshot;
+use gdr::gpu_mr::rules::{self, DmaBufBlocker, NicDmaBuf};
 
 pub(crate) fn check(
     snap: &Snapshot,

@@ -1,22 +1,22 @@
-//! Golden-output tests of `gdr::doctor` on recorded and synthetic machines.
+//! Golden-output tests of `gdr_doctor` on recorded and synthetic machines.
 //!
-//! Fixtures live in `tests/fixtures/doctor/` (in this crate, `gdr/`):
+//! Fixtures live in `tests/fixtures/doctor/` (in this crate, `gdr-doctor/`):
 //! - `snapshots/<name>.json`: snapshots built by the functions below (each one a machine
 //!   described in a few lines); the test checks the committed file still equals what the builder
 //!   makes, so the JSON that `gdr doctor --snapshot` replays is the reviewed description.
 //! - `trees/<name>/`: sysfs/procfs trees read through `collect()`.
 //! - `golden/<name>.report.json` and `golden/<name>.table.txt`: the expected report.
 //!
-//! `GDR_BLESS=1 cargo test -p gdr --test doctor_golden` rewrites snapshots and goldens.
+//! `GDR_BLESS=1 cargo test -p gdr-doctor --test doctor_golden` rewrites snapshots and goldens.
 
 use gdr::device::Selection;
-use gdr::doctor::{
-    diagnose, rails_for_host, rank_rails, MemoryLocation, PathClass, Report, Severity, VerdictKind,
-};
-use gdr::topology::pcie::bytes_to_hex;
-use gdr::topology::{
+use gdr_doctor::topology::pcie::bytes_to_hex;
+use gdr_doctor::topology::{
     collect_with, CollectOptions, ConfigSpace, CudaDevice, CudaInfo, GidEntry, Hypervisor, Iommu,
     Kernel, Limit, MemlockLimit, Netdev, NvidiaDriver, PciDevice, RdmaDevice, RdmaPort, Snapshot,
+};
+use gdr_doctor::{
+    diagnose, rails_for_host, rank_rails, MemoryLocation, PathClass, Report, Severity, VerdictKind,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -742,7 +742,7 @@ fn captured_h200_agrees_with_the_probe() {
     assert_eq!(a, b);
 }
 
-fn finding<'a>(r: &'a Report, id: &str, subject_has: &str) -> &'a gdr::doctor::Finding {
+fn finding<'a>(r: &'a Report, id: &str, subject_has: &str) -> &'a gdr_doctor::Finding {
     r.findings_with_id(id)
         .find(|f| f.subject.contains(subject_has))
         .unwrap_or_else(|| panic!("no finding {id} about {subject_has}: {}", r.to_table(false)))
@@ -1019,7 +1019,7 @@ fn every_fixture() -> Vec<(String, Snapshot)> {
     out
 }
 
-fn gpu_location(g: &gdr::doctor::GpuSummary) -> MemoryLocation {
+fn gpu_location(g: &gdr_doctor::GpuSummary) -> MemoryLocation {
     match g.cuda_ordinal {
         Some(o) => MemoryLocation::Gpu {
             ordinal: u32::try_from(o).unwrap(),
@@ -1203,7 +1203,7 @@ fn rails_for_host_reads_a_tree_through_collect() {
 #[test]
 fn rails_for_this_host_list_every_device_and_print_the_time() {
     let t = std::time::Instant::now();
-    let report = gdr::doctor::host_report(Path::new("/")).unwrap();
+    let report = gdr_doctor::host_report(Path::new("/")).unwrap();
     let collect = t.elapsed();
     let rails = rank_rails(&report, &MemoryLocation::Any, None);
     assert_eq!(rails.len(), report.nics.len());
