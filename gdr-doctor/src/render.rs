@@ -69,7 +69,7 @@ fn state(r: &Rail) -> &'static str {
 fn rails(out: &mut String, locations: &[LocationRails], color: bool) {
     let _ = writeln!(
         out,
-        "\nRails (* = tier 0, the rails the engine stripes over; gdr::doctor::rank_rails)"
+        "\nRails (* = tier 0, the rails the engine stripes over; gdr_doctor::rank_rails)"
     );
     for l in locations {
         let gpu = matches!(

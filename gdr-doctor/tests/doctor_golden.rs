@@ -257,7 +257,7 @@ fn dgx_a100(fixed: bool) -> Snapshot {
         "dgx-a100-failing"
     };
     let mut s = Snapshot::new(format!(
-        "fixture {name} (built by gdr/tests/doctor_golden.rs)"
+        "fixture {name} (built by gdr-doctor/tests/doctor_golden.rs)"
     ));
     let acs = if fixed { 0x0000 } else { 0x001d };
     let mut p = Pci {
@@ -385,7 +385,7 @@ fn dgx_a100(fixed: bool) -> Snapshot {
 /// One H100 and one ConnectX-7 (InfiniBand NDR) under one switch, peer memory and dma-buf
 /// both ready, IOMMU in passthrough.
 fn healthy_pix() -> Snapshot {
-    let mut s = Snapshot::new("fixture healthy-pix (built by gdr/tests/doctor_golden.rs)");
+    let mut s = Snapshot::new("fixture healthy-pix (built by gdr-doctor/tests/doctor_golden.rs)");
     let mut p = Pci {
         snap: &mut s,
         cfg_len: 4096,
@@ -475,7 +475,7 @@ fn healthy_pix() -> Snapshot {
 /// GPU and NIC on two root ports of one root complex (PHB), IOMMU translating, netdev MTU
 /// 1500, NCCL_NET_GDR_LEVEL=PIX and an NCCL_IB_HCA that names a device that does not exist.
 fn phb_host() -> Snapshot {
-    let mut s = Snapshot::new("fixture phb-host (built by gdr/tests/doctor_golden.rs)");
+    let mut s = Snapshot::new("fixture phb-host (built by gdr-doctor/tests/doctor_golden.rs)");
     let mut p = Pci {
         snap: &mut s,
         cfg_len: 4096,
@@ -568,7 +568,7 @@ fn phb_host() -> Snapshot {
 /// GPU and NIC under one switch, but the InfiniBand port is down (no cable / no link).
 fn port_down() -> Snapshot {
     let mut s = healthy_pix();
-    s.source = "fixture port-down (built by gdr/tests/doctor_golden.rs)".into();
+    s.source = "fixture port-down (built by gdr-doctor/tests/doctor_golden.rs)".into();
     s.rdma[0].ports[0] = ib_port("1: DOWN", "3: Disabled", "10 Gb/sec (4X SDR)");
     s
 }
