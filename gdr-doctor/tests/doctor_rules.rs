@@ -36,6 +36,11 @@ fn h200() -> GpuInfo {
     }
 }
 
+/// The recorded non-root RoCE host (`tests/fixtures/doctor/trees/nonroot-roce`).
+fn fixture_tree() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/doctor/trees/nonroot-roce")
+}
+
 /// Registration's facts and the doctor's snapshot of the tree below `root` are the same, and so
 /// is what the rules make of them.
 fn assert_same_facts(root: &Path) -> SystemFacts {
@@ -56,9 +61,7 @@ fn assert_same_facts(root: &Path) -> SystemFacts {
 
 #[test]
 fn the_snapshot_holds_the_facts_registration_reads() {
-    let tree =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/doctor/trees/nonroot-roce");
-    let facts = assert_same_facts(&tree);
+    let facts = assert_same_facts(&fixture_tree());
     assert!(!facts.modules.is_empty(), "{facts:?}");
 
     // A tree with a peer-memory client and no /proc/modules (the modules of /sys/module count).
@@ -220,6 +223,28 @@ fn doctor_and_registration_agree_on_every_machine() {
             assert!(said, "{label}: the doctor does not say {e}");
         }
     }
+}
+
+/// gdr's `serde` feature, which this crate turns on: registration's recorded inputs (the GPU,
+/// the host facts, the NIC's probe) read back from JSON as they were, in the shape a snapshot
+/// records the probe in.
+#[test]
+fn registration_inputs_round_trip_through_json() {
+    let inputs = PathInputs {
+        driver_version: 13000,
+        driver_exports_dma_buf: true,
+        gpu: h200(),
+        system: SystemFacts::probe(&fixture_tree()),
+        nic: "mlx5_0".into(),
+        nic_dma_buf: NicDmaBuf::Unknown { errno: 5 },
+    };
+    let text = serde_json::to_string(&inputs).unwrap();
+    assert!(text.contains("\"pci_bus_id\":\"0000:00:06.0\""), "{text}");
+    assert!(
+        text.contains("\"nic_dma_buf\":{\"Unknown\":{\"errno\":5}}"),
+        "{text}"
+    );
+    assert_eq!(serde_json::from_str::<PathInputs>(&text).unwrap(), inputs);
 }
 
 /// Soft-RoCE tier: rxe imports no dma-bufs; the doctor's live collection records the same

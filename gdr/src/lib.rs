@@ -62,6 +62,12 @@
 //! a host region. Nothing the CPU would have to read from GPU memory (inline sends, byte views) is
 //! offered for it.
 //!
+//! With the feature `serde`, the plain-data types that describe GPU memory and its registration
+//! ([`cuda::GpuInfo`], [`cuda::PointerInfo`], [`gpu_mr::GpuRange`], [`gpu_mr::PathInputs`],
+//! [`gpu_mr::RegistrationPath`], [`gpu_mr::SystemFacts`], [`gpu_mr::PeerMemory`],
+//! [`gpu_mr::NicDmaBuf`]) implement serde's `Serialize` and `Deserialize`, to be recorded; it is
+//! off by default (gdr itself serializes nothing).
+//!
 //! ## Soundness
 //!
 //! Safe code cannot cause undefined behaviour: a posted request keeps every region it references

@@ -40,8 +40,6 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::errno_text;
 
 /// The first CUDA driver with `cuMemGetHandleForAddressRange` (dma-buf export), in
@@ -111,7 +109,8 @@ pub fn is_open_kernel_module(version_line: &str) -> bool {
 
 /// Host-wide facts that the paths depend on, as read from `/proc` and `/sys` (live:
 /// [`SystemFacts::probe`]) or taken from a recorded host (a doctor snapshot).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SystemFacts {
     /// Loaded kernel modules (`/proc/modules`, else the entries of `/sys/module`).
     pub modules: Vec<String>,
@@ -154,7 +153,8 @@ impl SystemFacts {
 }
 
 /// Whether a peer-memory module is loaded.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PeerMemory {
     /// What was found (`kernel module nvidia_peermem`, `memory peer nv_mem`), if anything.
     pub found: Option<String>,
@@ -177,7 +177,8 @@ pub fn no_peer_memory_text() -> String {
 }
 
 /// What the per-NIC dma-buf probe found (`ibv_reg_dmabuf_mr` with fd -1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum NicDmaBuf {
     /// The NIC imports dma-bufs (the probe with fd -1 failed with `EBADF`).
     Supported,
