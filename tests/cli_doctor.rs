@@ -121,10 +121,7 @@ fn bad_input_exits_2_with_a_message() {
     let _ = std::fs::remove_file(&file);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        err.contains("gdr doctor: invalid argument: snapshot"),
-        "{err}"
-    );
+    assert!(err.contains("gdr doctor: invalid snapshot"), "{err}");
     assert!(err.contains("hint:"), "{err}");
 
     let o = gdr(&["doctor", "--snapshot", "/nonexistent/host.json"]);

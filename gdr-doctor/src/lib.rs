@@ -19,6 +19,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]
 
+mod error;
 mod host;
 mod nccl;
 pub mod nccl_log;
@@ -33,6 +34,7 @@ use crate::topology::Snapshot;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub use error::{Error, Hint, Result};
 pub use nccl::{nccl_env_from_process, NCCL_VARS};
 pub use path::PathClass;
 pub use rails::{

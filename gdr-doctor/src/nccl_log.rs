@@ -2,8 +2,8 @@
 //!
 //! [`parse`] reads the lines NCCL prints (`host:pid:tid [dev] NCCL INFO ...`, any prefix a
 //! launcher adds before them is skipped) of one or more processes into an [`NcclLog`]; lines it
-//! does not know are counted and ignored, input that holds no NCCL line at all is an
-//! [`Error::InvalidArgument`](gdr::Error::InvalidArgument). [`analyze`] turns the log into a
+//! does not know are counted and ignored, input that holds no NCCL line at all is
+//! [`Error::NotAnNcclLog`]. [`analyze`] turns the log into a
 //! [`LogReport`]: per process (NCCL prints the CUDA device in brackets, not the rank; ranks come
 //! from the `comm ... rank R nranks N` and channel lines) the NCCL version, the network and
 //! plugin, the devices and ports, whether each network connection of a channel uses GPUDirect
@@ -25,7 +25,7 @@
 //! ```
 
 use super::{Report, Severity};
-use gdr::Hint;
+use crate::error::{Error, Hint};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -374,8 +374,9 @@ fn distance(msg: &str) -> Option<GdrDistance> {
     })
 }
 
-/// Read an NCCL log. Unknown lines are ignored; input without a single NCCL line is an error.
-pub fn parse(text: &str, source: &str) -> gdr::Result<NcclLog> {
+/// Read an NCCL log. Unknown lines are ignored; input without a single NCCL line is
+/// [`Error::NotAnNcclLog`].
+pub fn parse(text: &str, source: &str) -> crate::Result<NcclLog> {
     let mut log = NcclLog {
         source: source.to_string(),
         lines: 0,
@@ -443,13 +444,11 @@ pub fn parse(text: &str, source: &str) -> gdr::Result<NcclLog> {
     }
     log.processes_left_out = left_out.len();
     if log.nccl_lines == 0 {
-        return Err(gdr::Error::invalid(
-            format!(
-                "NCCL log {source}: {} line(s), none printed by NCCL (no `NCCL INFO`, `NCCL WARN` or `NCCL version` line)",
-                log.lines
-            ),
-            Hint::new("run the job with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,ENV,NET for the reasons) and give gdr the output of every rank, e.g. NCCL_DEBUG_FILE=/tmp/nccl.%h.%p"),
-        ));
+        return Err(Error::NotAnNcclLog {
+            input: source.to_string(),
+            lines: log.lines,
+            hint: Hint::new("run the job with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS=INIT,ENV,NET for the reasons) and give gdr the output of every rank, e.g. NCCL_DEBUG_FILE=/tmp/nccl.%h.%p"),
+        });
     }
     Ok(log)
 }
@@ -1225,7 +1224,7 @@ mod tests {
     #[test]
     fn no_nccl_line_is_an_error_naming_the_fix() {
         let e = parse("hello\nworld\n", "t.log").unwrap_err();
-        assert!(matches!(e, gdr::Error::InvalidArgument { .. }), "{e}");
+        assert!(matches!(e, Error::NotAnNcclLog { lines: 2, .. }), "{e}");
         let s = e.to_string();
         assert!(s.contains("t.log") && s.contains("2 line(s)"), "{s}");
         assert!(e.hint().unwrap().contains("NCCL_DEBUG=INFO"));

@@ -455,7 +455,7 @@ fn resolve_gpu<'a>(report: &'a Report, memory: &MemoryLocation) -> Result<&'a Gp
 /// for r in &rails {
 ///     println!("{}:{} tier {} ({})", r.nic, r.port, r.tier, r.why);
 /// }
-/// # Ok::<(), gdr::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn rank_rails(
     report: &Report,
@@ -568,7 +568,7 @@ pub(crate) fn for_report(report: &Report) -> Vec<LocationRails> {
 /// own options: `diagnose(&collect_with(root, opts)?)`, then [`rank_rails`].
 ///
 /// Fails only when `root` is not a readable directory.
-pub fn host_report(root: &Path) -> gdr::Result<Report> {
+pub fn host_report(root: &Path) -> crate::Result<Report> {
     let mut opts = if root == Path::new("/") {
         CollectOptions::live()
     } else {
@@ -585,7 +585,7 @@ pub fn rails_for_host(
     root: &Path,
     memory: &MemoryLocation,
     selection: Option<&Selection>,
-) -> gdr::Result<Vec<Rail>> {
+) -> crate::Result<Vec<Rail>> {
     Ok(rank_rails(&host_report(root)?, memory, selection))
 }
 

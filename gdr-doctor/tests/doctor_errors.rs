@@ -1,6 +1,7 @@
 //! Bad input to the doctor gives typed errors or recorded read errors, never a panic.
 
 use gdr_doctor::topology::{collect_with, CollectOptions, Snapshot, SNAPSHOT_FORMAT};
+use gdr_doctor::Error;
 use std::path::PathBuf;
 
 fn scratch(name: &str) -> PathBuf {
@@ -23,10 +24,19 @@ fn malformed_snapshots_are_invalid_argument_errors() {
     ];
     for (text, want) in cases {
         let e = Snapshot::from_json(text, "bad.json").unwrap_err();
-        assert!(
-            matches!(e, gdr::Error::InvalidArgument { .. }),
-            "{text:?}: {e:?}"
-        );
+        match &e {
+            Error::SnapshotFormat {
+                input,
+                found,
+                supported,
+                ..
+            } => assert_eq!(
+                (input.as_str(), *found, *supported),
+                ("bad.json", 99, SNAPSHOT_FORMAT)
+            ),
+            Error::InvalidSnapshot { input, .. } => assert_eq!(input, "bad.json"),
+            other => panic!("{text:?}: {other:?}"),
+        }
         let msg = e.to_string();
         assert!(
             msg.contains("bad.json") && msg.contains(want),
@@ -132,9 +142,12 @@ fn collect_from_a_missing_or_non_directory_root_is_an_error() {
     let file = root.join("file");
     std::fs::write(&file, "x").unwrap();
     let e = collect_with(&file, CollectOptions::default()).unwrap_err();
-    assert!(matches!(e, gdr::Error::InvalidArgument { .. }), "{e:?}");
+    assert!(
+        matches!(&e, Error::NotADirectory { root, .. } if *root == file),
+        "{e:?}"
+    );
     let e = collect_with(&root.join("missing"), CollectOptions::default()).unwrap_err();
-    assert!(matches!(e, gdr::Error::Io { .. }), "{e:?}");
+    assert!(matches!(e, Error::Io { .. }), "{e:?}");
     assert!(e.to_string().contains("missing"));
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -53,19 +53,27 @@ impl CollectOptions {
 ///
 /// Fails only when `root` itself is not a readable directory; anything missing below it is
 /// `None` in the snapshot, anything unreadable is listed in [`Snapshot::read_errors`].
-pub fn collect(root: &Path) -> gdr::Result<Snapshot> {
+pub fn collect(root: &Path) -> Result<Snapshot> {
     collect_with(root, CollectOptions::from_process_env())
 }
 
 /// [`collect`] with explicit environment and CUDA facts.
-pub fn collect_with(root: &Path, opts: CollectOptions) -> gdr::Result<Snapshot> {
-    let meta = std::fs::metadata(root)
-        .map_err(|e| gdr::Error::io(format!("collect: root directory {}", root.display()), e))?;
+///
+/// # Errors
+/// [`Error::Io`] when `root` cannot be read, [`Error::NotADirectory`] when it is not a
+/// directory.
+pub fn collect_with(root: &Path, opts: CollectOptions) -> Result<Snapshot> {
+    let meta = std::fs::metadata(root).map_err(|source| Error::Io {
+        what: format!("collect: root directory {}", root.display()),
+        source,
+    })?;
     if !meta.is_dir() {
-        return Err(gdr::Error::invalid(
-            format!("collect: root {} is not a directory", root.display()),
-            "give a directory that contains sys/ and proc/ (or / for this machine)",
-        ));
+        return Err(Error::NotADirectory {
+            root: root.to_path_buf(),
+            hint: Hint::new(
+                "give a directory that contains sys/ and proc/ (or / for this machine)",
+            ),
+        });
     }
     let mut c = Collector {
         files: FactReader::new(root),

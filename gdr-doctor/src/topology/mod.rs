@@ -16,6 +16,7 @@ pub mod pcie;
 pub use collect::{collect, collect_with, CollectOptions};
 pub use cuda::query_cuda;
 
+use crate::error::{Error, Hint, Result};
 use gdr::gpu_mr::rules::SystemFacts;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -408,42 +409,29 @@ impl Snapshot {
 
     /// Parse a snapshot from JSON; `what` names the input in errors (a file name).
     ///
-    /// Malformed JSON and a format version this crate does not know are
-    /// [`gdr::Error::InvalidArgument`], never a panic.
-    pub fn from_json(text: &str, what: &str) -> gdr::Result<Snapshot> {
+    /// Malformed JSON is [`Error::InvalidSnapshot`], a format version this crate does not know
+    /// [`Error::SnapshotFormat`]; never a panic.
+    pub fn from_json(text: &str, what: &str) -> Result<Snapshot> {
         #[derive(Deserialize)]
         struct Probe {
             format: Option<u32>,
         }
         let probe: Probe = serde_json::from_str(text).map_err(|e| {
-            gdr::Error::invalid(
-                format!("snapshot {what}: not a JSON object with a format field: {e}"),
-                "give a file written by `gdr doctor dump`",
-            )
+            Error::invalid_snapshot(what, format!("not a JSON object with a format field: {e}"))
         })?;
         match probe.format {
             Some(SNAPSHOT_FORMAT) => {}
-            Some(other) => {
-                return Err(gdr::Error::invalid(
-                    format!(
-                        "snapshot {what}: format {other}, this gdr reads format {SNAPSHOT_FORMAT}"
-                    ),
-                    "capture it again with this version's `gdr doctor dump`",
-                ))
+            Some(found) => {
+                return Err(Error::SnapshotFormat {
+                    input: what.to_string(),
+                    found,
+                    supported: SNAPSHOT_FORMAT,
+                    hint: Hint::new("capture it again with this version's `gdr doctor dump`"),
+                })
             }
-            None => {
-                return Err(gdr::Error::invalid(
-                    format!("snapshot {what}: no `format` field"),
-                    "give a file written by `gdr doctor dump`",
-                ))
-            }
+            None => return Err(Error::invalid_snapshot(what, "no `format` field")),
         }
-        serde_json::from_str(text).map_err(|e| {
-            gdr::Error::invalid(
-                format!("snapshot {what}: {e}"),
-                "give a file written by `gdr doctor dump`",
-            )
-        })
+        serde_json::from_str(text).map_err(|e| Error::invalid_snapshot(what, e.to_string()))
     }
 
     /// The snapshot as pretty-printed JSON.
