@@ -52,7 +52,6 @@ fn process_report(
     host: Option<&Report>,
 ) -> ProcessReport {
     let version = p.version.clone().or_else(|| log_version.cloned());
-    let ver = version.as_deref();
     let net = p.channels.len();
     let gdr = p.channels.iter().filter(|c| c.gdrdma).count();
     let count = |d: Direction| {
@@ -66,7 +65,42 @@ fn process_report(
     let socket = network_name
         .as_deref()
         .is_some_and(|n| n.eq_ignore_ascii_case("Socket"));
-    let verdict = if socket {
+    let verdict = verdict(p, socket, net, gdr);
+    let mut why = Why::default();
+    what_nccl_printed(p, version.as_deref(), socket, &mut why);
+    likely_causes(p, verdict, send, receive, &mut why);
+    let host_lines = match host {
+        Some(r) if !matches!(verdict, LogVerdict::Gdrdma) => host_checks(p, r),
+        _ => Vec::new(),
+    };
+    ProcessReport {
+        process: process_name(p),
+        ranks: p.ranks.iter().copied().collect(),
+        nranks: p.nranks,
+        version,
+        network: network_name.map(|n| network_text(p, &n)),
+        devices: devices(p),
+        relaxed_ordering: p.relaxed_ordering,
+        oob: p.oob.clone(),
+        net_connections: net,
+        gdrdma_connections: gdr,
+        send,
+        receive,
+        intra_node_channels: p.intra_node_channels,
+        verdict,
+        reasons: why.reasons,
+        likely: why.likely,
+        host: host_lines,
+        fixes: why.fixes,
+        notes: why.notes,
+        warnings: p.warnings.clone(),
+    }
+}
+
+/// What a process's connections say: sockets, GDRDMA on all, some or none of its `net`
+/// network connections (`gdr` of them with GDRDMA), or none at all.
+fn verdict(p: &LogProcess, socket: bool, net: usize, gdr: usize) -> LogVerdict {
+    if socket {
         LogVerdict::Socket
     } else if net == 0 {
         // No connection lines, but NCCL said it disabled GPUDirect for every GPU/HCA it
@@ -85,44 +119,64 @@ fn process_report(
         LogVerdict::NoGdrdma
     } else {
         LogVerdict::Partial
-    };
-    let network = network_name.map(|n| {
-        if n.eq_ignore_ascii_case("IB") {
-            let kinds: BTreeSet<&str> = p
-                .ib_devices
-                .iter()
-                .map(|d| {
-                    if d.link.starts_with("RoCE") {
-                        "RoCE"
-                    } else {
-                        "InfiniBand"
-                    }
-                })
-                .collect();
-            let kinds: Vec<&str> = kinds.into_iter().collect();
-            if kinds.is_empty() {
-                "IB (NCCL's internal IB verbs transport)".to_string()
-            } else {
-                format!(
-                    "IB (NCCL's internal IB verbs transport, {})",
-                    kinds.join(" and ")
-                )
-            }
-        } else if n.eq_ignore_ascii_case("Socket") {
-            "Socket (NCCL's internal TCP transport)".to_string()
-        } else {
-            match &p.plugin {
-                Some(pl) => format!("{n} (external net plugin {pl})"),
-                None => format!("{n} (external net plugin)"),
-            }
-        }
-    });
-    let mut reasons = Vec::new();
-    let mut likely = Vec::new();
-    let mut fixes = Vec::new();
-    let mut host_lines = Vec::new();
+    }
+}
 
-    // What NCCL printed.
+/// The network NCCL used (`name`, from `Using network` or the channel lines), for people.
+fn network_text(p: &LogProcess, name: &str) -> String {
+    if name.eq_ignore_ascii_case("IB") {
+        let kinds: BTreeSet<&str> = p
+            .ib_devices
+            .iter()
+            .map(|d| {
+                if d.link.starts_with("RoCE") {
+                    "RoCE"
+                } else {
+                    "InfiniBand"
+                }
+            })
+            .collect();
+        let kinds: Vec<&str> = kinds.into_iter().collect();
+        if kinds.is_empty() {
+            "IB (NCCL's internal IB verbs transport)".to_string()
+        } else {
+            format!(
+                "IB (NCCL's internal IB verbs transport, {})",
+                kinds.join(" and ")
+            )
+        }
+    } else if name.eq_ignore_ascii_case("Socket") {
+        "Socket (NCCL's internal TCP transport)".to_string()
+    } else {
+        match &p.plugin {
+            Some(pl) => format!("{name} (external net plugin {pl})"),
+            None => format!("{name} (external net plugin)"),
+        }
+    }
+}
+
+/// Why a process's connections do or do not use GDRDMA, in the order the report lists them.
+#[derive(Default)]
+struct Why {
+    /// What NCCL printed.
+    reasons: Vec<String>,
+    /// The likely causes where it printed nothing.
+    likely: Vec<String>,
+    /// What to do.
+    fixes: Vec<String>,
+    /// Side remarks.
+    notes: Vec<String>,
+}
+
+/// The reasons NCCL printed (`GPU Direct RDMA Disabled ...`, the variables it read), with their
+/// fixes; for sockets, why NCCL chose them.
+fn what_nccl_printed(p: &LogProcess, ver: Option<&str>, socket: bool, why: &mut Why) {
+    let Why {
+        reasons,
+        likely,
+        fixes,
+        notes,
+    } = why;
     for d in p.distance.iter().filter(|d| !d.enabled) {
         let named = match (path_name(ver, d.distance), path_name(ver, d.limit)) {
             (Some(a), Some(b)) => format!(
@@ -137,24 +191,21 @@ fn process_report(
             d.gpu, d.hca, d.distance, d.limit
         ));
         let class = path_name(ver, d.distance).unwrap_or("the path's class");
-        push_capped(&mut fixes, format!("put the GPU and the NIC under one PCIe switch (PIX/PXB), or export NCCL_NET_GDR_LEVEL={class} if GPUDirect over this path measures faster than staging (`gdr bw --use-cuda`)"));
+        push_capped(fixes, format!("put the GPU and the NIC under one PCIe switch (PIX/PXB), or export NCCL_NET_GDR_LEVEL={class} if GPUDirect over this path measures faster than staging (`gdr bw --use-cuda`)"));
     }
     for h in p.hca_gdr.iter().filter(|h| !h.enabled) {
         if h.no_module {
             reasons.push(format!("NCCL printed `GPU Direct RDMA Disabled for HCA {} (no module)`: no peer-memory module (nvidia-peermem or nv_peer_mem) was loaded", h.hca));
-            push_capped(&mut fixes, "`modprobe nvidia-peermem` on every node (and make it persistent), or use dma-buf (NCCL >= 2.13, open kernel module, Linux >= 5.12, CUDA >= 11.7)".to_string());
+            push_capped(fixes, "`modprobe nvidia-peermem` on every node (and make it persistent), or use dma-buf (NCCL >= 2.13, open kernel module, Linux >= 5.12, CUDA >= 11.7)".to_string());
         } else {
             reasons.push(format!("NCCL printed `GPU Direct RDMA Disabled for HCA {}`: NCCL found neither a peer-memory module (it checks /sys/kernel/mm/memory_peers/nv_mem*/version and /sys/module/nvidia_peermem/version) nor dma-buf support for this GPU and NIC", h.hca));
-            push_capped(&mut fixes, "`modprobe nvidia-peermem` (check `ls /sys/module/nvidia_peermem`), or make dma-buf possible: NVIDIA open kernel module, Linux >= 5.12, CUDA driver >= 11.7, NCCL_DMABUF_ENABLE unset or 1".to_string());
+            push_capped(fixes, "`modprobe nvidia-peermem` (check `ls /sys/module/nvidia_peermem`), or make dma-buf possible: NVIDIA open kernel module, Linux >= 5.12, CUDA driver >= 11.7, NCCL_DMABUF_ENABLE unset or 1".to_string());
         }
     }
     if let Some(v) = p.env.get("NCCL_NET_GDR_LEVEL") {
         if matches!(v.as_str(), "LOC" | "0") {
             reasons.push(format!("NCCL printed `NCCL_NET_GDR_LEVEL set by environment to {v}`: GPUDirect RDMA is switched off"));
-            push_capped(
-                &mut fixes,
-                "unset NCCL_NET_GDR_LEVEL (default PXB)".to_string(),
-            );
+            push_capped(fixes, "unset NCCL_NET_GDR_LEVEL (default PXB)".to_string());
         }
     }
     if p.env.get("NCCL_NET_GDR_READ").map(String::as_str) == Some("0") {
@@ -166,7 +217,7 @@ fn process_report(
     if socket {
         if p.env.get("NCCL_IB_DISABLE").is_some_and(|v| v != "0") {
             reasons.push("NCCL printed `NCCL_IB_DISABLE set by environment to 1`: the IB/RoCE transport is switched off".to_string());
-            push_capped(&mut fixes, "unset NCCL_IB_DISABLE".to_string());
+            push_capped(fixes, "unset NCCL_IB_DISABLE".to_string());
         }
         if p.env
             .get("NCCL_NET")
@@ -176,43 +227,49 @@ fn process_report(
                 "NCCL printed `NCCL_NET set by environment to Socket`: sockets are forced"
                     .to_string(),
             );
-            push_capped(&mut fixes, "unset NCCL_NET".to_string());
+            push_capped(fixes, "unset NCCL_NET".to_string());
         }
         if p.ib_no_device {
             reasons.push("NCCL printed `NET/IB : No device found.`: libibverbs listed no usable RDMA device (none present, driver or rdma-core missing, no active port, or NCCL_IB_HCA matching nothing)".to_string());
-            push_capped(&mut fixes, "check `ibv_devinfo` (device present, port ACTIVE), then NCCL_IB_HCA; run `gdr doctor` on the node".to_string());
+            push_capped(fixes, "check `ibv_devinfo` (device present, port ACTIVE), then NCCL_IB_HCA; run `gdr doctor` on the node".to_string());
         }
         if reasons.is_empty() {
             likely.push("NCCL chose sockets without saying why in this log: NCCL_IB_DISABLE, NCCL_NET=Socket, or no usable RDMA device (look for `NET/IB : No device found.`)".to_string());
         }
     }
-    let mut notes = Vec::new();
     if let Some(v) = p.env.get("NCCL_P2P_LEVEL") {
         notes.push(format!("NCCL printed `NCCL_P2P_LEVEL set by environment to {v}`: that governs GPU-to-GPU peer access inside a node, not GPUDirect RDMA (NCCL_NET_GDR_LEVEL does)"));
     }
+}
+
+/// The likely causes where NCCL printed no reason: sends without GDRDMA, missing NET lines,
+/// dma-buf available on the GPU side.
+fn likely_causes(
+    p: &LogProcess,
+    verdict: LogVerdict,
+    send: (usize, usize),
+    receive: (usize, usize),
+    why: &mut Why,
+) {
     // Send without GDRDMA while receive has it: GDR reads are off.
     if send.0 > 0 && send.1 == 0 && receive.1 > 0 && !p.env.contains_key("NCCL_NET_GDR_READ") {
-        likely.push("receives use GPUDirect RDMA but sends do not: NCCL_NET_GDR_READ is off by default for GPUs older than Ampere (compute capability < 8.0) without NVLink".to_string());
-        push_capped(&mut fixes, "NCCL_NET_GDR_READ=1 lets the NIC read GPU memory when sending (measure: on PCIe-only pre-Ampere systems it can be slower)".to_string());
+        why.likely.push("receives use GPUDirect RDMA but sends do not: NCCL_NET_GDR_READ is off by default for GPUs older than Ampere (compute capability < 8.0) without NVLink".to_string());
+        push_capped(&mut why.fixes, "NCCL_NET_GDR_READ=1 lets the NIC read GPU memory when sending (measure: on PCIe-only pre-Ampere systems it can be slower)".to_string());
     }
     if matches!(verdict, LogVerdict::NoGdrdma | LogVerdict::Partial)
         && p.distance.iter().all(|d| d.enabled)
         && p.hca_gdr.iter().all(|h| h.enabled)
         && !p.env.contains_key("NCCL_NET_GDR_LEVEL")
     {
-        likely.push("NCCL printed no reason (those lines are in the NET subsystem: rerun with NCCL_DEBUG_SUBSYS=INIT,ENV,NET); the usual ones: GPU and NIC farther apart than NCCL_NET_GDR_LEVEL (default PXB), no peer-memory module and no dma-buf, or a GPU without GPUDirect RDMA".to_string());
+        why.likely.push("NCCL printed no reason (those lines are in the NET subsystem: rerun with NCCL_DEBUG_SUBSYS=INIT,ENV,NET); the usual ones: GPU and NIC farther apart than NCCL_NET_GDR_LEVEL (default PXB), no peer-memory module and no dma-buf, or a GPU without GPUDirect RDMA".to_string());
     }
     if p.dmabuf_available && matches!(verdict, LogVerdict::NoGdrdma | LogVerdict::Partial) {
-        likely.push("NCCL printed `DMA-BUF is available on GPU device N`: the GPU side of dma-buf is fine, so look at the NIC, the distance and NCCL_NET_GDR_LEVEL".to_string());
+        why.likely.push("NCCL printed `DMA-BUF is available on GPU device N`: the GPU side of dma-buf is fine, so look at the NIC, the distance and NCCL_NET_GDR_LEVEL".to_string());
     }
+}
 
-    // The host view.
-    if let Some(r) = host {
-        if !matches!(verdict, LogVerdict::Gdrdma) {
-            host_lines.extend(host_checks(p, r));
-        }
-    }
-
+/// The devices of the `NET/IB : Using` line (`[0]mlx5_0:1/RoCE`), then the socket interfaces.
+fn devices(p: &LogProcess) -> Vec<String> {
     let mut devices: Vec<String> = p
         .ib_devices
         .iter()
@@ -222,39 +279,20 @@ fn process_report(
         })
         .collect();
     devices.extend(p.socket_interfaces.iter().cloned());
-    let process = {
-        let who = match (p.host.is_empty(), p.pid.is_empty()) {
-            (false, false) => format!("{}:{}", p.host, p.pid),
-            (false, true) => p.host.clone(),
-            (true, false) => format!("pid {}", p.pid),
-            (true, true) => "unnamed process".to_string(),
-        };
-        match p.cuda_dev {
-            Some(d) => format!("{who} GPU {d}"),
-            None => who,
-        }
+    devices
+}
+
+/// `host:pid GPU d`, as far as the log names the process.
+fn process_name(p: &LogProcess) -> String {
+    let who = match (p.host.is_empty(), p.pid.is_empty()) {
+        (false, false) => format!("{}:{}", p.host, p.pid),
+        (false, true) => p.host.clone(),
+        (true, false) => format!("pid {}", p.pid),
+        (true, true) => "unnamed process".to_string(),
     };
-    ProcessReport {
-        process,
-        ranks: p.ranks.iter().copied().collect(),
-        nranks: p.nranks,
-        version,
-        network,
-        devices,
-        relaxed_ordering: p.relaxed_ordering,
-        oob: p.oob.clone(),
-        net_connections: net,
-        gdrdma_connections: gdr,
-        send,
-        receive,
-        intra_node_channels: p.intra_node_channels,
-        verdict,
-        reasons,
-        likely,
-        host: host_lines,
-        fixes,
-        notes,
-        warnings: p.warnings.clone(),
+    match p.cuda_dev {
+        Some(d) => format!("{who} GPU {d}"),
+        None => who,
     }
 }
 

@@ -234,6 +234,7 @@ pub fn parse(text: &str, source: &str) -> crate::Result<NcclLog> {
 /// What makes two connection lines the same connection.
 type ChannelKey = (u32, Option<u32>, u32, u32, Direction);
 
+/// One `NCCL INFO` message of process `p`.
 fn read_info(p: &mut LogProcess, seen: &mut BTreeSet<ChannelKey>, msg: &str) {
     if let Some(v) = version_after(msg).filter(|_| msg.starts_with("NCCL version")) {
         p.version = Some(v);
@@ -245,61 +246,20 @@ fn read_info(p: &mut LogProcess, seen: &mut BTreeSet<ChannelKey>, msg: &str) {
         .map(|_| channel(msg))
     {
         match ch {
-            Ok(Some(c)) => {
-                if p.ranks.len() < MAX_ITEMS {
-                    p.ranks.insert(match c.direction {
-                        Direction::Send => c.from,
-                        Direction::Receive => c.to,
-                    });
-                }
-                if p.channels.len() < MAX_CHANNELS
-                    && seen.insert((c.channel, c.conn, c.from, c.to, c.direction))
-                {
-                    p.channels.push(c);
-                }
-            }
+            Ok(Some(c)) => record_channel(p, seen, c),
             Ok(None) => p.intra_node_channels = p.intra_node_channels.saturating_add(1),
             Err(()) => {}
         }
     } else if let Some(d) = distance(msg) {
         push_capped(&mut p.distance, d);
     } else if msg.starts_with("NET/") && msg.contains("GPU Direct RDMA ") {
-        // `NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)`.
-        let enabled = msg.contains("GPU Direct RDMA Enabled");
-        if let Some((_, hca)) = msg.split_once(" for HCA ") {
-            let no_module = hca.contains("(no module)");
-            let hca: String = hca
-                .trim_end_matches("(no module)")
-                .trim()
-                .chars()
-                .take(64)
-                .collect();
-            push_capped(
-                &mut p.hca_gdr,
-                HcaGdr {
-                    hca,
-                    enabled,
-                    no_module,
-                },
-            );
+        if let Some(h) = hca_gdr(msg) {
+            push_capped(&mut p.hca_gdr, h);
         }
     } else if msg.starts_with("NET/IB") && msg.contains("No device found") {
         p.ib_no_device = true;
     } else if msg.starts_with("NET/IB") && msg.contains("Using") {
-        let (devs, oob) = match msg.split_once("; OOB ") {
-            Some((d, o)) => (d, Some(o.trim().chars().take(128).collect::<String>())),
-            None => (msg, None),
-        };
-        for t in devs.split_whitespace() {
-            if t == "[RO]" || t == "[RO];" {
-                p.relaxed_ordering = true;
-            } else if let Some(d) = net_device(t) {
-                push_capped(&mut p.ib_devices, d);
-            }
-        }
-        if oob.is_some() {
-            p.oob = oob;
-        }
+        read_ib_devices(p, msg);
     } else if msg.starts_with("NET/Socket") && msg.contains("Using") {
         for t in msg.split_whitespace().filter(|t| t.starts_with('[')) {
             push_capped(&mut p.socket_interfaces, t.chars().take(128).collect());
@@ -320,27 +280,88 @@ fn read_info(p: &mut LogProcess, seen: &mut BTreeSet<ChannelKey>, msg: &str) {
     } else if msg.starts_with("DMA-BUF is available") {
         p.dmabuf_available = true;
     } else if msg.starts_with("NCCL_") && msg.contains(" set ") && msg.contains("to ") {
-        let (name, rest) = msg.split_once(' ').unwrap_or((msg, ""));
-        if let Some((_, val)) = rest.split_once("to ") {
-            if p.env.len() < MAX_ITEMS {
-                p.env.insert(
-                    name.chars().take(64).collect(),
-                    val.trim().trim_end_matches('.').chars().take(128).collect(),
-                );
-            }
-        }
+        read_variable(p, msg);
     } else if msg.contains(" rank ") && msg.contains(" nranks ") {
-        let toks: Vec<&str> = msg.split_whitespace().collect();
-        for w in toks.windows(2) {
-            match w[0] {
-                "rank" => {
-                    if let Some(r) = num(w[1]).filter(|_| p.ranks.len() < MAX_ITEMS) {
-                        p.ranks.insert(r);
-                    }
+        read_ranks(p, msg);
+    }
+}
+
+/// A network connection line: its rank, and the connection once.
+fn record_channel(p: &mut LogProcess, seen: &mut BTreeSet<ChannelKey>, c: NetChannel) {
+    if p.ranks.len() < MAX_ITEMS {
+        p.ranks.insert(match c.direction {
+            Direction::Send => c.from,
+            Direction::Receive => c.to,
+        });
+    }
+    if p.channels.len() < MAX_CHANNELS
+        && seen.insert((c.channel, c.conn, c.from, c.to, c.direction))
+    {
+        p.channels.push(c);
+    }
+}
+
+/// `NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0' (no module)`.
+fn hca_gdr(msg: &str) -> Option<HcaGdr> {
+    let enabled = msg.contains("GPU Direct RDMA Enabled");
+    let (_, hca) = msg.split_once(" for HCA ")?;
+    let no_module = hca.contains("(no module)");
+    let hca: String = hca
+        .trim_end_matches("(no module)")
+        .trim()
+        .chars()
+        .take(64)
+        .collect();
+    Some(HcaGdr {
+        hca,
+        enabled,
+        no_module,
+    })
+}
+
+/// `NET/IB : Using [0]mlx5_0:1/RoCE [RO]; OOB eth0:10.0.0.1<0>`: devices, relaxed ordering, OOB.
+fn read_ib_devices(p: &mut LogProcess, msg: &str) {
+    let (devs, oob) = match msg.split_once("; OOB ") {
+        Some((d, o)) => (d, Some(o.trim().chars().take(128).collect::<String>())),
+        None => (msg, None),
+    };
+    for t in devs.split_whitespace() {
+        if t == "[RO]" || t == "[RO];" {
+            p.relaxed_ordering = true;
+        } else if let Some(d) = net_device(t) {
+            push_capped(&mut p.ib_devices, d);
+        }
+    }
+    if oob.is_some() {
+        p.oob = oob;
+    }
+}
+
+/// `NCCL_NET_GDR_LEVEL set by environment to PHB`.
+fn read_variable(p: &mut LogProcess, msg: &str) {
+    let (name, rest) = msg.split_once(' ').unwrap_or((msg, ""));
+    if let Some((_, val)) = rest.split_once("to ") {
+        if p.env.len() < MAX_ITEMS {
+            p.env.insert(
+                name.chars().take(64).collect(),
+                val.trim().trim_end_matches('.').chars().take(128).collect(),
+            );
+        }
+    }
+}
+
+/// `comm 0x... rank 3 nranks 8 ...`: the rank and the communicator's size.
+fn read_ranks(p: &mut LogProcess, msg: &str) {
+    let toks: Vec<&str> = msg.split_whitespace().collect();
+    for w in toks.windows(2) {
+        match w[0] {
+            "rank" => {
+                if let Some(r) = num(w[1]).filter(|_| p.ranks.len() < MAX_ITEMS) {
+                    p.ranks.insert(r);
                 }
-                "nranks" => p.nranks = num(w[1]).or(p.nranks),
-                _ => {}
             }
+            "nranks" => p.nranks = num(w[1]).or(p.nranks),
+            _ => {}
         }
     }
 }
