@@ -176,9 +176,41 @@ pub(crate) fn dmabuf_readiness(
     (tri, evidence, missing)
 }
 
+/// Host-wide findings: inventory, virtualisation, IOMMU, peer memory and dma-buf, CUDA
+/// attributes, locked-memory limit, unreadable files.
 pub(crate) fn check(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
+    let mut out = inventory(snap, host);
+    out.extend(virtualisation(snap, host));
+    out.push(iommu(snap, host));
+    out.extend(peer_memory(snap, host));
+    out.extend(cuda_attributes(snap, host));
+    out.push(memlock(snap));
+    if !snap.read_errors.is_empty() {
+        let mut f = Finding::new(
+            "collect.read_errors",
+            Severity::Unknown,
+            "host",
+            format!(
+                "{} file(s) could not be read; checks that need them say unknown",
+                snap.read_errors.len()
+            ),
+        );
+        for e in snap.read_errors.iter().take(8) {
+            f = f.evidence(format!("{}: {}", e.path, e.error));
+        }
+        if snap.read_errors.len() > 8 {
+            f = f.evidence(format!("... {} more", snap.read_errors.len() - 8));
+        }
+        out.push(
+            f.fix("run `gdr doctor` as root to read PCI extended configuration space and the rest"),
+        );
+    }
+    out
+}
+
+/// `inventory.gpu` and `inventory.rdma`: the NVIDIA GPUs and RDMA devices found.
+fn inventory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
     let mut out = Vec::new();
-    // Inventory.
     if host.gpus.is_empty() {
         out.push(
             Finding::new("inventory.gpu", Severity::Fail, "host", "no NVIDIA GPU found")
@@ -229,8 +261,12 @@ pub(crate) fn check(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
         }
         out.push(f);
     }
+    out
+}
 
-    // Virtualisation.
+/// `vm.synthetic_topology`: whether this is a virtual machine, whose PCIe tree says nothing
+/// about the hardware.
+fn virtualisation(snap: &Snapshot, host: &HostFacts) -> Option<Finding> {
     let virtio = snap.pci.iter().filter(|d| d.vendor == Some(0x1af4)).count();
     if host.vm {
         let mut f = Finding::new(
@@ -246,9 +282,9 @@ pub(crate) fn check(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
         if virtio > 0 {
             f = f.evidence(format!("{virtio} virtio PCI device(s)"));
         }
-        out.push(f.fix("judge the path on the physical host (`nvidia-smi topo -m` there), or ask for GPU and NIC passed through below one PCIe switch with ACS disabled on it"));
+        Some(f.fix("judge the path on the physical host (`nvidia-smi topo -m` there), or ask for GPU and NIC passed through below one PCIe switch with ACS disabled on it"))
     } else if snap.hypervisor.cpu_flag.is_none() {
-        out.push(
+        Some(
             Finding::new(
                 "vm.synthetic_topology",
                 Severity::Unknown,
@@ -256,34 +292,10 @@ pub(crate) fn check(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
                 "could not tell whether this is a virtual machine",
             )
             .evidence("/proc/cpuinfo not readable"),
-        );
+        )
+    } else {
+        None
     }
-
-    out.push(iommu(snap, host));
-    out.extend(peer_memory(snap, host));
-    out.extend(cuda_attributes(snap, host));
-    out.push(memlock(snap));
-    if !snap.read_errors.is_empty() {
-        let mut f = Finding::new(
-            "collect.read_errors",
-            Severity::Unknown,
-            "host",
-            format!(
-                "{} file(s) could not be read; checks that need them say unknown",
-                snap.read_errors.len()
-            ),
-        );
-        for e in snap.read_errors.iter().take(8) {
-            f = f.evidence(format!("{}: {}", e.path, e.error));
-        }
-        if snap.read_errors.len() > 8 {
-            f = f.evidence(format!("... {} more", snap.read_errors.len() - 8));
-        }
-        out.push(
-            f.fix("run `gdr doctor` as root to read PCI extended configuration space and the rest"),
-        );
-    }
-    out
 }
 
 fn iommu(snap: &Snapshot, host: &HostFacts) -> Finding {
@@ -371,9 +383,17 @@ fn iommu(snap: &Snapshot, host: &HostFacts) -> Finding {
 }
 
 fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
-    let mut out = Vec::new();
     let all: Vec<&GpuFacts> = host.gpus.iter().collect();
     let (tri, ev, missing) = dmabuf_readiness(snap, &host.system, &all, None);
+    vec![
+        peermem_finding(snap, host, tri),
+        dmabuf_finding(snap, host, tri, ev, &missing),
+    ]
+}
+
+/// `peermem.module`: whether a peer-memory module is loaded, and what that leaves when it is
+/// not (`tri`: whether dma-buf can work).
+fn peermem_finding(snap: &Snapshot, host: &HostFacts, tri: Tri) -> Finding {
     let mut mods: Vec<String> = [
         "nvidia",
         "nvidia_peermem",
@@ -401,6 +421,45 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
     } else {
         format!("memory peers: {}", peers.join(", "))
     };
+    if host.peermem {
+        return Finding::new(
+            "peermem.module",
+            Severity::Ok,
+            "host",
+            "peer-memory module loaded: ibv_reg_mr accepts GPU pointers",
+        )
+        .evidence(mod_ev)
+        .evidence(peers_ev);
+    }
+    let sev = if tri == Tri::No {
+        Severity::Fail
+    } else {
+        Severity::Warn
+    };
+    Finding::new(
+        "peermem.module",
+        sev,
+        "host",
+        if tri == Tri::No {
+            "no peer-memory module and dma-buf is not possible: GPU memory cannot be registered with the NIC"
+        } else {
+            "no peer-memory module: ibv_reg_mr on GPU memory fails (EFAULT); only the dma-buf path is left"
+        },
+    )
+    .evidence(mod_ev)
+    .evidence(peers_ev)
+    .fix(format!("`modprobe nvidia-peermem` (ships with NVIDIA driver >= 470; make it persistent in /etc/modules-load.d/), or use dma-buf: {}", dma_buf_requirements()))
+}
+
+/// `dmabuf.readiness`: whether dma-buf registration can work (`tri`, with its evidence `ev` and
+/// the `missing` requirements), with the NVIDIA driver parameters that bear on it.
+fn dmabuf_finding(
+    snap: &Snapshot,
+    host: &HostFacts,
+    tri: Tri,
+    ev: Vec<String>,
+    missing: &[String],
+) -> Finding {
     // NVIDIA driver parameters that change peer mappings and PCIe ordering.
     let params: Vec<String> = snap
         .nvidia
@@ -413,39 +472,6 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
         })
         .map(|(k, v)| format!("nvidia param {k}: {v}"))
         .collect();
-    if host.peermem {
-        out.push(
-            Finding::new(
-                "peermem.module",
-                Severity::Ok,
-                "host",
-                "peer-memory module loaded: ibv_reg_mr accepts GPU pointers",
-            )
-            .evidence(mod_ev)
-            .evidence(peers_ev),
-        );
-    } else {
-        let sev = if tri == Tri::No {
-            Severity::Fail
-        } else {
-            Severity::Warn
-        };
-        out.push(
-            Finding::new(
-                "peermem.module",
-                sev,
-                "host",
-                if tri == Tri::No {
-                    "no peer-memory module and dma-buf is not possible: GPU memory cannot be registered with the NIC"
-                } else {
-                    "no peer-memory module: ibv_reg_mr on GPU memory fails (EFAULT); only the dma-buf path is left"
-                },
-            )
-            .evidence(mod_ev)
-            .evidence(peers_ev)
-            .fix(format!("`modprobe nvidia-peermem` (ships with NVIDIA driver >= 470; make it persistent in /etc/modules-load.d/), or use dma-buf: {}", dma_buf_requirements())),
-        );
-    }
     let (sev, msg) = match tri {
         Tri::Yes => (
             Severity::Ok,
@@ -485,8 +511,7 @@ fn peer_memory(snap: &Snapshot, host: &HostFacts) -> Vec<Finding> {
             Some(_) => "install the NVIDIA driver so that libcuda.so.1 loads (the evidence says why it did not), then run `gdr doctor` again",
         });
     }
-    out.push(f);
-    out
+    f
 }
 
 /// `open kernel module >= 515, Linux >= 5.12, CUDA >= 11.7`, from the rules' constants.

@@ -4,7 +4,7 @@
 use super::host::HostFacts;
 use super::{Finding, NicSummary, Severity};
 use crate::topology::pcie::{self, RelaxedOrdering};
-use crate::topology::{class, RdmaDevice, RdmaPort, Snapshot};
+use crate::topology::{class, PciDevice, RdmaDevice, RdmaPort, Snapshot};
 
 /// An RDMA device as the pair checks see it.
 #[derive(Debug, Clone)]
@@ -73,6 +73,8 @@ pub(crate) fn roce_v2_ipv4_gid(p: &RdmaPort) -> Option<u32> {
         .map(|g| g.index)
 }
 
+/// Every RDMA device of the snapshot: its summary, what the pair checks need, and its findings
+/// (software device, port state and rate, RoCE GID and MTU, relaxed ordering).
 pub(crate) fn check(
     snap: &Snapshot,
     _host: &HostFacts,
@@ -95,36 +97,9 @@ pub(crate) fn check(
             slow: Vec::new(),
         };
         if d.pci_bdf.is_none() {
-            let on = d
-                .parent
-                .as_deref()
-                .map(|p| format!(" (on {p})"))
-                .unwrap_or_default();
-            out.push(
-                Finding::new(
-                    "nic.software",
-                    Severity::Warn,
-                    &d.name,
-                    format!("{}{on} is a software RDMA device with no PCI function: it pins host pages and cannot reach GPU memory", d.name),
-                )
-                .evidence(format!("/sys/class/infiniband/{}/device is not a PCI device", d.name))
-                .fix("for GPUDirect RDMA use a hardware RDMA NIC (ConnectX, BlueField, ...); rxe/siw are for testing the host path"),
-            );
-            nf.blocking
-                .push(format!("{} is a software device (no PCI function)", d.name));
+            out.push(software_device(d, &mut nf));
         }
-        // Expected rate from the PCI device id or hca_type (MT4123 = 0x101b).
-        let dev_id = pci
-            .filter(|p| p.vendor == Some(class::VENDOR_MELLANOX))
-            .and_then(|p| p.device)
-            .or_else(|| {
-                d.hca_type
-                    .as_deref()
-                    .and_then(|h| h.strip_prefix("MT"))
-                    .and_then(|n| n.parse::<u16>().ok())
-            });
-        let expected = dev_id.and_then(expected_rate_gbps);
-
+        let adapter = Adapter::of(d, pci);
         if d.ports.is_empty() {
             out.push(
                 Finding::new(
@@ -139,129 +114,11 @@ pub(crate) fn check(
         }
         let chosen = chosen_port(d).map(|p| p.port);
         for p in &d.ports {
-            let subject = format!("{} port {}", d.name, p.port);
-            let is_chosen = Some(p.port) == chosen;
-            let eth = p.link_layer.as_deref() == Some("Ethernet");
-            let ndev = p.netdevs.first().map(|n| n.name.clone());
-            let ndev_txt = ndev.clone().unwrap_or_else(|| "<netdev>".into());
-            // State.
-            let state = p.state.as_deref().unwrap_or("unknown");
-            let phys = p.phys_state.as_deref().unwrap_or("unknown");
-            let ev_state = format!("state {state}, phys_state {phys}");
-            if is_active(p) {
-                out.push(
-                    Finding::new("port.state", Severity::Ok, &subject, "port active")
-                        .evidence(ev_state),
-                );
-            } else {
-                let fix = if !phys.contains("LinkUp") {
-                    if eth {
-                        format!("no physical link: check cable/transceiver and the switch port (`ethtool {ndev_txt}`, `ibstat {} {}`), then `ip link set {ndev_txt} up`", d.name, p.port)
-                    } else {
-                        format!("no physical link: check cable/transceiver and the switch port (`ibstat {} {}`, `mlxlink -d {}`)", d.name, p.port, d.bdf_or_name())
-                    }
-                } else if eth {
-                    format!("link is up but the port is not active: `ip link set {ndev_txt} up` and give it an IP address")
-                } else {
-                    "physical link up but logical state not ACTIVE: no subnet manager has configured the port; run opensm on one node or enable the switch's SM".to_string()
-                };
-                out.push(
-                    Finding::new(
-                        "port.state",
-                        Severity::Fail,
-                        &subject,
-                        format!("port not active ({state})"),
-                    )
-                    .evidence(ev_state)
-                    .fix(fix),
-                );
-            }
-            // Rate.
-            let rate = p.rate.as_deref().and_then(rate_gbps);
-            if let Some(r) = rate {
-                let ev = format!("rate {}", p.rate.as_deref().unwrap_or(""));
-                match expected {
-                    Some((max, model)) if r < max && is_active(p) => {
-                        out.push(
-                            Finding::new(
-                                "port.rate",
-                                Severity::Warn,
-                                &subject,
-                                format!("port runs at {r} Gb/s; a {model} port does up to {max} Gb/s"),
-                            )
-                            .evidence(ev)
-                            .evidence(format!("{model} (PCI device id {:#06x})", dev_id.unwrap_or(0)))
-                            .fix(if eth {
-                                format!("check what the link negotiated and why: `ethtool {ndev_txt}` (speed, autoneg), the cable/transceiver rating and the switch port speed; `mlxlink -d {}` shows the negotiation", d.bdf_or_name())
-                            } else {
-                                format!("check the cable rating and the switch port (`ibstat {} {}`, `mlxlink -d {}`); an HDR port at QDR/EDR speed has a slower cable or switch", d.name, p.port, d.bdf_or_name())
-                            }),
-                        );
-                        if is_chosen {
-                            nf.slow.push(format!("{subject} at {r} Gb/s of {max}"));
-                        }
-                    }
-                    Some((max, model)) => out.push(
-                        Finding::new(
-                            "port.rate",
-                            Severity::Ok,
-                            &subject,
-                            format!("port rate {r} Gb/s ({model}, max {max})"),
-                        )
-                        .evidence(ev),
-                    ),
-                    None => out.push(
-                        Finding::new(
-                            "port.rate",
-                            Severity::Ok,
-                            &subject,
-                            format!("port rate {r} Gb/s (maximum for this adapter not known)"),
-                        )
-                        .evidence(ev),
-                    ),
-                }
-            }
-            if eth {
-                out.push(gid_finding(
-                    p,
-                    &subject,
-                    &ndev_txt,
-                    env_gid.as_deref(),
-                    is_chosen,
-                    &mut nf,
-                ));
-                out.extend(mtu_finding(p, &subject, is_chosen, &mut nf));
-            }
-            if is_chosen {
-                nf.port = Some(p.port);
-                nf.ethernet = eth;
-                nf.roce_gid = if eth { roce_v2_ipv4_gid(p) } else { None };
-                nf.rate_gbps = rate;
-                if !is_active(p) {
-                    nf.blocking
-                        .push(format!("{subject} is not active ({state})"));
-                }
-            }
+            let port = PortCtx::new(d, p, Some(p.port) == chosen);
+            check_port(&port, &adapter, env_gid.as_deref(), &mut nf, &mut out);
         }
-        // Relaxed ordering on the NIC's PCIe function.
         if let Some(pci) = pci {
-            let ro = pci
-                .config_bytes()
-                .map_or(RelaxedOrdering::Unknown, |c| pcie::relaxed_ordering(&c));
-            let subject = format!("{} ({})", d.name, pci.bdf);
-            out.push(match ro {
-                RelaxedOrdering::Enabled => Finding::new("pcie.relaxed_ordering", Severity::Ok, subject, "relaxed ordering enabled on the NIC")
-                    .evidence("PCIe Device Control: RlxdOrd+"),
-                RelaxedOrdering::Disabled => {
-                    nf.slow.push(format!("relaxed ordering off on {}", pci.bdf));
-                    Finding::new("pcie.relaxed_ordering", Severity::Warn, subject, "relaxed ordering disabled on the NIC: writes into GPU memory can run at less than half speed")
-                        .evidence("PCIe Device Control: RlxdOrd-")
-                        .fix(format!("`setpci -s {} CAP_EXP+8.w=0010:0010` sets the enable bit (not persistent); check whether the kernel or BIOS disabled it for this root port, and register with IBV_ACCESS_RELAXED_ORDERING", pci.bdf))
-                }
-                RelaxedOrdering::Unknown => Finding::new("pcie.relaxed_ordering", Severity::Unknown, subject, "relaxed ordering unknown: the PCIe capability lies beyond the configuration bytes read")
-                    .evidence(format!("config bytes read: {}", pci.config.as_ref().map_or(0, |c| c.len)))
-                    .fix("run as root to read the full configuration space"),
-            });
+            out.push(relaxed_ordering(d, pci, &mut nf));
         }
         summaries.push(NicSummary {
             name: d.name.clone(),
@@ -276,6 +133,212 @@ pub(crate) fn check(
         facts.push(nf);
     }
     (summaries, facts, out)
+}
+
+/// A device with no PCI function (rxe, siw): it cannot reach GPU memory.
+fn software_device(d: &RdmaDevice, nf: &mut NicFacts) -> Finding {
+    let on = d
+        .parent
+        .as_deref()
+        .map(|p| format!(" (on {p})"))
+        .unwrap_or_default();
+    nf.blocking
+        .push(format!("{} is a software device (no PCI function)", d.name));
+    Finding::new(
+        "nic.software",
+        Severity::Warn,
+        &d.name,
+        format!("{}{on} is a software RDMA device with no PCI function: it pins host pages and cannot reach GPU memory", d.name),
+    )
+    .evidence(format!("/sys/class/infiniband/{}/device is not a PCI device", d.name))
+    .fix("for GPUDirect RDMA use a hardware RDMA NIC (ConnectX, BlueField, ...); rxe/siw are for testing the host path")
+}
+
+/// The adapter model behind a device, for its expected port rate.
+struct Adapter {
+    /// The PCI device id (from PCI, or `hca_type`: MT4123 = 0x101b).
+    id: Option<u16>,
+    /// The highest port rate of the model and its name ([`expected_rate_gbps`]).
+    expected: Option<(f64, &'static str)>,
+}
+
+impl Adapter {
+    fn of(d: &RdmaDevice, pci: Option<&PciDevice>) -> Self {
+        let id = pci
+            .filter(|p| p.vendor == Some(class::VENDOR_MELLANOX))
+            .and_then(|p| p.device)
+            .or_else(|| {
+                d.hca_type
+                    .as_deref()
+                    .and_then(|h| h.strip_prefix("MT"))
+                    .and_then(|n| n.parse::<u16>().ok())
+            });
+        Adapter {
+            id,
+            expected: id.and_then(expected_rate_gbps),
+        }
+    }
+}
+
+/// One port of a device, as its findings name it.
+struct PortCtx<'a> {
+    d: &'a RdmaDevice,
+    p: &'a RdmaPort,
+    /// `mlx5_0 port 1`.
+    subject: String,
+    /// Whether the link layer is Ethernet (RoCE).
+    eth: bool,
+    /// Its network device, or `<netdev>` in commands.
+    ndev: String,
+    /// Whether pairs use this port (the first active one, else the first).
+    chosen: bool,
+}
+
+impl<'a> PortCtx<'a> {
+    fn new(d: &'a RdmaDevice, p: &'a RdmaPort, chosen: bool) -> Self {
+        PortCtx {
+            d,
+            p,
+            subject: format!("{} port {}", d.name, p.port),
+            eth: p.link_layer.as_deref() == Some("Ethernet"),
+            ndev: p
+                .netdevs
+                .first()
+                .map_or_else(|| "<netdev>".into(), |n| n.name.clone()),
+            chosen,
+        }
+    }
+}
+
+/// One port's findings: state, rate, and for RoCE the GID and MTU; the chosen port's facts go
+/// into `nf`.
+fn check_port(
+    port: &PortCtx<'_>,
+    adapter: &Adapter,
+    env_gid: Option<&str>,
+    nf: &mut NicFacts,
+    out: &mut Vec<Finding>,
+) {
+    let p = port.p;
+    out.push(port_state(port));
+    let rate = p.rate.as_deref().and_then(rate_gbps);
+    if let Some(r) = rate {
+        out.push(rate_finding(port, r, adapter, nf));
+    }
+    if port.eth {
+        out.push(gid_finding(
+            p,
+            &port.subject,
+            &port.ndev,
+            env_gid,
+            port.chosen,
+            nf,
+        ));
+        out.extend(mtu_finding(p, &port.subject, port.chosen, nf));
+    }
+    if port.chosen {
+        nf.port = Some(p.port);
+        nf.ethernet = port.eth;
+        nf.roce_gid = if port.eth { roce_v2_ipv4_gid(p) } else { None };
+        nf.rate_gbps = rate;
+        if !is_active(p) {
+            let state = p.state.as_deref().unwrap_or("unknown");
+            nf.blocking
+                .push(format!("{} is not active ({state})", port.subject));
+        }
+    }
+}
+
+/// Whether the port is ACTIVE, and if not, how to get it there.
+fn port_state(port: &PortCtx<'_>) -> Finding {
+    let (d, p, subject, ndev_txt) = (port.d, port.p, &port.subject, &port.ndev);
+    let state = p.state.as_deref().unwrap_or("unknown");
+    let phys = p.phys_state.as_deref().unwrap_or("unknown");
+    let ev_state = format!("state {state}, phys_state {phys}");
+    if is_active(p) {
+        return Finding::new("port.state", Severity::Ok, subject, "port active").evidence(ev_state);
+    }
+    let fix = if !phys.contains("LinkUp") {
+        if port.eth {
+            format!("no physical link: check cable/transceiver and the switch port (`ethtool {ndev_txt}`, `ibstat {} {}`), then `ip link set {ndev_txt} up`", d.name, p.port)
+        } else {
+            format!("no physical link: check cable/transceiver and the switch port (`ibstat {} {}`, `mlxlink -d {}`)", d.name, p.port, d.bdf_or_name())
+        }
+    } else if port.eth {
+        format!("link is up but the port is not active: `ip link set {ndev_txt} up` and give it an IP address")
+    } else {
+        "physical link up but logical state not ACTIVE: no subnet manager has configured the port; run opensm on one node or enable the switch's SM".to_string()
+    };
+    Finding::new(
+        "port.state",
+        Severity::Fail,
+        subject,
+        format!("port not active ({state})"),
+    )
+    .evidence(ev_state)
+    .fix(fix)
+}
+
+/// The port's rate `r` (Gb/s) against the adapter's maximum; a slower chosen port makes its
+/// pairs slow.
+fn rate_finding(port: &PortCtx<'_>, r: f64, adapter: &Adapter, nf: &mut NicFacts) -> Finding {
+    let (d, p, subject, ndev_txt) = (port.d, port.p, &port.subject, &port.ndev);
+    let ev = format!("rate {}", p.rate.as_deref().unwrap_or(""));
+    match adapter.expected {
+        Some((max, model)) if r < max && is_active(p) => {
+            if port.chosen {
+                nf.slow.push(format!("{subject} at {r} Gb/s of {max}"));
+            }
+            Finding::new(
+                "port.rate",
+                Severity::Warn,
+                subject,
+                format!("port runs at {r} Gb/s; a {model} port does up to {max} Gb/s"),
+            )
+            .evidence(ev)
+            .evidence(format!("{model} (PCI device id {:#06x})", adapter.id.unwrap_or(0)))
+            .fix(if port.eth {
+                format!("check what the link negotiated and why: `ethtool {ndev_txt}` (speed, autoneg), the cable/transceiver rating and the switch port speed; `mlxlink -d {}` shows the negotiation", d.bdf_or_name())
+            } else {
+                format!("check the cable rating and the switch port (`ibstat {} {}`, `mlxlink -d {}`); an HDR port at QDR/EDR speed has a slower cable or switch", d.name, p.port, d.bdf_or_name())
+            })
+        }
+        Some((max, model)) => Finding::new(
+            "port.rate",
+            Severity::Ok,
+            subject,
+            format!("port rate {r} Gb/s ({model}, max {max})"),
+        )
+        .evidence(ev),
+        None => Finding::new(
+            "port.rate",
+            Severity::Ok,
+            subject,
+            format!("port rate {r} Gb/s (maximum for this adapter not known)"),
+        )
+        .evidence(ev),
+    }
+}
+
+/// Relaxed ordering on the NIC's PCIe function.
+fn relaxed_ordering(d: &RdmaDevice, pci: &PciDevice, nf: &mut NicFacts) -> Finding {
+    let ro = pci
+        .config_bytes()
+        .map_or(RelaxedOrdering::Unknown, |c| pcie::relaxed_ordering(&c));
+    let subject = format!("{} ({})", d.name, pci.bdf);
+    match ro {
+        RelaxedOrdering::Enabled => Finding::new("pcie.relaxed_ordering", Severity::Ok, subject, "relaxed ordering enabled on the NIC")
+            .evidence("PCIe Device Control: RlxdOrd+"),
+        RelaxedOrdering::Disabled => {
+            nf.slow.push(format!("relaxed ordering off on {}", pci.bdf));
+            Finding::new("pcie.relaxed_ordering", Severity::Warn, subject, "relaxed ordering disabled on the NIC: writes into GPU memory can run at less than half speed")
+                .evidence("PCIe Device Control: RlxdOrd-")
+                .fix(format!("`setpci -s {} CAP_EXP+8.w=0010:0010` sets the enable bit (not persistent); check whether the kernel or BIOS disabled it for this root port, and register with IBV_ACCESS_RELAXED_ORDERING", pci.bdf))
+        }
+        RelaxedOrdering::Unknown => Finding::new("pcie.relaxed_ordering", Severity::Unknown, subject, "relaxed ordering unknown: the PCIe capability lies beyond the configuration bytes read")
+            .evidence(format!("config bytes read: {}", pci.config.as_ref().map_or(0, |c| c.len)))
+            .fix("run as root to read the full configuration space"),
+    }
 }
 
 trait BdfOrName {

@@ -10,84 +10,38 @@ use crate::topology::pcie::{self, Acs};
 use crate::topology::Snapshot;
 use gdr::gpu_mr::rules::{self, DmaBufBlocker, NicDmaBuf};
 
+/// One GPU-NIC pair: its findings and verdict.
 pub(crate) fn check(
     snap: &Snapshot,
     host: &HostFacts,
     gpu: &GpuFacts,
     nic: &NicFacts,
 ) -> PairReport {
-    let subject = format!("GPU {} <-> {}", gpu.bdf, nic.name);
+    let pair = Pair {
+        snap,
+        host,
+        gpu,
+        nic,
+        subject: format!("GPU {} <-> {}", gpu.bdf, nic.name),
+    };
     let mut findings = Vec::new();
-    let mut blocking = nic.blocking.clone();
-    let mut slow = Vec::new();
-    let mut unverified = Vec::new();
-
-    // GPU-side capability, by the rule registration applies.
-    let gpudirect = gpu.cuda.as_ref().and_then(|c| c.gpudirect_rdma_supported);
-    if rules::gpudirect_blocked(gpudirect).is_some() {
-        blocking.push(format!("CUDA reports no GPUDirect RDMA on {}", gpu.bdf));
-    } else if gpudirect.is_none() {
-        unverified.push("CUDA GPUDirect attributes".to_string());
-    }
-    // Registration path: peer memory, else dma-buf for this GPU and, when live collection probed
-    // it, this NIC (gpu_mr::choose_path's order and rules).
-    let nic_probe = snap
-        .rdma
-        .iter()
-        .find(|d| d.name == nic.name)
-        .and_then(|d| d.dma_buf);
-    if !host.peermem {
-        match gpu.dmabuf {
-            Tri::No => blocking.push("no peer-memory module and dma-buf not possible".into()),
-            Tri::Unknown => unverified.push("dma-buf readiness (no peer-memory module)".into()),
-            Tri::Yes => {}
-        }
-    }
-    if let Some(probe) = nic_probe {
-        findings.push(nic_dma_buf_finding(
-            snap,
-            host,
-            gpu,
-            &nic.name,
-            probe,
-            &subject,
-            &mut blocking,
-        ));
-    }
-
+    let mut c = Concerns {
+        blocking: nic.blocking.clone(),
+        ..Concerns::default()
+    };
+    findings.extend(registration(&pair, &mut c));
     let path = nic
         .bdf
         .as_deref()
         .and_then(|nb| PciPath::between(snap, &gpu.bdf, nb));
     if let (Some(p), Some(nb)) = (&path, nic.bdf.as_deref()) {
-        findings.push(path_finding(
-            snap,
-            host,
-            gpu,
-            nic,
-            nb,
-            p,
-            &subject,
-            &mut slow,
-            &mut unverified,
-        ));
-        findings.push(acs_finding(snap, p, &subject, &mut slow, &mut unverified));
-        findings.extend(link_findings(snap, gpu, nic, nb, p, &subject, &mut slow));
-        // IOMMU translation for either end.
-        for bdf in [gpu.bdf.as_str(), nb] {
-            if let Some(g) = snap.pci_device(bdf).and_then(|d| d.iommu_group) {
-                if host.translated_groups.contains(&g) {
-                    slow.push(format!("IOMMU translates DMA for {bdf} (group {g})"));
-                }
-            }
-        }
-        findings.extend(gdr_level_finding(snap, p.class, &subject, &mut slow));
+        findings.extend(path_findings(&pair, nb, p, &mut c));
     } else if nic.bdf.is_some() {
         findings.push(
             Finding::new(
                 "pcie.path",
                 Severity::Unknown,
-                &subject,
+                &pair.subject,
                 "PCIe path unknown: a device is missing from /sys/bus/pci/devices",
             )
             .evidence(format!(
@@ -96,25 +50,9 @@ pub(crate) fn check(
                 snap.pci_device(&gpu.bdf).is_some()
             )),
         );
-        unverified.push("PCIe path".into());
+        c.unverified.push("PCIe path".into());
     }
-    slow.extend(nic.slow.iter().cloned());
-
-    let kind = if !blocking.is_empty() {
-        VerdictKind::NotUsable
-    } else if !slow.is_empty() {
-        VerdictKind::UsableButSlow
-    } else {
-        VerdictKind::Usable
-    };
-    let reasons = match kind {
-        VerdictKind::NotUsable => {
-            let mut r = blocking;
-            r.extend(slow);
-            r
-        }
-        _ => slow,
-    };
+    c.slow.extend(nic.slow.iter().cloned());
     PairReport {
         gpu: gpu.bdf.clone(),
         nic: nic.name.clone(),
@@ -125,13 +63,131 @@ pub(crate) fn check(
         gpu_numa: gpu.numa,
         nic_numa: nic.numa,
         best: false,
-        verdict: Verdict {
-            kind,
-            reasons,
-            unverified,
-        },
+        verdict: c.verdict(),
         findings,
     }
+}
+
+/// The pair the checks are about.
+struct Pair<'a> {
+    snap: &'a Snapshot,
+    host: &'a HostFacts,
+    gpu: &'a GpuFacts,
+    nic: &'a NicFacts,
+    /// `GPU 0000:07:00.0 <-> mlx5_0`.
+    subject: String,
+}
+
+/// What stands between a pair and full-speed GPUDirect RDMA, as the checks find it.
+#[derive(Default)]
+struct Concerns {
+    /// Why it cannot work.
+    blocking: Vec<String>,
+    /// Why it is slow.
+    slow: Vec<String>,
+    /// What could not be checked.
+    unverified: Vec<String>,
+}
+
+impl Concerns {
+    /// Not usable when anything blocks (the reasons: what blocks, then what is slow), else
+    /// usable but slow when anything is slow, else usable.
+    fn verdict(self) -> Verdict {
+        let kind = if !self.blocking.is_empty() {
+            VerdictKind::NotUsable
+        } else if !self.slow.is_empty() {
+            VerdictKind::UsableButSlow
+        } else {
+            VerdictKind::Usable
+        };
+        let reasons = match kind {
+            VerdictKind::NotUsable => {
+                let mut r = self.blocking;
+                r.extend(self.slow);
+                r
+            }
+            _ => self.slow,
+        };
+        Verdict {
+            kind,
+            reasons,
+            unverified: self.unverified,
+        }
+    }
+}
+
+/// Whether GPU memory of the pair can be registered with its NIC, by the rules registration
+/// applies: GPUDirect on the GPU, then peer memory, else dma-buf for this GPU and, when live
+/// collection probed it, this NIC (gpu_mr::choose_path's order). The NIC probe's finding, if
+/// it was probed.
+fn registration(pair: &Pair<'_>, c: &mut Concerns) -> Option<Finding> {
+    let (snap, host, gpu, nic) = (pair.snap, pair.host, pair.gpu, pair.nic);
+    let gpudirect = gpu.cuda.as_ref().and_then(|c| c.gpudirect_rdma_supported);
+    if rules::gpudirect_blocked(gpudirect).is_some() {
+        c.blocking
+            .push(format!("CUDA reports no GPUDirect RDMA on {}", gpu.bdf));
+    } else if gpudirect.is_none() {
+        c.unverified.push("CUDA GPUDirect attributes".to_string());
+    }
+    let nic_probe = snap
+        .rdma
+        .iter()
+        .find(|d| d.name == nic.name)
+        .and_then(|d| d.dma_buf);
+    if !host.peermem {
+        match gpu.dmabuf {
+            Tri::No => c
+                .blocking
+                .push("no peer-memory module and dma-buf not possible".into()),
+            Tri::Unknown => c
+                .unverified
+                .push("dma-buf readiness (no peer-memory module)".into()),
+            Tri::Yes => {}
+        }
+    }
+    nic_probe.map(|probe| {
+        nic_dma_buf_finding(
+            snap,
+            host,
+            gpu,
+            &nic.name,
+            probe,
+            &pair.subject,
+            &mut c.blocking,
+        )
+    })
+}
+
+/// The findings along the PCIe path `p` between the GPU and the NIC at `nb`: path class and
+/// NUMA, ACS, link training, IOMMU translation, NCCL_NET_GDR_LEVEL.
+fn path_findings(pair: &Pair<'_>, nb: &str, p: &PciPath, c: &mut Concerns) -> Vec<Finding> {
+    let (snap, host, gpu, nic, subject) = (pair.snap, pair.host, pair.gpu, pair.nic, &pair.subject);
+    let mut findings = vec![
+        path_finding(
+            snap,
+            host,
+            gpu,
+            nic,
+            nb,
+            p,
+            subject,
+            &mut c.slow,
+            &mut c.unverified,
+        ),
+        acs_finding(snap, p, subject, &mut c.slow, &mut c.unverified),
+    ];
+    findings.extend(link_findings(snap, gpu, nic, nb, p, subject, &mut c.slow));
+    // IOMMU translation for either end.
+    for bdf in [gpu.bdf.as_str(), nb] {
+        if let Some(g) = snap.pci_device(bdf).and_then(|d| d.iommu_group) {
+            if host.translated_groups.contains(&g) {
+                c.slow
+                    .push(format!("IOMMU translates DMA for {bdf} (group {g})"));
+            }
+        }
+    }
+    findings.extend(gdr_level_finding(snap, p.class, subject, &mut c.slow));
+    findings
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -300,6 +356,8 @@ fn acs_finding(
     f
 }
 
+/// Link training on every hop of the path `p` (GPU, bridges, NIC at `nic_bdf`), and whether the
+/// narrowest link carries the NIC's port rate.
 fn link_findings(
     snap: &Snapshot,
     gpu: &GpuFacts,
@@ -312,86 +370,17 @@ fn link_findings(
     let mut hops = vec![gpu.bdf.clone()];
     hops.extend(p.bridges.iter().cloned());
     hops.push(nic_bdf.to_string());
-    let mut down = Vec::new();
-    let mut idle = Vec::new();
-    let mut ok = Vec::new();
-    let mut known = 0;
-    let mut narrowest: Option<(f64, String)> = None;
-    for b in &hops {
-        let Some(d) = snap.pci_device(b) else {
-            continue;
-        };
-        let cs = d
-            .current_link_speed
-            .as_deref()
-            .and_then(pcie::link_speed_gts);
-        let ms = d.max_link_speed.as_deref().and_then(pcie::link_speed_gts);
-        let (Some(cs), Some(ms), Some(cw), Some(mw)) =
-            (cs, ms, d.current_link_width, d.max_link_width)
-        else {
-            continue;
-        };
-        if cw == 0 || mw == 0 {
-            continue;
-        }
-        known += 1;
-        let txt = format!(
-            "{b}: {cs} GT/s x{cw} of {ms} GT/s x{mw} (Gen{} x{cw})",
-            pcie::generation(cs)
-        );
-        let bw = pcie::link_gbps(cs, cw);
-        // A GPU lowers its link speed when idle; its width should stay.
-        let is_gpu = b == &gpu.bdf;
-        if cw < mw || (cs < ms && !is_gpu) {
-            down.push(txt);
-        } else if cs < ms {
-            idle.push(txt);
-        } else {
-            ok.push(txt);
-        }
-        let full_bw = if is_gpu { pcie::link_gbps(ms, cw) } else { bw };
-        if narrowest.as_ref().is_none_or(|(x, _)| full_bw < *x) {
-            narrowest = Some((full_bw, b.clone()));
-        }
-    }
-    let mut out = Vec::new();
-    if known == 0 {
-        out.push(Finding::new(
+    let links = Links::survey(snap, &hops, &gpu.bdf);
+    if links.known == 0 {
+        return vec![Finding::new(
             "pcie.link",
             Severity::Unknown,
             subject,
             "link speed/width not reported for any device on the path (common in VMs)",
-        ));
-        return out;
+        )];
     }
-    let mut f = if !down.is_empty() {
-        slow.push(format!(
-            "PCIe link below its maximum on {}",
-            down.iter()
-                .map(|d| d.split(':').take(3).collect::<Vec<_>>().join(":"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-        Finding::new("pcie.link", Severity::Warn, subject, format!("{} PCIe link(s) on the path trained below their maximum", down.len()))
-            .fix("reseat the card or riser, check the slot's wiring (an x16 card in an x8 slot) and BIOS link-speed settings; `lspci -vv -s <bdf> | grep -E 'LnkCap|LnkSta'` shows both")
-    } else {
-        Finding::new(
-            "pcie.link",
-            Severity::Ok,
-            subject,
-            "every PCIe link on the path at its maximum speed and width",
-        )
-    };
-    for d in down {
-        f = f.evidence(format!("downtrained: {d}"));
-    }
-    for d in idle {
-        f = f.evidence(format!("{d}: speed below max is normal for an idle GPU; recheck under load (`nvidia-smi -q -d PCIE`)"));
-    }
-    for d in ok {
-        f = f.evidence(d);
-    }
-    out.push(f);
+    let narrowest = links.narrowest.clone();
+    let mut out = vec![links.training_finding(subject, slow)];
     if let (Some((bw, at)), Some(rate)) = (narrowest, nic.rate_gbps) {
         if bw < rate {
             slow.push(format!(
@@ -411,6 +400,100 @@ fn link_findings(
         }
     }
     out
+}
+
+/// The links of the devices on a path, by how they trained.
+#[derive(Default)]
+struct Links {
+    /// Below their maximum width, or speed (but for the GPU's).
+    down: Vec<String>,
+    /// The GPU's link below its maximum speed only (normal when idle).
+    idle: Vec<String>,
+    /// At their maximum.
+    ok: Vec<String>,
+    /// How many devices reported their links.
+    known: usize,
+    /// The slowest link (Gb/s per direction, the GPU's at its maximum speed) and its device.
+    narrowest: Option<(f64, String)>,
+}
+
+impl Links {
+    /// Read the link speed and width of every device of `hops` (`gpu` is the GPU's address).
+    fn survey(snap: &Snapshot, hops: &[String], gpu: &str) -> Self {
+        let mut links = Links::default();
+        for b in hops {
+            let Some(d) = snap.pci_device(b) else {
+                continue;
+            };
+            let cs = d
+                .current_link_speed
+                .as_deref()
+                .and_then(pcie::link_speed_gts);
+            let ms = d.max_link_speed.as_deref().and_then(pcie::link_speed_gts);
+            let (Some(cs), Some(ms), Some(cw), Some(mw)) =
+                (cs, ms, d.current_link_width, d.max_link_width)
+            else {
+                continue;
+            };
+            if cw == 0 || mw == 0 {
+                continue;
+            }
+            links.known += 1;
+            let txt = format!(
+                "{b}: {cs} GT/s x{cw} of {ms} GT/s x{mw} (Gen{} x{cw})",
+                pcie::generation(cs)
+            );
+            let bw = pcie::link_gbps(cs, cw);
+            // A GPU lowers its link speed when idle; its width should stay.
+            let is_gpu = b == gpu;
+            if cw < mw || (cs < ms && !is_gpu) {
+                links.down.push(txt);
+            } else if cs < ms {
+                links.idle.push(txt);
+            } else {
+                links.ok.push(txt);
+            }
+            let full_bw = if is_gpu { pcie::link_gbps(ms, cw) } else { bw };
+            if links.narrowest.as_ref().is_none_or(|(x, _)| full_bw < *x) {
+                links.narrowest = Some((full_bw, b.clone()));
+            }
+        }
+        links
+    }
+
+    /// `pcie.link`: every link at its maximum, or which trained below it (then the pair is
+    /// slow).
+    fn training_finding(self, subject: &str, slow: &mut Vec<String>) -> Finding {
+        let mut f = if !self.down.is_empty() {
+            slow.push(format!(
+                "PCIe link below its maximum on {}",
+                self.down
+                    .iter()
+                    .map(|d| d.split(':').take(3).collect::<Vec<_>>().join(":"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            Finding::new("pcie.link", Severity::Warn, subject, format!("{} PCIe link(s) on the path trained below their maximum", self.down.len()))
+                .fix("reseat the card or riser, check the slot's wiring (an x16 card in an x8 slot) and BIOS link-speed settings; `lspci -vv -s <bdf> | grep -E 'LnkCap|LnkSta'` shows both")
+        } else {
+            Finding::new(
+                "pcie.link",
+                Severity::Ok,
+                subject,
+                "every PCIe link on the path at its maximum speed and width",
+            )
+        };
+        for d in self.down {
+            f = f.evidence(format!("downtrained: {d}"));
+        }
+        for d in self.idle {
+            f = f.evidence(format!("{d}: speed below max is normal for an idle GPU; recheck under load (`nvidia-smi -q -d PCIE`)"));
+        }
+        for d in self.ok {
+            f = f.evidence(d);
+        }
+        f
+    }
 }
 
 fn gdr_level_finding(
