@@ -61,33 +61,9 @@ pub(super) fn gid_index(snap: &Snapshot, v: &str) -> Finding {
         if let Some(g) = good {
             better.push(g);
         }
-        match p.gids.iter().find(|g| i64::from(g.index) == n) {
-            None => {
-                sevs.push(Severity::Fail);
-                msgs.push(format!(
-                    "{at} has no GID at index {n}: queue pairs fail to connect"
-                ));
-            }
-            Some(g) if !g.is_roce_v2() => {
-                sevs.push(Severity::Fail);
-                msgs.push(format!("{at}: index {n} is {}: RoCE v1 is not routable and peers on RoCE v2 cannot talk to it", gid_text(g)));
-            }
-            Some(g) if is_link_local(g) => {
-                sevs.push(Severity::Fail);
-                msgs.push(format!("{at}: index {n} is {}: link-local addresses do not route across subnets and NCCL's peers default to IPv4", gid_text(g)));
-            }
-            Some(g) if !g.is_ipv4_mapped() => {
-                sevs.push(Severity::Warn);
-                msgs.push(format!(
-                    "{at}: index {n} is {}: every peer must then use IPv6 GIDs too",
-                    gid_text(g)
-                ));
-            }
-            Some(g) => {
-                sevs.push(Severity::Ok);
-                msgs.push(format!("{at}: index {n} is {}", gid_text(g)));
-            }
-        }
+        let (sev, msg) = entry_at(p, &at, n);
+        sevs.push(sev);
+        msgs.push(msg);
         for g in &p.gids {
             f = f.evidence(format!("{at} gid[{}] {}", g.index, gid_text(g)));
         }
@@ -104,6 +80,36 @@ pub(super) fn gid_index(snap: &Snapshot, v: &str) -> Finding {
         });
     }
     f
+}
+
+/// What GID index `n` of port `p` (`at`: `mlx5_0 port 1`) is to NCCL: none, RoCE v1,
+/// link-local, IPv6, or the RoCE v2 IPv4 GID it should be.
+fn entry_at(p: &RdmaPort, at: &str, n: i64) -> (Severity, String) {
+    match p.gids.iter().find(|g| i64::from(g.index) == n) {
+        None => (
+            Severity::Fail,
+            format!("{at} has no GID at index {n}: queue pairs fail to connect"),
+        ),
+        Some(g) if !g.is_roce_v2() => (
+            Severity::Fail,
+            format!("{at}: index {n} is {}: RoCE v1 is not routable and peers on RoCE v2 cannot talk to it", gid_text(g)),
+        ),
+        Some(g) if is_link_local(g) => (
+            Severity::Fail,
+            format!("{at}: index {n} is {}: link-local addresses do not route across subnets and NCCL's peers default to IPv4", gid_text(g)),
+        ),
+        Some(g) if !g.is_ipv4_mapped() => (
+            Severity::Warn,
+            format!(
+                "{at}: index {n} is {}: every peer must then use IPv6 GIDs too",
+                gid_text(g)
+            ),
+        ),
+        Some(g) => (
+            Severity::Ok,
+            format!("{at}: index {n} is {}", gid_text(g)),
+        ),
+    }
 }
 
 pub(super) fn roce_version(snap: &Snapshot, v: &str) -> Finding {

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use gid::{addr_family, gid_index, roce_version};
 use gpudirect::{dmabuf_enable, net_gdr_level, net_gdr_read, p2p, relaxed_ordering};
 use network::{ib_disable, ib_hca, net, net_plugin, socket_ifname};
-pub(crate) use read::{nccl_int, parse_hca, read_level, Level, LevelRead};
+pub(crate) use read::{nccl_int, parse_hca, read_level, HcaList, Level, LevelRead};
 
 /// Every NCCL variable the doctor reads (and `gdr doctor` records from its environment).
 pub const NCCL_VARS: &[&str] = &[

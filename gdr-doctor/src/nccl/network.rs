@@ -140,49 +140,8 @@ pub(super) fn ib_hca(snap: &Snapshot, v: &str) -> Finding {
         format!("NCCL_IB_HCA={v}"),
         format!("RDMA devices: {available}"),
     ];
-    // Ports named in the list that the device lacks or that are not active.
-    let mut bad_ports = Vec::new();
-    if !list.exclude {
-        for (entry, port) in &list.entries {
-            let Some(port) = port else { continue };
-            for d in snap.rdma.iter().filter(|d| list.matches(entry, &d.name)) {
-                match d.ports.iter().find(|p| p.port == *port) {
-                    None => bad_ports.push(format!(
-                        "{} has no port {port} (ports: {})",
-                        d.name,
-                        d.ports
-                            .iter()
-                            .map(|p| p.port.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )),
-                    Some(p) if !p.state.as_deref().is_some_and(|s| s.contains("ACTIVE")) => {
-                        bad_ports.push(format!(
-                            "{} port {port} is not active ({})",
-                            d.name,
-                            p.state.as_deref().unwrap_or("state unknown")
-                        ))
-                    }
-                    Some(_) => ev.push(format!("{} port {port}: active", d.name)),
-                }
-            }
-        }
-    }
-    // A prefix entry that also matches longer names (mlx5_1 -> mlx5_10).
-    let widened: Vec<String> = if list.exact || list.exclude {
-        Vec::new()
-    } else {
-        list.entries
-            .iter()
-            .filter(|(e, _)| names.contains(&e.as_str()))
-            .flat_map(|(e, _)| {
-                names
-                    .iter()
-                    .filter(move |d| **d != e && d.starts_with(e.as_str()))
-                    .map(move |d| format!("{e} also matches {d}"))
-            })
-            .collect()
-    };
+    let bad_ports = named_ports(snap, &list, &mut ev);
+    let widened = widened_prefixes(&list, &names);
     let mut f = if selected.is_empty() {
         Finding::new(
             "nccl.ib_hca",
@@ -240,6 +199,56 @@ pub(super) fn ib_hca(snap: &Snapshot, v: &str) -> Finding {
     f.evidence.append(&mut ev);
     f.evidence.extend(bad_ports.iter().cloned());
     f
+}
+
+/// The ports an include list names that the device lacks or that are not active; the active
+/// ones go into `ev`.
+fn named_ports(snap: &Snapshot, list: &HcaList, ev: &mut Vec<String>) -> Vec<String> {
+    let mut bad_ports = Vec::new();
+    if list.exclude {
+        return bad_ports;
+    }
+    for (entry, port) in &list.entries {
+        let Some(port) = port else { continue };
+        for d in snap.rdma.iter().filter(|d| list.matches(entry, &d.name)) {
+            match d.ports.iter().find(|p| p.port == *port) {
+                None => bad_ports.push(format!(
+                    "{} has no port {port} (ports: {})",
+                    d.name,
+                    d.ports
+                        .iter()
+                        .map(|p| p.port.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+                Some(p) if !p.state.as_deref().is_some_and(|s| s.contains("ACTIVE")) => bad_ports
+                    .push(format!(
+                        "{} port {port} is not active ({})",
+                        d.name,
+                        p.state.as_deref().unwrap_or("state unknown")
+                    )),
+                Some(_) => ev.push(format!("{} port {port}: active", d.name)),
+            }
+        }
+    }
+    bad_ports
+}
+
+/// The prefix entries that also match longer device names (`mlx5_1` -> `mlx5_10`).
+fn widened_prefixes(list: &HcaList, names: &[&str]) -> Vec<String> {
+    if list.exact || list.exclude {
+        return Vec::new();
+    }
+    list.entries
+        .iter()
+        .filter(|(e, _)| names.contains(&e.as_str()))
+        .flat_map(|(e, _)| {
+            names
+                .iter()
+                .filter(move |d| **d != e && d.starts_with(e.as_str()))
+                .map(move |d| format!("{e} also matches {d}"))
+        })
+        .collect()
 }
 
 pub(super) fn socket_ifname(snap: &Snapshot, v: &str) -> Finding {
