@@ -1,12 +1,58 @@
-//! "Will GPUDirect RDMA work here, and fast?": findings and a verdict per GPU-NIC pair.
+//! # gdr-doctor: GPUDirect RDMA and NCCL diagnostics
 //!
-//! [`diagnose`] is a pure function from a [`Snapshot`] (see [`crate::topology`]) to a
-//! [`Report`]: no I/O, so every verdict is tested on recorded machines. Each [`Finding`] has a
-//! stable id (e.g. `pcie.acs`), a [`Severity`], the device or pair it is about, the values it was
-//! decided on, and a concrete fix.
+//! "Will GPUDirect RDMA work here, and fast?": one verdict per GPU-NIC pair (usable, usable but
+//! slow, not usable), each with its reasons, and a fix for every finding. This crate is the
+//! library of the `gdr doctor` command, on top of the `gdr` crate:
 //!
-//! A check that lacks its input says [`Severity::Unknown`], never [`Severity::Ok`]: for example
-//! ACS bits live in the extended configuration space, which only root can read.
+//! * [`topology`]: everything on a host that decides the answer (the PCIe tree and configuration
+//!   space, IOMMU, kernel modules and memory peers, the NVIDIA driver, RDMA devices with their
+//!   ports and GIDs, the locked-memory limit, signs of a virtual machine, CUDA attributes, NCCL
+//!   variables), read from sysfs and procfs below a configurable root ([`topology::collect`])
+//!   into a [`Snapshot`]: plain data, saved as JSON and replayed anywhere.
+//! * [`diagnose`]: a pure function from a snapshot to a [`Report`]: PCIe path class and NUMA
+//!   nodes, ACS redirect bits and link training on every hop, IOMMU mode, peer memory and
+//!   dma-buf, CUDA GPUDirect attributes, port state, rate, MTU and RoCE v2 GID, locked memory,
+//!   every NCCL variable that bears on the path (read the way NCCL reads it), and the NCCL
+//!   settings that fit the host. Whether GPU memory can be registered is decided by gdr's own
+//!   rules (`gdr::gpu_mr::rules`) on facts read by gdr's own reader
+//!   (`gdr::gpu_mr::facts::FactReader`), the ones registration uses, so the doctor cannot
+//!   promise a path that `gdr::gpu_mr::GpuMemoryRegion::register` refuses.
+//! * [`rank_rails`]: the RDMA ports ranked for a memory location (a GPU, or host memory on a
+//!   NUMA node), the ranking `gdr doctor` prints and gdr-xfer stripes its transfers over.
+//! * [`nccl_log`]: what an `NCCL_DEBUG=INFO` log says about GPUDirect RDMA, per process, and
+//!   why not where not, cross-checked with a [`Report`] of the host.
+//! * Rendering: [`Report::to_table`] (colours optional) and [`Report::to_json`].
+//!
+//! `gdr doctor` collects this machine with [`topology::collect_with`] and
+//! [`topology::CollectOptions::live`] (with the CUDA driver's facts and each NIC's dma-buf
+//! probe), or reads `--snapshot FILE` with [`topology::Snapshot::from_json`], diagnoses it, and
+//! prints the table or the JSON; `gdr doctor dump` prints the snapshot; `gdr doctor nccl-log` is
+//! [`nccl_log::parse`] then [`nccl_log::analyze`]. What fails is input the caller names (a root,
+//! a snapshot, a log): an [`Error`] with the values and a hint.
+//!
+//! Each [`Finding`] has a stable id (e.g. `pcie.acs`), a [`Severity`], the device or pair it is
+//! about, the values it was decided on, and a concrete fix. A check that lacks its input says
+//! [`Severity::Unknown`], never [`Severity::Ok`]: for example ACS bits live in the extended
+//! configuration space, which only root can read.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use gdr_doctor::topology::{collect_with, CollectOptions, Snapshot};
+//!
+//! // This machine as `gdr doctor` reads it: sysfs and procfs, the CUDA driver, each NIC's probe.
+//! let snapshot = collect_with(Path::new("/"), CollectOptions::live())?;
+//! let report = gdr_doctor::diagnose(&snapshot);
+//! print!("{}", report.to_table(false));
+//! for pair in report.pairs.iter().filter(|p| p.best) {
+//!     println!("GPU {} -> {}: {}", pair.gpu, pair.nic, pair.verdict.kind);
+//! }
+//! // A snapshot travels as JSON (`gdr doctor dump`, then `gdr doctor --snapshot FILE`).
+//! let replayed = Snapshot::from_json(&snapshot.to_json(), "this machine")?;
+//! assert_eq!(replayed, snapshot);
+//! # Ok::<(), gdr_doctor::Error>(())
+//! ```
+//!
+//! The diagnosis reads nothing but its snapshot:
 //!
 //! ```
 //! use gdr_doctor::topology::Snapshot;

@@ -17,8 +17,8 @@
 //! 4. **Range**: the requested bytes must lie inside the allocation.
 //! 5. **Path** (`path.rs`, [`choose_path`], a pure function of the recorded inputs
 //!    [`PathInputs`]): dma-buf when every prerequisite of [`rules`] holds, else peer memory when a
-//!    module is loaded; or the path the caller forces with [`RegistrationPath`]. The doctor reads
-//!    its snapshots with the same [`rules`].
+//!    module is loaded; or the path the caller forces with [`RegistrationPath`]. The doctor (the
+//!    `gdr-doctor` crate) reads its snapshots with the same [`rules`].
 //! 6. **dma-buf** (`dma_buf.rs`): `cuMemGetHandleForAddressRange(DMA_BUF_FD)` on the
 //!    host-page-aligned range, then `ibv_reg_dmabuf_mr(pd, offset, len, iova = GPU address, fd,
 //!    access)`. rdma-core stores the offset, not the address, in `ibv_mr::addr` for such regions,

@@ -98,7 +98,7 @@ impl PathInputs {
 
 /// Decides how to register GPU memory, from recorded inputs only (no I/O): the requested path if
 /// it can work, or for [`RegistrationPath::Auto`] dma-buf first, then peer memory. Never returns
-/// `Auto`. The rules are those of [`super::rules`], which the doctor applies too.
+/// `Auto`. The rules are those of [`super::rules`], which the doctor (`gdr-doctor`) applies too.
 ///
 /// # Errors
 /// [`Error::Unsupported`] naming what is missing, with the fix as hint: no GPUDirect on the GPU,
