@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 
-use gdr::cuda::GpuInfo;
 use gdr::gpu_mr::{self, choose_path, NicDmaBuf, PathInputs, RegistrationPath, SystemFacts};
 use gdr_doctor::topology::{
     collect, collect_with, CollectOptions, CudaDevice, CudaInfo, Kernel, MemoryPeer, NvidiaDriver,
@@ -17,24 +16,9 @@ use gdr_doctor::topology::{
 };
 use gdr_doctor::{diagnose, Severity};
 
-/// The H200 of the GPU test machine, as its CUDA driver reported it.
-fn h200() -> GpuInfo {
-    GpuInfo {
-        ordinal: 0,
-        name: "NVIDIA H200".into(),
-        pci_bus_id: "0000:00:06.0".into(),
-        total_memory: 143_771 * 1024 * 1024,
-        compute_capability_major: 9,
-        compute_capability_minor: 0,
-        gpu_direct_rdma_supported: true,
-        dma_buf_supported: true,
-        gpu_direct_rdma_with_vmm_supported: true,
-        flush_writes_options: 1,
-        writes_ordering: 100,
-        unified_addressing: true,
-        memory_pools_supported: true,
-    }
-}
+#[path = "../../gdr/tests/common/h200.rs"]
+mod h200;
+use h200::h200;
 
 /// The recorded non-root RoCE host (`tests/fixtures/doctor/trees/nonroot-roce`).
 fn fixture_tree() -> PathBuf {
@@ -254,10 +238,8 @@ fn registration_inputs_round_trip_through_json() {
 fn live_collection_records_the_nic_dma_buf_probe_of_registration() {
     let dev = std::env::var("GDR_TEST_DEVICE")
         .expect("GDR_TEST_DEVICE must name the RDMA device (the VM harness sets it)");
-    let ctx = gdr::device::Context::open(&dev).expect("open the RDMA device");
-    let pd = gdr::pd::ProtectionDomain::new(&ctx).expect("allocate a protection domain");
-    let probe = gpu_mr::probe_nic_dma_buf(&pd);
-    println!("dma-buf probe on {dev}: {probe:?}");
+    // Registration's probe on a protection domain of the device (cached per device name).
+    let probe = gpu_mr::probe_nic_dma_buf_by_name(&dev).expect("open the RDMA device");
     let snap = collect_with(Path::new("/"), CollectOptions::live()).expect("collect this machine");
     let recorded = snap.rdma.iter().find(|d| d.name == dev);
     assert_eq!(

@@ -12,31 +12,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gdr::cuda::{self, DeviceBuffer, GpuInfo, ManagedBuffer, PinnedHostBuffer};
+use gdr::cuda::{self, DeviceBuffer, ManagedBuffer, PinnedHostBuffer};
 use gdr::gpu_mr::{
     self, choose_path, flush_method, registration_error, FlushMethod, NicDmaBuf, PathInputs,
     PeerMemory, RegistrationPath, SystemFacts,
 };
 use gdr::Error;
 
-/// The H200 of the GPU test machine, as probed (shared/fixtures/h200-vm-probe.txt).
-fn h200() -> GpuInfo {
-    GpuInfo {
-        ordinal: 0,
-        name: "NVIDIA H200".into(),
-        pci_bus_id: "0000:00:06.0".into(),
-        total_memory: 143_771 * 1024 * 1024,
-        compute_capability_major: 9,
-        compute_capability_minor: 0,
-        gpu_direct_rdma_supported: true,
-        dma_buf_supported: true,
-        gpu_direct_rdma_with_vmm_supported: true,
-        flush_writes_options: 1,
-        writes_ordering: 100,
-        unified_addressing: true,
-        memory_pools_supported: true,
-    }
-}
+#[path = "common/h200.rs"]
+mod h200;
+use h200::h200;
 
 /// The host facts of the H200 machine (shared/fixtures/h200-vm-probe.txt), with `peer_module`
 /// loaded as well when given.
