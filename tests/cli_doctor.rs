@@ -4,17 +4,17 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-/// The doctor's recorded machines live with the library (`gdr/tests/fixtures/doctor/`), whose
-/// golden tests own them; the CLI replays the same files.
+/// The doctor's recorded machines live with the library (`gdr-doctor/tests/fixtures/doctor/`),
+/// whose golden tests own them; the CLI replays the same files.
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("gdr/tests/fixtures/doctor")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("gdr-doctor/tests/fixtures/doctor")
 }
 
 /// `gdr` with none of the NCCL variables the doctor reads, plus `env`.
 fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gdr"));
     c.args(args).env("NO_COLOR", "1");
-    for v in gdr::doctor::NCCL_VARS {
+    for v in gdr_doctor::NCCL_VARS {
         c.env_remove(v);
     }
     for (k, v) in env {
@@ -121,10 +121,7 @@ fn bad_input_exits_2_with_a_message() {
     let _ = std::fs::remove_file(&file);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        err.contains("gdr doctor: invalid argument: snapshot"),
-        "{err}"
-    );
+    assert!(err.contains("gdr doctor: invalid snapshot"), "{err}");
     assert!(err.contains("hint:"), "{err}");
 
     let o = gdr(&["doctor", "--snapshot", "/nonexistent/host.json"]);

@@ -2,7 +2,7 @@
 //! then everything the doctor does with it (diagnosis, JSON report, table).
 #![no_main]
 
-use gdr::topology::Snapshot;
+use gdr_doctor::topology::Snapshot;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(snap) = Snapshot::from_json(text, "fuzz input") else {
         return;
     };
-    let report = gdr::doctor::diagnose(&snap);
+    let report = gdr_doctor::diagnose(&snap);
     let json = report.to_json();
     serde_json::from_str::<serde_json::Value>(&json).expect("the report is JSON");
     let _ = report.to_table(false);

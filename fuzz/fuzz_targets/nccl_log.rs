@@ -3,8 +3,8 @@
 //! report, JSON, table).
 #![no_main]
 
-use gdr::doctor::nccl_log::{analyze, parse};
-use gdr::topology::Snapshot;
+use gdr_doctor::nccl_log::{analyze, parse};
+use gdr_doctor::topology::Snapshot;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -13,7 +13,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     assert!(log.nccl_lines > 0 && log.nccl_lines <= log.lines);
-    let host = gdr::doctor::diagnose(&Snapshot::new("empty host"));
+    let host = gdr_doctor::diagnose(&Snapshot::new("empty host"));
     for report in [analyze(&log, None), analyze(&log, Some(&host))] {
         assert!(report.gdrdma_connections <= report.net_connections);
         assert_eq!(report.exit_code() == 0, report.gdrdma_verified);

@@ -1,8 +1,8 @@
-//! The topology collector's sysfs/procfs parsers (gdr::topology::collect_with), fed as file
-//! contents through the configurable root, then the doctor on what they read.
+//! The topology collector's sysfs/procfs parsers (gdr_doctor::topology::collect_with), fed as
+//! file contents through the configurable root, then the doctor on what they read.
 //!
-//! A copy of the fixture tree `gdr/tests/fixtures/doctor/trees/nonroot-roce` (plus a few files
-//! it lacks) is made once per process in the temp directory. An input is records separated by
+//! A copy of the fixture tree `gdr-doctor/tests/fixtures/doctor/trees/nonroot-roce` (plus a few
+//! files it lacks) is made once per process in the temp directory. An input is records separated by
 //! [`SEPARATOR`]; a record is a path relative to the root, a newline, and the bytes that file
 //! holds for this run (a path that names no file of the tree picks one by hash). After each run
 //! the touched files get their fixture contents back, so every run sees the same tree. The PCIe
@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use gdr::topology::{collect_with, pcie, CollectOptions, Snapshot};
+use gdr_doctor::topology::{collect_with, pcie, CollectOptions, Snapshot};
 use libfuzzer_sys::fuzz_target;
 
 /// Between two records of an input.
@@ -70,7 +70,7 @@ fn tree() -> &'static Tree {
     static TREE: OnceLock<Tree> = OnceLock::new();
     TREE.get_or_init(|| {
         let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../gdr/tests/fixtures/doctor/trees/nonroot-roce");
+            .join("../gdr-doctor/tests/fixtures/doctor/trees/nonroot-roce");
         let root = std::env::temp_dir().join(format!("gdr-fuzz-topology-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         copy_tree(&fixture, &root);
@@ -140,7 +140,7 @@ fuzz_target!(|data: &[u8]| {
         touched.push(i);
     }
     let snap = collect_with(&t.root, CollectOptions::default()).expect("the root is a directory");
-    let report = gdr::doctor::diagnose(&snap);
+    let report = gdr_doctor::diagnose(&snap);
     let _ = report.to_json();
     let _ = report.to_table(false);
     // Whatever was collected dumps and reads back as itself.

@@ -120,7 +120,7 @@
 //!
 //! Every port [`AgentConfig::device`] allows is a rail; rail `r` of one agent talks to rail `r`
 //! of its peer. Transfers larger than [`AgentConfig::stripe_min`] are striped over the rails
-//! nearest their memory (ranked by `gdr::doctor::rank_rails`, the ranking `gdr doctor` prints,
+//! nearest their memory (ranked by `gdr_doctor::rank_rails`, the ranking `gdr doctor` prints,
 //! from the topology alone unless [`AgentConfig::rails_follow_nccl_env`] asks for NCCL's
 //! variables too),
 //! each chunk to the rail whose queued bytes drain soonest at its measured throughput. A rail

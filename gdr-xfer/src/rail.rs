@@ -17,7 +17,7 @@
 //! # Which rails a transfer uses
 //!
 //! The rails nearest the memory: for the location of a transfer's (first) local segment, the
-//! agent's rails are ranked by [`gdr::doctor::rank_rails`], the function `gdr doctor` ranks and
+//! agent's rails are ranked by [`gdr_doctor::rank_rails`], the function `gdr doctor` ranks and
 //! prints them with (PCIe path class to the GPU, or NUMA node of host memory, then port rate),
 //! so the engine and the doctor never disagree on the same report. The agent's report leaves
 //! this process's NCCL variables out unless [`crate::AgentConfig::rails_follow_nccl_env`] says
@@ -33,10 +33,10 @@ use gdr_xfer_proto::RailCounters;
 pub use gdr_xfer_proto::RailState;
 
 use gdr::device::Context;
-use gdr::doctor::{MemoryLocation, Report};
 use gdr::pd::ProtectionDomain;
-use gdr::topology::{collect_with, CollectOptions, Snapshot};
 use gdr::CompletionQueue;
+use gdr_doctor::topology::{collect_with, CollectOptions, Snapshot};
+use gdr_doctor::{MemoryLocation, Report};
 
 /// This machine's doctor report for ranking rails, read once per process for each choice of
 /// `nccl_env` (the topology does not change while it runs; which rails work is the engine's
@@ -46,7 +46,7 @@ fn host_report(nccl_env: bool) -> Option<&'static Report> {
     REPORTS[usize::from(nccl_env)]
         .get_or_init(|| {
             let read = if nccl_env {
-                gdr::doctor::host_report(Path::new("/"))
+                gdr_doctor::host_report(Path::new("/"))
             } else {
                 collect_with(Path::new("/"), CollectOptions::live())
                     .map(|snapshot| rail_report(snapshot, false))
@@ -70,7 +70,7 @@ fn rail_report(mut snapshot: Snapshot, nccl_env: bool) -> Report {
     if !nccl_env {
         snapshot.env.clear();
     }
-    gdr::doctor::diagnose(&snapshot)
+    gdr_doctor::diagnose(&snapshot)
 }
 
 /// The doctor's name for a segment location.
@@ -85,7 +85,7 @@ pub(crate) fn memory_location(location: crate::Location) -> MemoryLocation {
 }
 
 /// The rails (bit `i` = rail `i` of `rails`) a transfer from memory at `memory` stripes over:
-/// those of the best tier [`gdr::doctor::rank_rails`] gives among the agent's rails in
+/// those of the best tier [`gdr_doctor::rank_rails`] gives among the agent's rails in
 /// `report`. A rail the report does not list counts as best (nothing says it is worse); no
 /// report, or no rail found, gives every rail.
 pub(crate) fn preferred_rails(
@@ -101,7 +101,7 @@ pub(crate) fn preferred_rails(
     let Some(report) = report else {
         return all;
     };
-    let ranked = gdr::doctor::rank_rails(report, memory, None);
+    let ranked = gdr_doctor::rank_rails(report, memory, None);
     let tiers: Vec<Option<u32>> = rails
         .iter()
         .map(|(name, port)| {
@@ -212,7 +212,7 @@ mod tests {
 
     fn snapshot(name: &str) -> Snapshot {
         let path = format!(
-            "{}/../gdr/tests/fixtures/doctor/snapshots/{name}",
+            "{}/../gdr-doctor/tests/fixtures/doctor/snapshots/{name}",
             env!("CARGO_MANIFEST_DIR")
         );
         let text = std::fs::read_to_string(&path).unwrap();
@@ -220,7 +220,7 @@ mod tests {
     }
 
     fn fixture(name: &str) -> Report {
-        gdr::doctor::diagnose(&snapshot(name))
+        gdr_doctor::diagnose(&snapshot(name))
     }
 
     #[test]

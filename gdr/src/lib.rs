@@ -2,9 +2,10 @@
 //!
 //! An RDMA NIC (InfiniBand HCA or RoCE NIC) reads and writes GPU memory directly: no copy through
 //! host memory, no CPU on the data path. `gdr` wraps ibverbs, rdma_cm and the CUDA driver API in
-//! RAII types that safe code cannot misuse, checks device pointers with `cuPointerGetAttributes`
-//! before any registration, and explains why GPUDirect does not work where it does not
-//! ([`doctor`]).
+//! RAII types that safe code cannot misuse, and checks device pointers with
+//! `cuPointerGetAttributes` before any registration. Why GPUDirect does not work where it does not
+//! is the `gdr-doctor` crate's question (`gdr doctor`); it decides with gdr's own rules
+//! ([`gpu_mr::rules`]).
 //!
 //! Data flows one way, one module per stage:
 //! find a device ([`device`]) -> open it -> allocate a protection domain ([`pd`]) -> register
@@ -61,6 +62,12 @@
 //! a host region. Nothing the CPU would have to read from GPU memory (inline sends, byte views) is
 //! offered for it.
 //!
+//! With the feature `serde`, the plain-data types that describe GPU memory and its registration
+//! ([`cuda::GpuInfo`], [`cuda::PointerInfo`], [`gpu_mr::GpuRange`], [`gpu_mr::PathInputs`],
+//! [`gpu_mr::RegistrationPath`], [`gpu_mr::SystemFacts`], [`gpu_mr::PeerMemory`],
+//! [`gpu_mr::NicDmaBuf`]) implement serde's `Serialize` and `Deserialize`, to be recorded; it is
+//! off by default (gdr itself serializes nothing).
+//!
 //! ## Soundness
 //!
 //! Safe code cannot cause undefined behaviour: a posted request keeps every region it references
@@ -85,7 +92,6 @@ pub mod connect;
 pub mod cq;
 pub mod cuda;
 pub mod device;
-pub mod doctor;
 pub mod error;
 pub mod gpu_mr;
 mod inflight;
@@ -94,7 +100,6 @@ pub mod pd;
 pub mod qp;
 mod raw_enum;
 mod return_code;
-pub mod topology;
 pub mod wr;
 
 pub use error::{Error, Hint, Result};

@@ -30,7 +30,7 @@ fn gpu_inventory_reports_gpudirect_attributes() {
     let g = gpu();
     let v = cuda::driver_version().unwrap();
     println!("driver {} ({v})", cuda::version_text(v));
-    println!("{}", serde_json::to_string_pretty(&g).unwrap());
+    println!("{g:#?}");
     assert!(v >= cuda::MIN_DRIVER_VERSION);
     assert!(!g.name.is_empty());
     let parts: Vec<&str> = g.pci_bus_id.split(':').collect();

@@ -1,9 +1,9 @@
 //! `gdr doctor`: collect a topology snapshot (or load one) and print the diagnosis.
 
 use clap::{Args, Subcommand};
-use gdr::doctor::nccl_log;
-use gdr::doctor::{diagnose, nccl_env_from_process, NCCL_VARS};
-use gdr::topology::{collect_with, CollectOptions, Snapshot};
+use gdr_doctor::nccl_log;
+use gdr_doctor::topology::{collect_with, CollectOptions, Snapshot};
+use gdr_doctor::{diagnose, nccl_env_from_process, Error, NCCL_VARS};
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -87,10 +87,12 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
     Ok((k.to_string(), v.to_string()))
 }
 
-fn load(args: &DoctorArgs) -> gdr::Result<Snapshot> {
+fn load(args: &DoctorArgs) -> gdr_doctor::Result<Snapshot> {
     let mut snap = if let Some(file) = &args.snapshot {
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| gdr::Error::io(format!("reading snapshot {}", file.display()), e))?;
+        let text = std::fs::read_to_string(file).map_err(|source| Error::Io {
+            what: format!("reading snapshot {}", file.display()),
+            source,
+        })?;
         Snapshot::from_json(&text, &file.display().to_string())?
     } else {
         // Every NCCL variable the doctor checks, not only the ones the collector records.
@@ -108,17 +110,22 @@ fn load(args: &DoctorArgs) -> gdr::Result<Snapshot> {
     Ok(snap)
 }
 
-fn read_log(file: &Path) -> gdr::Result<(String, String)> {
+fn read_log(file: &Path) -> gdr_doctor::Result<(String, String)> {
     if file == Path::new("-") {
         let mut bytes = Vec::new();
         std::io::stdin()
             .lock()
             .read_to_end(&mut bytes)
-            .map_err(|e| gdr::Error::io("reading the NCCL log from stdin", e))?;
+            .map_err(|source| Error::Io {
+                what: "reading the NCCL log from stdin".into(),
+                source,
+            })?;
         return Ok((String::from_utf8_lossy(&bytes).into_owned(), "stdin".into()));
     }
-    let bytes = std::fs::read(file)
-        .map_err(|e| gdr::Error::io(format!("reading NCCL log {}", file.display()), e))?;
+    let bytes = std::fs::read(file).map_err(|source| Error::Io {
+        what: format!("reading NCCL log {}", file.display()),
+        source,
+    })?;
     // Logs may hold bytes that are not UTF-8 (a launcher's prefix, a cut line): keep the rest.
     Ok((
         String::from_utf8_lossy(&bytes).into_owned(),
@@ -126,7 +133,7 @@ fn read_log(file: &Path) -> gdr::Result<(String, String)> {
     ))
 }
 
-fn fail(e: &gdr::Error) -> u8 {
+fn fail(e: &Error) -> u8 {
     eprintln!("gdr doctor: {e}");
     if let Some(h) = e.hint() {
         eprintln!("hint: {h}");

@@ -5,9 +5,10 @@
 //! The targets build with the nightly toolchain, cargo-fuzz (`cargo xtask setup` installs it) and
 //! AddressSanitizer, with debug assertions and overflow checks on. Each target's corpus is
 //! `fuzz/corpus/<target>/` (kept between runs, not committed), seeded from `fuzz/seeds/<target>/`
-//! and from the test fixtures (`gdr/tests/fixtures/doctor/`, `gdr/tests/fixtures/nccl-logs/`). A crash leaves its input in
-//! `fuzz/artifacts/<target>/`; the libFuzzer log of each run is `fuzz/target/logs/<target>.log`
-//! (`<target>.smoke.log` for the smoke run).
+//! and from the test fixtures (`gdr-doctor/tests/fixtures/doctor/`,
+//! `gdr-doctor/tests/fixtures/nccl-logs/`). A crash leaves its input in `fuzz/artifacts/<target>/`;
+//! the libFuzzer log of each run is `fuzz/target/logs/<target>.log` (`<target>.smoke.log` for the
+//! smoke run).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -152,7 +153,7 @@ fn tree_files(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) -> Resu
 /// The corpus directory of `target` (seeded) and the read-only seed directories beside it.
 fn corpus(target: &str) -> Result<Vec<PathBuf>> {
     let fuzz = fuzz_dir();
-    let fixtures = cargo::workspace_root().join("gdr/tests/fixtures/doctor");
+    let fixtures = cargo::workspace_root().join("gdr-doctor/tests/fixtures/doctor");
     let main = fuzz.join("corpus").join(target);
     std::fs::create_dir_all(&main).map_err(|e| format!("{}: {e}", main.display()))?;
     let mut dirs = vec![main.clone()];
@@ -187,7 +188,7 @@ fn corpus(target: &str) -> Result<Vec<PathBuf>> {
         }
         // The real NCCL logs of the nccl-log golden tests, one seed each.
         "nccl_log" => {
-            let logs = cargo::workspace_root().join("gdr/tests/fixtures/nccl-logs");
+            let logs = cargo::workspace_root().join("gdr-doctor/tests/fixtures/nccl-logs");
             let entries =
                 std::fs::read_dir(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
             for e in entries.flatten() {

@@ -283,7 +283,8 @@ pub(crate) fn no_hint(_: sys::CUresult) -> Hint {
 
 /// One CUDA GPU as the driver reports it, with the attributes that decide GPUDirect RDMA. (The
 /// RDMA side's counterpart is [`crate::device::DeviceInfo`].)
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct GpuInfo {
     /// The CUDA device ordinal (as `CUDA_VISIBLE_DEVICES` renumbers them).
     pub ordinal: i32,

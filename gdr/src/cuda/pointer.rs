@@ -10,7 +10,8 @@ use crate::error::Result;
 /// The kind of memory behind an address, as CUDA classifies it (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE`
 /// and `IS_MANAGED`). Not to be confused with [`crate::mr::MemoryKind`], which says what a
 /// registered region holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum PointerType {
     /// GPU memory (`cuMemAlloc`, `cuMemAllocAsync`, `cuMemCreate`+map): the only kind GPUDirect
     /// RDMA registers.
@@ -45,7 +46,8 @@ impl std::fmt::Display for PointerType {
 }
 
 /// What [`classify`] found about one address.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PointerInfo {
     /// The address asked about.
     pub address: u64,

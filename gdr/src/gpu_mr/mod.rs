@@ -5,9 +5,9 @@
 //!
 //! 1. **Capabilities** (`probe.rs`), probed once per process and per NIC and cached: the CUDA
 //!    driver version and the GPU's GPUDirect attributes ([`crate::cuda::GpuInfo`]), the host's
-//!    kernel modules, memory peers, NVIDIA module and kernel release ([`system_facts`]), and
-//!    whether the NIC imports dma-bufs ([`probe_nic_dma_buf`]: `ibv_reg_dmabuf_mr` with fd -1;
-//!    `EBADF` means yes).
+//!    kernel modules, memory peers, NVIDIA module and kernel release ([`system_facts`], read by
+//!    [`facts::FactReader`]), and whether the NIC imports dma-bufs ([`probe_nic_dma_buf`]:
+//!    `ibv_reg_dmabuf_mr` with fd -1; `EBADF` means yes).
 //! 2. **Pointer check** (`range.rs`, [`check_gpu_range`]): `cuPointerGetAttributes` must say
 //!    device memory. Managed memory is refused (it would pin CPU pages and silently test the
 //!    wrong path), host memory is sent to [`crate::mr::MemoryRegion`], addresses CUDA does not
@@ -17,8 +17,8 @@
 //! 4. **Range**: the requested bytes must lie inside the allocation.
 //! 5. **Path** (`path.rs`, [`choose_path`], a pure function of the recorded inputs
 //!    [`PathInputs`]): dma-buf when every prerequisite of [`rules`] holds, else peer memory when a
-//!    module is loaded; or the path the caller forces with [`RegistrationPath`]. The doctor reads
-//!    its snapshots with the same [`rules`].
+//!    module is loaded; or the path the caller forces with [`RegistrationPath`]. The doctor (the
+//!    `gdr-doctor` crate) reads its snapshots with the same [`rules`].
 //! 6. **dma-buf** (`dma_buf.rs`): `cuMemGetHandleForAddressRange(DMA_BUF_FD)` on the
 //!    host-page-aligned range, then `ibv_reg_dmabuf_mr(pd, offset, len, iova = GPU address, fd,
 //!    access)`. rdma-core stores the offset, not the address, in `ibv_mr::addr` for such regions,
@@ -43,6 +43,7 @@
 //! ```
 
 mod dma_buf;
+pub mod facts;
 mod flush;
 mod path;
 mod probe;

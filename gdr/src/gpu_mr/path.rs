@@ -12,9 +12,8 @@ use crate::cuda::GpuInfo;
 use crate::error::{Error, Hint, Result};
 
 /// How GPU memory is (or should be) registered.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum RegistrationPath {
     /// Choose: dma-buf when GPU, driver and NIC support it, else peer memory.
     #[default]
@@ -38,7 +37,8 @@ impl fmt::Display for RegistrationPath {
 }
 
 /// The recorded inputs of the path decision: everything [`choose_path`] looks at.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PathInputs {
     /// `cuDriverGetVersion`.
     pub driver_version: i32,
@@ -98,7 +98,7 @@ impl PathInputs {
 
 /// Decides how to register GPU memory, from recorded inputs only (no I/O): the requested path if
 /// it can work, or for [`RegistrationPath::Auto`] dma-buf first, then peer memory. Never returns
-/// `Auto`. The rules are those of [`super::rules`], which the doctor applies too.
+/// `Auto`. The rules are those of [`super::rules`], which the doctor (`gdr-doctor`) applies too.
 ///
 /// # Errors
 /// [`Error::Unsupported`] naming what is missing, with the fix as hint: no GPUDirect on the GPU,

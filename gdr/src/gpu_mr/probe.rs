@@ -13,7 +13,8 @@ use crate::mr::AccessFlags;
 use crate::pd::ProtectionDomain;
 use crate::return_code::teardown;
 
-/// This machine's [`SystemFacts`] (read below `/` once per process, by the doctor's collector).
+/// This machine's [`SystemFacts`] (read below `/` once per process, by
+/// [`super::facts::FactReader`], the reader of `gdr-doctor`'s collector).
 pub fn system_facts() -> &'static SystemFacts {
     static FACTS: OnceLock<SystemFacts> = OnceLock::new();
     FACTS.get_or_init(|| SystemFacts::probe(Path::new("/")))

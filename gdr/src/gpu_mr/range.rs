@@ -8,7 +8,8 @@ use crate::cuda::{self, GpuInfo, PointerInfo, PointerType};
 use crate::error::{Error, Hint, Result};
 
 /// A device range that passed the pre-registration checks of [`check_gpu_range`].
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct GpuRange {
     /// What CUDA says about the start address (kind, ordinal, context, allocation).
     pub pointer: PointerInfo,

@@ -1,9 +1,10 @@
 //! The GPUDirect RDMA rules, in one place: which driver, kernel, kernel module and NIC support
 //! each registration path needs, and how a host's facts are read against them.
 //!
-//! Both [`super::choose_path`] (at registration) and [`crate::doctor`] (on a snapshot) decide
-//! with the functions here, from the same kind of facts, so the doctor cannot promise a path
-//! that registration refuses, nor refuse one that registration takes:
+//! Both [`super::choose_path`] (at registration) and the `gdr-doctor` crate (on a recorded
+//! host) decide with the functions here, from the same facts read by the same reader
+//! ([`super::facts::FactReader`]), so the doctor cannot promise a path that registration
+//! refuses, nor refuse one that registration takes:
 //!
 //! * **peer memory** ([`SystemFacts::peer_memory`]): a module of [`PEER_MEMORY_MODULES`] is
 //!   loaded, or a client of [`PEER_MEMORY_CLIENTS`] is registered under
@@ -39,10 +40,7 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::errno_text;
-use crate::topology::Snapshot;
 
 /// The first CUDA driver with `cuMemGetHandleForAddressRange` (dma-buf export), in
 /// `cuDriverGetVersion` form: 11.7.
@@ -110,8 +108,9 @@ pub fn is_open_kernel_module(version_line: &str) -> bool {
 }
 
 /// Host-wide facts that the paths depend on, as read from `/proc` and `/sys` (live:
-/// [`SystemFacts::probe`]) or taken from a doctor snapshot ([`SystemFacts::from_snapshot`]).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// [`SystemFacts::probe`]) or taken from a recorded host (a doctor snapshot).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SystemFacts {
     /// Loaded kernel modules (`/proc/modules`, else the entries of `/sys/module`).
     pub modules: Vec<String>,
@@ -125,19 +124,9 @@ pub struct SystemFacts {
 
 impl SystemFacts {
     /// The facts of the machine whose `/proc` and `/sys` lie below `root` (`/` for this one),
-    /// read by the same code as the doctor's snapshots ([`crate::topology::collect`]).
+    /// read by [`super::facts::FactReader`], the reader `gdr-doctor`'s snapshots are read with.
     pub fn probe(root: &std::path::Path) -> Self {
-        crate::topology::system_facts(root)
-    }
-
-    /// The facts a doctor snapshot recorded.
-    pub fn from_snapshot(snap: &Snapshot) -> Self {
-        SystemFacts {
-            modules: snap.modules.clone(),
-            memory_peers: snap.memory_peers.iter().map(|p| p.name.clone()).collect(),
-            nvidia_version: snap.nvidia.as_ref().and_then(|n| n.version.clone()),
-            kernel_release: snap.kernel.release.clone(),
-        }
+        super::facts::FactReader::new(root).system_facts()
     }
 
     /// Whether a peer-memory module or client is there, and which.
@@ -164,7 +153,8 @@ impl SystemFacts {
 }
 
 /// Whether a peer-memory module is loaded.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PeerMemory {
     /// What was found (`kernel module nvidia_peermem`, `memory peer nv_mem`), if anything.
     pub found: Option<String>,
@@ -187,7 +177,8 @@ pub fn no_peer_memory_text() -> String {
 }
 
 /// What the per-NIC dma-buf probe found (`ibv_reg_dmabuf_mr` with fd -1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum NicDmaBuf {
     /// The NIC imports dma-bufs (the probe with fd -1 failed with `EBADF`).
     Supported,
