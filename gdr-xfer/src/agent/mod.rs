@@ -1,0 +1,392 @@
+//! The agent: one per process, named; owns its rails (each a device port with its protection
+//! domain, completion queue and progress thread), segments and peers.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{SocketAddr, TcpListener};
+use std::ops::RangeBounds;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use gdr::cuda::{DeviceBuffer, DeviceMemory};
+use gdr::device::{Context, DeviceList, PortState, Selection};
+use gdr::gpu_mr::RegistrationPath;
+use gdr::mr::{AccessFlags, AlignedBuffer, HostMemory, MemoryRegion};
+use gdr::pd::ProtectionDomain;
+use gdr::qp::QueuePair;
+use gdr::CompletionQueue;
+
+use gdr_xfer_proto::LaneRef;
+
+use crate::cache::{CacheStats, RegistrationCache};
+use crate::config::AgentConfig;
+use crate::connection::Connection;
+use crate::control;
+use crate::error::{Error, Result};
+use crate::notify::{Delivered, Notification};
+use crate::peer::Peer;
+use crate::rail::AgentRail;
+use crate::segment::{Backing, Segment};
+use crate::staged::driver::Driver as StagingDriver;
+use crate::staged::{StagedDevice, StagedMemory};
+use crate::transfer::Failure;
+use crate::wakers::Wakers;
+use crate::wire::{Message, SegmentInfo, MAX_NAME};
+use crate::GpuStaging;
+use gdr_xfer_proto::Location;
+
+/// Access every segment is registered with: peers may read and write it.
+const SEGMENT_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ);
+
+/// A connection forgotten by name: each rail's drain count then, and what to fail its transfers
+/// with.
+type Retiring = (Arc<Connection>, Vec<u64>, Option<Failure>);
+
+/// What the agent's threads share.
+mod registration;
+mod shared;
+#[cfg(test)]
+mod tests;
+
+use shared::*;
+pub(crate) use shared::{connect_shared, AgentShared};
+
+/// A transfer agent. See the [crate documentation](crate) for an example.
+///
+/// [`Agent::shutdown`] ends it in order, with a grace time for pending transfers; dropping it
+/// does the same without one: every connection closes (pending transfers fail with
+/// [`Error::AgentClosed`]), its directory records go, and its threads stop; memory still in use
+/// by the NIC is released by gdr only once the queue pairs are destroyed.
+pub struct Agent {
+    pub(crate) shared: Arc<AgentShared>,
+    pub(crate) progress: Mutex<Vec<JoinHandle<()>>>,
+    pub(crate) listeners: Mutex<Vec<(SocketAddr, JoinHandle<()>)>>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("name", &self.shared.config.name)
+            .field("rails", &self.rails())
+            .finish()
+    }
+}
+
+impl Agent {
+    /// Opens the rails (see [`AgentConfig::device`]), creates their completion queues and
+    /// starts their progress threads.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for bad settings; gdr's errors opening the devices.
+    pub fn new(config: AgentConfig) -> Result<Agent> {
+        config.validate()?;
+        let ports = select_rails(&config)?;
+        let mut rails = Vec::with_capacity(ports.len());
+        for (ctx, port) in ports {
+            let pd = ProtectionDomain::new(&ctx)?;
+            let attr = ctx.query_device()?;
+            let per_peer = u64::from(config.qps_per_peer) * u64::from(config.send_queue_depth)
+                + u64::from(config.notify_slots);
+            let want = per_peer * u64::from(config.max_peers);
+            let max_cqe = attr.max_cqe.max(1) as u64;
+            if per_peer > max_cqe {
+                return Err(Error::invalid(
+                    format!(
+                        "one peer needs {per_peer} completion queue entries; {} allows {max_cqe}",
+                        ctx.name()
+                    ),
+                    "lower qps_per_peer, send_queue_depth or notify_slots",
+                ));
+            }
+            let cq = CompletionQueue::with_channel(&ctx, want.min(max_cqe) as u32)?;
+            rails.push(AgentRail { ctx, port, pd, cq });
+        }
+        let nrails = rails.len();
+        let staging = Arc::new(StagingDriver::new(
+            rails.iter().map(|r| r.pd.clone()).collect(),
+            config.staging,
+        ));
+        static AGENTS: AtomicU64 = AtomicU64::new(1);
+        let shared = Arc::new(AgentShared {
+            config,
+            id: AGENTS.fetch_add(1, Ordering::Relaxed),
+            rails,
+            rail_masks: Mutex::new(HashMap::new()),
+            segments: Mutex::new(BTreeMap::new()),
+            next_segment: AtomicU32::new(1),
+            cache: Mutex::new(RegistrationCache::default()),
+            peers: Mutex::new(HashMap::new()),
+            by_qpn: RwLock::new(HashMap::new()),
+            retiring: Mutex::new(Vec::new()),
+            drains: (0..nrails).map(|_| AtomicU64::new(0)).collect(),
+            notifications: Mutex::new(VecDeque::new()),
+            notified: Condvar::new(),
+            notification_wakers: Wakers::default(),
+            peer_wakers: Wakers::default(),
+            timers: Mutex::new(Instant::now()),
+            peers_changed: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            pending: Arc::new(AtomicUsize::new(0)),
+            threads: Mutex::new(Vec::new()),
+            handshakes: AtomicU32::new(0),
+            #[cfg(feature = "etcd")]
+            published: Mutex::new(None),
+            staging,
+        });
+        let agent = Agent {
+            shared,
+            progress: Mutex::new(Vec::with_capacity(nrails)),
+            listeners: Mutex::new(Vec::new()),
+        };
+        for rail in 0..nrails {
+            let s = agent.shared.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("xfer-progress-{}-{rail}", agent.shared.config.name))
+                .spawn(move || crate::progress::run(s, rail))
+                .map_err(|e| Error::io("starting a progress thread", e))?;
+            agent
+                .progress
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(h);
+        }
+        Ok(agent)
+    }
+
+    #[cfg(feature = "etcd")]
+    pub(crate) fn shared(&self) -> &Arc<AgentShared> {
+        &self.shared
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.shared.config.name
+    }
+
+    /// The RDMA device of its first rail.
+    pub fn device(&self) -> &str {
+        self.shared.rails[0].ctx.name()
+    }
+
+    /// Its rails: (device, port), rail 0 first.
+    pub fn rails(&self) -> Vec<(String, u8)> {
+        self.shared.rail_names()
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &AgentConfig {
+        &self.shared.config
+    }
+}
+
+impl Agent {
+    // ----- peers -----
+
+    /// Accepts connections from peers on `addr` (for example `0.0.0.0:0`) in a background
+    /// thread; returns the address bound. Accepted peers appear in [`Agent::peers`].
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the address cannot be bound.
+    pub fn listen(&self, addr: &str) -> Result<SocketAddr> {
+        self.shared.check_open()?;
+        let listener =
+            TcpListener::bind(addr).map_err(|e| Error::io(format!("listening on {addr}"), e))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::io("listener address", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("non-blocking listener", e))?;
+        let shared = self.shared.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("xfer-listen-{}", self.name()))
+            .spawn(move || accept_loop(shared, listener))
+            .map_err(|e| Error::io("starting the listener thread", e))?;
+        self.listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((local, handle));
+        Ok(local)
+    }
+
+    /// Connects to the agent listening at `addr` (`host:port`). A refused connection is tried
+    /// again until [`AgentConfig::connect_timeout`] (10 s by default: the peer may not listen
+    /// yet), and the handshake must end within what is left of it.
+    ///
+    /// # Errors
+    /// [`Error::Io`] (with the last refusal or the socket's error) when nothing accepted within
+    /// the connect timeout, or when the handshake's socket failed or timed out;
+    /// [`Error::Protocol`] for a peer that is not a compatible gdr-xfer agent;
+    /// [`Error::InvalidArgument`] when a peer of that name is already connected.
+    pub fn connect(&self, addr: &str) -> Result<Peer> {
+        self.connect_within(addr, self.shared.config.connect_timeout)
+    }
+
+    /// [`Agent::connect`], all of it (dialling and the handshake) within `timeout`.
+    pub(crate) fn connect_within(&self, addr: &str, timeout: Duration) -> Result<Peer> {
+        connect_shared(&self.shared, addr, timeout)
+    }
+
+    /// The connected peer with this name.
+    pub fn peer(&self, name: &str) -> Option<Peer> {
+        let peers = self.shared.lock_peers();
+        peers
+            .get(name)
+            .filter(|c| c.is_ready())
+            .map(|c| Peer { conn: c.clone() })
+    }
+
+    /// The connected peers.
+    pub fn peers(&self) -> Vec<Peer> {
+        let peers = self.shared.lock_peers();
+        let mut v: Vec<Peer> = peers
+            .values()
+            .filter(|c| c.is_ready())
+            .map(|c| Peer { conn: c.clone() })
+            .collect();
+        v.sort_by(|a, b| a.name().cmp(b.name()));
+        v
+    }
+
+    /// Waits until a peer with this name is connected (it connected to us, or we to it).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`].
+    pub fn wait_peer(&self, name: &str, timeout: Duration) -> Result<Peer> {
+        let end = Instant::now().checked_add(timeout);
+        let mut peers = self.shared.lock_peers();
+        loop {
+            if let Some(c) = peers.get(name).filter(|c| c.is_ready()) {
+                return Ok(Peer { conn: c.clone() });
+            }
+            let left = end.map_or(Duration::from_secs(3600), |e| {
+                e.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    what: format!("waiting for peer {name:?} to connect"),
+                    after: timeout,
+                    hint: "is it running and connecting to this agent's listen address?".into(),
+                });
+            }
+            peers = self
+                .shared
+                .peers_changed
+                .wait_timeout(peers, left.min(Duration::from_millis(50)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Closes the connection to a peer: its pending transfers fail with [`Error::PeerLost`].
+    pub fn disconnect(&self, peer: &Peer) {
+        self.shared.disconnect(peer);
+    }
+
+    // ----- notifications -----
+
+    /// Notifications received and not taken yet (at most [`AgentConfig::notify_queue`] plus
+    /// the receive slots, per peer).
+    pub fn pending_notifications(&self) -> usize {
+        self.shared.lock_notifications().len()
+    }
+
+    /// Takes every notification received so far (their receive slots are posted again: the
+    /// peers may send more).
+    pub fn take_notifications(&self) -> Vec<Notification> {
+        let taken: Vec<Delivered> = self.shared.lock_notifications().drain(..).collect();
+        taken.into_iter().map(Delivered::take).collect()
+    }
+
+    /// Waits for the next notification (`Ok(None)` when `timeout` passes first).
+    ///
+    /// # Errors
+    /// None yet; the `Result` leaves room for a closed agent.
+    pub fn wait_notification(&self, timeout: Duration) -> Result<Option<Notification>> {
+        let end = Instant::now().checked_add(timeout);
+        let mut q = self.shared.lock_notifications();
+        loop {
+            if let Some(n) = q.pop_front() {
+                drop(q);
+                return Ok(Some(n.take()));
+            }
+            let left = end.map_or(Duration::from_secs(3600), |e| {
+                e.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                return Ok(None);
+            }
+            q = self
+                .shared
+                .notified
+                .wait_timeout(q, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// The rails an agent opens: every port the selection allows, in its order, active ones only
+/// when there are any (else the first allowed), at most `max_rails`.
+fn select_rails(config: &AgentConfig) -> Result<Vec<(Arc<Context>, u8)>> {
+    let selection = Selection::parse(&config.device)?;
+    let list = DeviceList::new()?;
+    let mut ports: Vec<(String, u8, bool)> = Vec::new();
+    let mut contexts: HashMap<String, Arc<Context>> = HashMap::new();
+    for name in list.names() {
+        let Ok(ctx) = list.open(&name) else {
+            continue;
+        };
+        let count = ctx.query_device().map_or(0, |a| a.phys_port_cnt);
+        for port in 1..=count {
+            if selection.allows(&name, port) {
+                let active = ctx
+                    .query_port(port)
+                    .is_ok_and(|p| p.state == PortState::Active);
+                ports.push((name.clone(), port, active));
+            }
+        }
+        contexts.insert(name, ctx);
+    }
+    // The selection's order: repeatedly its first match among the ports left.
+    let mut ordered = Vec::with_capacity(ports.len());
+    while !ports.is_empty() {
+        let pairs: Vec<(&str, u8)> = ports.iter().map(|(n, p, _)| (n.as_str(), *p)).collect();
+        let i = match selection.first_match(&pairs) {
+            Some((n, p)) => ports
+                .iter()
+                .position(|(pn, pp, _)| *pn == n && *pp == p)
+                .unwrap_or(0),
+            None => 0,
+        };
+        ordered.push(ports.remove(i));
+    }
+    let any_active = ordered.iter().any(|(_, _, a)| *a);
+    let chosen: Vec<(String, u8)> = if any_active {
+        ordered
+            .into_iter()
+            .filter(|(_, _, a)| *a)
+            .take(usize::from(config.max_rails))
+            .map(|(n, p, _)| (n, p))
+            .collect()
+    } else {
+        ordered
+            .into_iter()
+            .take(1)
+            .map(|(n, p, _)| (n, p))
+            .collect()
+    };
+    if chosen.is_empty() {
+        // Nothing allowed: gdr's own error names the devices that exist.
+        let (ctx, port) = Context::open_selected(&selection)?;
+        return Ok(vec![(ctx, port)]);
+    }
+    Ok(chosen
+        .into_iter()
+        .filter_map(|(n, p)| contexts.get(&n).map(|c| (c.clone(), p)))
+        .collect())
+}
