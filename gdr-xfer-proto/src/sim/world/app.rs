@@ -1,0 +1,559 @@
+//! The applications of the simulated agents: submitting transfers (direct and staged), the
+//! staging driver's steps, and consuming outcomes.
+
+use super::*;
+
+impl World {
+    /// One application submission from `agent` to `peer`.
+    pub(super) fn submit(&mut self, agent: usize, peer: usize, left: u32) {
+        if left > 1 {
+            let d = self.us(0, 8000);
+            self.at(
+                d,
+                Ev::Submit {
+                    agent,
+                    peer,
+                    left: left - 1,
+                },
+            );
+        }
+        if !self.net.borrow().alive[agent] || self.conns[agent][peer].is_none() {
+            return;
+        }
+        let op = if self.rng.percent(50) {
+            Op::Write
+        } else {
+            Op::Read
+        };
+        if self.rng.percent(self.p.staged_pct) {
+            self.submit_staged(agent, peer, op);
+            return;
+        }
+        let misuse = if self.rng.percent(6) {
+            Some(Misuse::ForeignLocal)
+        } else if self.rng.percent(4) {
+            Some(Misuse::LongNotify)
+        } else {
+            None
+        };
+        let max_grains = (3 * self.p.cfg.slice_size as usize / GRAIN).max(1);
+        // Some are messages: a notification without data.
+        let message = misuse != Some(Misuse::ForeignLocal) && self.rng.percent(5);
+        let nruns = if message { 0 } else { 1 + self.rng.index(3) };
+        let x = self.net.borrow().xfers.list.len();
+        let mut runs = Vec::new();
+        let mut locals: Vec<SimLocal> = Vec::new();
+        let mut remote_segs: Vec<usize> = Vec::new();
+        let mut xruns = Vec::new();
+        let mut foreign_added = false;
+        for i in 0..nruns {
+            let len = GRAIN * (1 + self.rng.index(max_grains));
+            let foreign = misuse == Some(Misuse::ForeignLocal) && i == nruns - 1;
+            let local_agent = if foreign {
+                (agent + 1 + self.rng.index(self.p.agents - 1)) % self.p.agents
+            } else {
+                agent
+            };
+            let (Some(l), Some(r)) = (
+                self.free_range(local_agent, len),
+                self.free_range(peer, len),
+            ) else {
+                break;
+            };
+            let mut net = self.net.borrow_mut();
+            if !foreign {
+                net.xfers.reserve(agent, l, len, x);
+            }
+            net.xfers.reserve(peer, r, len, x);
+            drop(net);
+            let sl = SimLocal {
+                agent: local_agent,
+                seg: l / SEG,
+            };
+            let li = match locals.iter().position(|&s| s == sl) {
+                Some(i) => i,
+                None => {
+                    locals.push(sl);
+                    locals.len() - 1
+                }
+            };
+            let rs = r / SEG;
+            let ri = match remote_segs.iter().position(|&s| s == rs) {
+                Some(i) => i,
+                None => {
+                    remote_segs.push(rs);
+                    remote_segs.len() - 1
+                }
+            };
+            runs.push(Run {
+                local: li as u32,
+                local_offset: (l % SEG) as u64,
+                remote_addr: r as u64,
+                remote: ri as u32,
+                len: len as u64,
+            });
+            xruns.push(XRun {
+                local_agent,
+                local: l,
+                remote: r,
+                len,
+            });
+            foreign_added |= foreign;
+        }
+        // A foreign run that found no room was not added: the transfer is an honest one.
+        let misuse = match misuse {
+            Some(Misuse::ForeignLocal) if !foreign_added => None,
+            m => m,
+        };
+        let generous = self.rng.percent(75);
+        let timeout = if generous {
+            Duration::from_millis(self.rng.range(1500, 3000))
+        } else {
+            self.us(50, 8000)
+        };
+        let cancel = self.rng.percent(8);
+        let notify =
+            (message || self.rng.percent(50) || misuse == Some(Misuse::LongNotify)).then(|| {
+                let max = self.p.cfg.notify_max as usize;
+                let len = if misuse == Some(Misuse::LongNotify) {
+                    max + 1 + self.rng.index(16)
+                } else {
+                    8 + self.rng.index(max - 7)
+                };
+                let mut d = vec![0xabu8; len];
+                d[..8].copy_from_slice(&(x as u64).to_be_bytes());
+                d
+            });
+        let epochs: Vec<u32> = {
+            let net = self.net.borrow();
+            remote_segs
+                .iter()
+                .map(|&s| net.key_epoch[peer][s])
+                .collect()
+        };
+        let rails = self.p.cfg.rails;
+        let rkeys = remote_segs
+            .iter()
+            .zip(&epochs)
+            .flat_map(|(&s, &e)| (0..rails).map(move |r| rkey(peer, s, r, e)))
+            .collect();
+        let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
+        {
+            let mut net = self.net.borrow_mut();
+            net.xfers.list.push(Xfer {
+                kind: Kind::App,
+                staged: false,
+                agent,
+                peer,
+                op,
+                runs: xruns,
+                notify: notify.is_some(),
+                misuse,
+                deadline: Some(self.now + timeout),
+                innocent: generous && misuse.is_none() && !cancel,
+                state: XState::Live,
+                key: None,
+                arrivals: 0,
+                deliveries: 0,
+            });
+            let Net { xfers, mem, .. } = &mut *net;
+            xfers.fill_source(x, mem);
+        }
+        if runs.is_empty() && notify.is_none() {
+            self.net.borrow_mut().xfers.refused(x);
+            return;
+        }
+        let spec = Spec {
+            op,
+            locals,
+            runs,
+            rkeys,
+            timeout: Some(timeout),
+            notify,
+            rail_mask,
+            handle: x,
+        };
+        self.report.submitted += 1;
+        if spec.runs.is_empty() {
+            self.report.messages += 1;
+        }
+        self.log(|| {
+            format!("submit {x}: {agent}->{peer} {op:?} misuse {misuse:?} timeout {timeout:?}")
+        });
+        let mut result = None;
+        self.call(agent, peer, |core, io, now| {
+            result = Some(core.submit(now, io, spec))
+        });
+        match result {
+            Some(Ok(key)) => {
+                self.net.borrow_mut().xfers.list[x].key = Some(key);
+                if cancel {
+                    let d = self.us(0, 5000);
+                    self.at(d, Ev::Cancel { xfer: x });
+                }
+            }
+            Some(Err(f)) => {
+                self.report.refused += 1;
+                let mut net = self.net.borrow_mut();
+                let t = &net.xfers.list[x];
+                let bad = match (&f, t.misuse) {
+                    (Failure::Rejected { .. }, Some(Misuse::LongNotify)) => None,
+                    (_, Some(Misuse::LongNotify)) => Some(format!(
+                        "a notification longer than the peer takes was refused with {f:?}"
+                    )),
+                    (_, _) if t.innocent && self.p.class == FaultClass::Clean => Some(format!(
+                        "transfer {x} had nothing wrong with it, yet was refused: {f:?}"
+                    )),
+                    _ => None,
+                };
+                if let Some(b) = bad {
+                    net.violation(b);
+                }
+                net.xfers.refused(x);
+            }
+            None => {
+                // The connection is gone (closed after its peer died): never submitted.
+                self.net.borrow_mut().xfers.refused(x);
+            }
+        }
+        if self.net.borrow().xfers.list[x].misuse == Some(Misuse::LongNotify)
+            && self.net.borrow().xfers.list[x].state == XState::Live
+        {
+            self.net.borrow_mut().violation(format!(
+                "transfer {x}'s notification is longer than the peer takes, yet it was accepted"
+            ));
+        }
+    }
+
+    /// A staged transfer from `agent` to `peer`: its runs' local side in the agent's GPU
+    /// memory (some in host memory, moved directly), through the agent's stager.
+    pub(super) fn submit_staged(&mut self, agent: usize, peer: usize, op: Op) {
+        let x = self.net.borrow().xfers.list.len();
+        let max_grains = (3 * self.p.stager.0 / GRAIN).max(1);
+        let mut sruns = Vec::new();
+        let mut xruns = Vec::new();
+        for _ in 0..1 + self.rng.index(3) {
+            let len = GRAIN * (1 + self.rng.index(max_grains));
+            let staged = self.rng.percent(80);
+            let local = if staged {
+                self.free_in(agent, GPU_SEG, len)
+            } else {
+                self.free_range(agent, len)
+            };
+            let (Some(l), Some(r)) = (local, self.free_range(peer, len)) else {
+                break;
+            };
+            let mut net = self.net.borrow_mut();
+            net.xfers.reserve(agent, l, len, x);
+            net.xfers.reserve(peer, r, len, x);
+            drop(net);
+            sruns.push(SRun {
+                staged,
+                local: l,
+                remote: r,
+                len,
+            });
+            xruns.push(XRun {
+                local_agent: agent,
+                local: l,
+                remote: r,
+                len,
+            });
+        }
+        let generous = self.rng.percent(75);
+        let timeout = if generous {
+            Duration::from_millis(self.rng.range(1500, 3000))
+        } else {
+            self.us(50, 8000)
+        };
+        let cancel = self.rng.percent(8);
+        let notify = self.rng.percent(50).then(|| {
+            let max = self.p.cfg.notify_max as usize;
+            let mut d = vec![0xcdu8; 8 + self.rng.index(max - 7)];
+            d[..8].copy_from_slice(&(x as u64).to_be_bytes());
+            d
+        });
+        let epochs: Vec<u32> = {
+            let net = self.net.borrow();
+            (0..SEGS).map(|s| net.key_epoch[peer][s]).collect()
+        };
+        {
+            let mut net = self.net.borrow_mut();
+            net.xfers.list.push(Xfer {
+                kind: Kind::App,
+                staged: true,
+                agent,
+                peer,
+                op,
+                runs: xruns,
+                notify: notify.is_some(),
+                misuse: None,
+                deadline: Some(self.now + timeout),
+                innocent: generous && !cancel,
+                state: XState::Live,
+                key: None,
+                arrivals: 0,
+                deliveries: 0,
+            });
+            let Net { xfers, mem, .. } = &mut *net;
+            if sruns.is_empty() {
+                xfers.refused(x);
+                return;
+            }
+            xfers.fill_source(x, mem);
+        }
+        self.report.submitted += 1;
+        self.report.staged += 1;
+        self.log(|| format!("submit staged {x}: {agent}->{peer} {op:?} timeout {timeout:?}"));
+        let runs: Vec<StagedRun> = sruns
+            .iter()
+            .map(|r| StagedRun {
+                staged: r.staged,
+                len: r.len as u64,
+            })
+            .collect();
+        let now = self.instant();
+        let Some(c) = self.conns[agent][peer].as_mut() else {
+            self.net.borrow_mut().xfers.refused(x);
+            return;
+        };
+        if c.core.gone_reason().is_some() {
+            self.report.refused += 1;
+            self.net.borrow_mut().xfers.refused(x);
+            return;
+        }
+        let mut core = StagedJob::new(op, runs, notify, Some(timeout), now);
+        if cancel {
+            core.cancel();
+        }
+        c.jobs.push(SimJob {
+            xfer: x,
+            op,
+            runs: sruns,
+            core,
+            children: Vec::new(),
+            epochs,
+        });
+        self.stage_soon(agent);
+    }
+
+    /// Schedules `agent`'s staging step soon (the driver polls every few tens of microseconds
+    /// while it has work).
+    pub(super) fn stage_soon(&mut self, agent: usize) {
+        let at = self.now + self.us(10, 300);
+        if self.stage_at[agent].is_none_or(|t| at < t || t < self.now) {
+            self.stage_at[agent] = Some(at);
+            self.push(at, Ev::StageStep { agent });
+        }
+    }
+
+    /// `agent`'s staging step: the stager's events to their jobs, each job's step, and the
+    /// outcomes of the jobs that are over.
+    pub(super) fn stage_step(&mut self, agent: usize) {
+        if !self.net.borrow().alive[agent] {
+            return;
+        }
+        let now = self.instant();
+        let window = self.p.stager.2;
+        while let Some(ev) = self.stagers[agent].events.pop_front() {
+            let ticket = match &ev {
+                StageEvent::Chunk(c) => c.ticket_id(),
+                StageEvent::Finished(id) => *id,
+            };
+            let owner = (0..self.p.agents).find_map(|p| {
+                let c = self.conns[agent][p].as_ref()?;
+                let i = c.jobs.iter().position(|j| j.core.owns_ticket(ticket))?;
+                Some((p, i))
+            });
+            match (ev, owner) {
+                (StageEvent::Chunk(chunk), Some((p, i))) => {
+                    self.with_job(agent, p, i, now, |job, io| job.on_chunk(io, now, chunk));
+                }
+                (StageEvent::Finished(id), Some((p, i))) => {
+                    if let Some(c) = self.conns[agent][p].as_mut() {
+                        c.jobs[i].core.on_ticket_finished(id, Ok(()));
+                    }
+                }
+                (StageEvent::Chunk(chunk), None) => {
+                    let mut net = self.net.borrow_mut();
+                    if let Err(e) = self.stagers[agent].release_orphan(&mut net, agent, chunk) {
+                        net.violation(e);
+                    }
+                }
+                (StageEvent::Finished(_), None) => {}
+            }
+        }
+        let mut busy = self.stagers[agent].busy();
+        if self.verbose {
+            let d = self.stagers[agent].describe();
+            self.log(|| format!("stager {agent}: {d}"));
+        }
+        for p in 0..self.p.agents {
+            let Some(n) = self.conns[agent][p].as_ref().map(|c| c.jobs.len()) else {
+                continue;
+            };
+            let mut i = 0;
+            let mut left = n;
+            while i < left {
+                self.with_job(agent, p, i, now, |job, io| job.step(io, now, window));
+                if self.verbose {
+                    let d = self.conns[agent][p]
+                        .as_ref()
+                        .and_then(|c| c.jobs.get(i))
+                        .map(|j| format!("job {} {:?}", j.xfer, j.core));
+                    if let Some(d) = d {
+                        self.log(|| d);
+                    }
+                }
+                let over = self.conns[agent][p]
+                    .as_ref()
+                    .is_some_and(|c| c.jobs.get(i).is_some_and(|j| j.core.is_over()));
+                if over {
+                    let job = self.conns[agent][p]
+                        .as_mut()
+                        .expect("checked")
+                        .jobs
+                        .swap_remove(i);
+                    self.staged_finished(p, &job);
+                    left -= 1;
+                } else {
+                    i += 1;
+                }
+            }
+            busy |= left > 0;
+            self.settle(agent, p);
+        }
+        if busy {
+            self.stage_soon(agent);
+        }
+    }
+
+    /// Runs `f` on job `i` of `agent`'s connection to `peer`, with its I/O.
+    pub(super) fn with_job(
+        &mut self,
+        agent: usize,
+        peer: usize,
+        i: usize,
+        now: Instant,
+        f: impl FnOnce(&mut StagedJob<SimChunk, TransferKey>, &mut SimStageIo<'_>),
+    ) {
+        let rails = self.p.cfg.rails;
+        let net = self.net.clone();
+        let stager = &mut self.stagers[agent];
+        let Some(c) = self.conns[agent][peer].as_mut() else {
+            return;
+        };
+        let Conn { core, io, jobs, .. } = c;
+        let Some(job) = jobs.get_mut(i) else {
+            return;
+        };
+        let SimJob {
+            xfer,
+            op,
+            runs,
+            core: jcore,
+            children,
+            epochs,
+        } = job;
+        let mut sio = SimStageIo {
+            stager,
+            core,
+            io,
+            net,
+            agent,
+            peer,
+            rails,
+            now,
+            xfer: *xfer,
+            op: *op,
+            runs,
+            children,
+            epochs,
+        };
+        f(jcore, &mut sio);
+    }
+
+    /// A child transfer of one of `agent`'s staged jobs reached its outcome.
+    pub(super) fn child_finished(&mut self, agent: usize, peer: usize, cx: usize, o: Outcome) {
+        self.log(|| format!("child outcome {cx}: {:?}", o.result));
+        let v = self.net.borrow_mut().xfers.child_outcome(cx, &o.result);
+        if let Some(v) = v {
+            self.net.borrow_mut().violation(v);
+        }
+        let Some(c) = self.conns[agent][peer].as_mut() else {
+            return;
+        };
+        for job in &mut c.jobs {
+            if let Some(k) = job.children.iter().position(|&(_, x)| x == cx) {
+                let (key, _) = job.children.swap_remove(k);
+                let r = o.result.clone().map(|()| ChildStats {
+                    slices: o.stats.slices,
+                    lanes: o.stats.lanes_mask.count_ones(),
+                    rails: o.stats.rails_mask.count_ones(),
+                    retried: o.stats.retried_slices,
+                });
+                job.core.on_child_finished(key, r);
+                break;
+            }
+        }
+        self.stage_soon(agent);
+    }
+
+    /// A staged job is over: its outcome, checked as an application's.
+    pub(super) fn staged_finished(&mut self, peer: usize, job: &SimJob) {
+        let x = job.xfer;
+        let result = job.core.result();
+        self.log(|| format!("staged outcome {x}: {result:?}"));
+        let bound = self.staged_bound();
+        let mut net = self.net.borrow_mut();
+        let alive = net.alive[peer];
+        let now = self.now;
+        let Net { xfers, mem, .. } = &mut *net;
+        let mut v = xfers.outcome(x, &result, mem, alive, bound, now);
+        let t = &xfers.list[x];
+        if let (Err(f), true, true) = (&result, t.innocent, self.p.class == FaultClass::Clean) {
+            v.push(format!(
+                "staged transfer {x} had nothing wrong with it, yet failed with {f:?}"
+            ));
+        }
+        match &result {
+            Ok(()) => self.report.done += 1,
+            Err(f) => *self.report.failed.entry(failure_kind(f)).or_default() += 1,
+        }
+        net.violations.extend(v);
+    }
+
+    /// How long after its deadline an outcome may come: the core's bound, then (staged) the
+    /// copies and the driver's steps.
+    pub(super) fn staged_bound(&self) -> Duration {
+        self.p.cfg.outcome_bound()
+            + SLACK
+            + Duration::from_micros(4 * COPY.1)
+            + Duration::from_millis(1)
+    }
+
+    /// A free range of `len` bytes in segment `seg` of `agent`'s memory.
+    pub(super) fn free_in(&mut self, agent: usize, seg: usize, len: usize) -> Option<usize> {
+        for _ in 0..20 {
+            let grains = (SEG - len) / GRAIN + 1;
+            let at = seg * SEG + GRAIN * self.rng.index(grains);
+            if self.net.borrow().xfers.is_free(agent, at, len) {
+                return Some(at);
+            }
+        }
+        None
+    }
+
+    /// A free range of `len` bytes in `agent`'s memory (inside one segment).
+    pub(super) fn free_range(&mut self, agent: usize, len: usize) -> Option<usize> {
+        for _ in 0..20 {
+            let seg = self.rng.index(SEGS);
+            let grains = (SEG - len) / GRAIN + 1;
+            let at = seg * SEG + GRAIN * self.rng.index(grains);
+            if self.net.borrow().xfers.is_free(agent, at, len) {
+                return Some(at);
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,125 @@
+//! The events of the simulation and their order in its queue (time, then insertion).
+
+use super::*;
+
+/// Everything that happens in the simulation.
+#[derive(Debug)]
+pub(crate) enum Ev {
+    Exec {
+        qp: usize,
+        token: u64,
+    },
+    Arrive {
+        qp: usize,
+        token: u64,
+        payload: Payload,
+        lose_ack: bool,
+        xfer: Option<usize>,
+    },
+    Ack {
+        qp: usize,
+        token: u64,
+        data: Option<Vec<u8>>,
+    },
+    Fail {
+        qp: usize,
+        token: u64,
+        status: Status,
+    },
+    Cqe {
+        agent: usize,
+        peer: usize,
+        c: SendCompletion,
+    },
+    Recv {
+        agent: usize,
+        peer: usize,
+        lane: LaneRef,
+        slot: u16,
+        msg: Option<Vec<u8>>,
+    },
+    Timer {
+        agent: usize,
+        peer: usize,
+    },
+    Control {
+        from: usize,
+        to: usize,
+        /// The encoded [`crate::wire::Message`].
+        bytes: Vec<u8>,
+    },
+    Submit {
+        agent: usize,
+        peer: usize,
+        left: u32,
+    },
+    Cancel {
+        xfer: usize,
+    },
+    Consume {
+        agent: usize,
+        peer: usize,
+    },
+    /// A random ready queue pair's head request waits until `until` from now.
+    Stall {
+        until: Duration,
+    },
+    /// A random ready queue pair's next request fails.
+    Doom,
+    Deregister {
+        agent: usize,
+        seg: usize,
+    },
+    LinkDown {
+        rail: usize,
+        up_after: Duration,
+    },
+    LinkUp {
+        rail: usize,
+    },
+    Kill {
+        agent: usize,
+    },
+    Lost {
+        agent: usize,
+        peer: usize,
+        close: bool,
+    },
+    /// A GPU -> bounce copy of `agent`'s stager completed.
+    CopyDone {
+        agent: usize,
+        slot: usize,
+    },
+    /// A bounce -> GPU copy of `agent`'s stager completed.
+    CommitDone {
+        agent: usize,
+        slot: usize,
+    },
+    /// `agent`'s staging driver runs its jobs.
+    StageStep {
+        agent: usize,
+    },
+}
+
+pub(super) struct Scheduled {
+    pub(super) at: Duration,
+    pub(super) seq: u64,
+    pub(super) ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
