@@ -352,7 +352,7 @@ impl<C, K: Copy + PartialEq> StagedJob<C, K> {
     pub fn on_ticket_finished(&mut self, ticket: u64, result: Result<(), String>) {
         self.tickets.retain(|&(t, _)| t != ticket);
         if let Err(detail) = result {
-            self.fail(Failure::Staging { detail });
+            self.fail(Failure::StagingFailed { detail });
         }
     }
 
@@ -478,7 +478,7 @@ impl<C, K: Copy + PartialEq> StagedJob<C, K> {
             }
             let commit = l.commit && self.failure.is_none();
             if let Err(detail) = io.give_back(l.chunk, commit) {
-                self.fail(Failure::Staging { detail });
+                self.fail(Failure::StagingFailed { detail });
             }
         }
     }
@@ -501,7 +501,7 @@ impl<C, K: Copy + PartialEq> StagedJob<C, K> {
                     Ok(t) => self.tickets.push((t, i)),
                     Err(Start::Busy) => break,
                     Err(Start::Failed(detail)) => {
-                        self.fail(Failure::Staging { detail });
+                        self.fail(Failure::StagingFailed { detail });
                         break;
                     }
                 }

@@ -14,7 +14,11 @@ pub struct TransferKey {
     pub(crate) gen: u32,
 }
 
-/// Why a transfer failed.
+/// Why a transfer failed: the core's outcome, plain data it can copy to every waiter and
+/// compare in simulation. gdr-xfer reports each as the [`Error`] variant of the same name,
+/// adding the peer's name and a fix hint (`gdr_xfer::Error`); it is not a second error type.
+///
+/// [`Error`]: https://docs.rs/gdr-xfer/latest/gdr_xfer/enum.Error.html
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
     /// Its deadline passed before it completed.
@@ -31,7 +35,7 @@ pub enum Failure {
     },
     /// One of its requests completed with an error that names the request, not the path (a bad
     /// remote key, a protection error).
-    Request {
+    SliceFailed {
         /// The queue pair number.
         qp_num: u32,
         /// The provider's status code.
@@ -53,7 +57,7 @@ pub enum Failure {
     /// Its agent shut down.
     AgentClosed,
     /// A copy between GPU memory and a bounce buffer failed (staged transfers).
-    Staging {
+    StagingFailed {
         /// What the copy engine said.
         detail: String,
     },

@@ -10,6 +10,24 @@ use crate::segment::{Segment, SegmentInner};
 /// the concept).
 pub use gdr_xfer_proto::Op;
 
+/// Which side of a transfer a range, block or segment is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// This agent's memory.
+    Local,
+    /// The peer's memory.
+    Remote,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Local => "local",
+            Side::Remote => "remote",
+        })
+    }
+}
+
 /// One contiguous piece of a transfer: `len` bytes at `local_offset` of a local segment, and at
 /// `remote_offset` of the peer's segment `remote`.
 #[derive(Debug, Clone)]
@@ -140,7 +158,7 @@ pub(crate) fn check_local(index: usize, seg: &Segment, offset: u64, len: u64) ->
     if offset.checked_add(len).is_none_or(|end| end > seg.len()) {
         return Err(Error::OutOfSegment {
             index,
-            side: "local",
+            side: Side::Local,
             segment: seg.id(),
             offset,
             len,

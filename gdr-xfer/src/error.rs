@@ -5,13 +5,18 @@ use std::time::Duration;
 
 pub use gdr::Hint;
 
+use crate::descriptor::Side;
+
 /// Everything that can go wrong in gdr-xfer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A gdr call failed (device, registration, queue pair, completion).
+    /// A gdr call failed (device, registration, queue pair, completion). gdr's errors of the
+    /// concepts both crates name ([`gdr::Error::InvalidArgument`], `Timeout`, `Io`,
+    /// `Protocol`, `PeerLost`) arrive as this enum's variant of the same name instead, so one
+    /// match arm catches the concept whichever layer found it.
     #[error(transparent)]
-    Gdr(#[from] gdr::Error),
+    Gdr(gdr::Error),
 
     /// An argument is invalid; nothing was done.
     #[error("{what}{hint}")]
@@ -22,13 +27,27 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// Something is larger than its bound (a notification, a name, a directory key or value);
+    /// nothing was sent or stored.
+    #[error("{what} is {len} bytes, over the {max}-byte bound{hint}")]
+    TooLarge {
+        /// What, with the names that identify it.
+        what: String,
+        /// Its length.
+        len: u64,
+        /// The bound.
+        max: u64,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// A descriptor does not lie inside its segment; nothing was posted.
     #[error("descriptor {index}: {side} range {offset}..+{len} lies outside segment {segment} ({segment_len} bytes){hint}")]
     OutOfSegment {
         /// Position of the descriptor (or block) in the list.
         index: usize,
-        /// `"local"` or `"remote"`.
-        side: &'static str,
+        /// Which side's range or block.
+        side: Side,
         /// The segment's id.
         segment: u32,
         /// Offset of the range in the segment.
@@ -114,8 +133,8 @@ pub enum Error {
     BlockOutOfSegment {
         /// The pool's position in its table (0 for a block table).
         pool: usize,
-        /// `"local"` or `"remote"`.
-        side: &'static str,
+        /// Which side's range or block.
+        side: Side,
         /// The largest block index of that side.
         block: u64,
         /// The segment's id.
@@ -141,25 +160,29 @@ pub enum Error {
 
     /// The peer is gone: its connection closed, a queue pair failed, or its directory lease
     /// ended. Every transfer pending to it fails with this error.
-    #[error("peer {peer:?} lost: {reason}")]
+    #[error("peer {peer:?} lost: {reason}{hint}")]
     PeerLost {
         /// The peer's name.
         peer: String,
         /// Why gdr-xfer considers it lost.
         reason: String,
+        /// How to fix it.
+        hint: Hint,
     },
 
     /// A peer sent something malformed or hostile; it was refused before anything used it.
-    #[error("protocol error from {peer}: {detail}")]
+    #[error("protocol error from {peer}: {detail}{hint}")]
     Protocol {
         /// The peer's name or address.
         peer: String,
         /// What was wrong.
         detail: String,
+        /// How to fix it.
+        hint: Hint,
     },
 
     /// A deadline passed.
-    #[error("{what} did not finish within {after:?}{hint}")]
+    #[error("{what} timed out after {after:?}{hint}")]
     Timeout {
         /// What timed out.
         what: String,
@@ -240,6 +263,10 @@ pub enum Error {
     },
 }
 
+/// The hint of [`Error::PeerLost`].
+pub(crate) const PEER_LOST_HINT: &str =
+    "the peer's process exited, its link failed or its directory record went (its log says which); connect again once it is back (Agent::connect, wait_peer)";
+
 /// Results of gdr-xfer.
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -265,6 +292,20 @@ impl Error {
         Error::Protocol {
             peer: peer.into(),
             detail: detail.into(),
+            hint: Hint::NONE,
+        }
+    }
+}
+
+impl From<gdr::Error> for Error {
+    fn from(e: gdr::Error) -> Self {
+        match e {
+            gdr::Error::InvalidArgument { what, hint } => Error::InvalidArgument { what, hint },
+            gdr::Error::Timeout { what, after, hint } => Error::Timeout { what, after, hint },
+            gdr::Error::Io { what, source } => Error::Io { what, source },
+            gdr::Error::Protocol { peer, detail, hint } => Error::Protocol { peer, detail, hint },
+            gdr::Error::PeerLost { peer, reason, hint } => Error::PeerLost { peer, reason, hint },
+            other => Error::Gdr(other),
         }
     }
 }
@@ -285,5 +326,63 @@ impl From<gdr_xfer_proto::ParseLocationError> for Error {
             format!("memory location {:?}", e.input),
             gdr_xfer_proto::ParseLocationError::HINT,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The concepts both crates name arrive from gdr as gdr-xfer's variant of the same name,
+    /// with every field and the same message; the others stay wrapped.
+    #[test]
+    fn shared_concepts_from_gdr_arrive_as_the_same_variant() {
+        let timeout = gdr::Error::Timeout {
+            what: "waiting for 1 completions".into(),
+            after: Duration::from_millis(250),
+            hint: Hint::new("is the peer alive?"),
+        };
+        let text = timeout.to_string();
+        let e = Error::from(timeout);
+        assert_eq!(e.to_string(), text);
+        assert!(
+            matches!(&e, Error::Timeout { after, hint, .. }
+                if *after == Duration::from_millis(250) && hint.text() == Some("is the peer alive?")),
+            "{e:?}"
+        );
+        let e = Error::from(gdr::Error::invalid("len 0", "pass a length"));
+        assert!(
+            matches!(&e, Error::InvalidArgument { what, .. } if what == "len 0"),
+            "{e:?}"
+        );
+        let e = Error::from(gdr::Error::io(
+            "reading x",
+            std::io::Error::from_raw_os_error(libc::ENOENT),
+        ));
+        assert!(
+            matches!(&e, Error::Io { what, .. } if what == "reading x"),
+            "{e:?}"
+        );
+        let e = Error::from(gdr::Error::protocol("bad kind").from_peer("10.0.0.2:7000"));
+        assert!(
+            matches!(&e, Error::Protocol { peer, detail, .. } if peer == "10.0.0.2:7000" && detail == "bad kind"),
+            "{e:?}"
+        );
+        let e = Error::from(gdr::Error::PeerLost {
+            peer: "10.0.0.2:7000".into(),
+            reason: "closed".into(),
+            hint: Hint::NONE,
+        });
+        assert!(
+            matches!(&e, Error::PeerLost { reason, .. } if reason == "closed"),
+            "{e:?}"
+        );
+        let e = Error::from(gdr::Error::unsupported("no dma-buf", Hint::NONE));
+        assert!(
+            matches!(&e, Error::Gdr(gdr::Error::Unsupported { .. })),
+            "{e:?}"
+        );
     }
 }

@@ -226,7 +226,7 @@ pub mod wire;
 pub use agent::Agent;
 pub use cache::CacheStats;
 pub use config::{AgentConfig, GpuStaging, TransferOptions};
-pub use descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
+pub use descriptor::{BlockTable, Desc, LocalList, Op, RemoteList, Side};
 pub use error::{Error, Hint, Result};
 /// The gdr crate gdr-xfer is built on, so one dependency line is enough for what its API takes
 /// from it: [`gdr::cuda::DeviceBuffer`] and [`gdr::cuda::DeviceMemory`] for GPU memory,

@@ -39,9 +39,9 @@ pub(crate) fn outcome_label(outcome: &Result<TransferStats, Failure>) -> &'stati
         Err(Failure::PeerLost { .. }) => "peer_lost",
         Err(Failure::NoRail { .. }) => "no_rail",
         Err(Failure::Rejected { .. }) => "rejected",
-        Err(Failure::Request { .. }) => "request_error",
+        Err(Failure::SliceFailed { .. }) => "request_error",
         Err(Failure::AgentClosed) => "agent_closed",
-        Err(Failure::Staging { .. }) => "staging_failed",
+        Err(Failure::StagingFailed { .. }) => "staging_failed",
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::agent::AgentShared;
 use crate::config::TransferOptions;
 use crate::connection::Connection;
-use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
+use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList, Side};
 use crate::error::{Error, Result};
 use gdr_xfer_proto::Spec;
 
@@ -115,6 +115,7 @@ impl Peer {
             Some(reason) => Err(Error::PeerLost {
                 peer: self.conn.name.clone(),
                 reason,
+                hint: crate::error::PEER_LOST_HINT.into(),
             }),
             None => Ok(()),
         }
@@ -143,7 +144,7 @@ impl Peer {
             if offset.checked_add(len).is_none_or(|e| e > s.len) {
                 return Err(Error::OutOfSegment {
                     index: i,
-                    side: "remote",
+                    side: Side::Remote,
                     segment: id,
                     offset,
                     len,
@@ -162,7 +163,7 @@ impl Peer {
     ///
     /// # Errors
     /// Bad input, before anything is posted: [`Error::OutOfSegment`], [`Error::UnknownSegment`],
-    /// [`Error::InvalidArgument`] (empty list or descriptor, notification too long);
+    /// [`Error::InvalidArgument`] (empty list or descriptor), [`Error::TooLarge`] (a notification over the bound);
     /// [`Error::PeerLost`] when the connection is gone. Failures after submission are the
     /// transfer's ([`Transfer::wait`]).
     pub fn write(&self, descs: &[Desc<'_>], opts: &TransferOptions) -> Result<Transfer> {
@@ -316,15 +317,15 @@ impl Peer {
         self.check_connected()?;
         if let Some(n) = notify {
             if n.len() > self.conn.notify_max as usize {
-                return Err(Error::invalid(
-                    format!(
-                        "notification of {} bytes; at most {} can be sent to {} (the smaller of its limit and this agent's notify_max)",
-                        n.len(),
-                        self.conn.notify_max,
+                return Err(Error::TooLarge {
+                    what: format!(
+                        "notification to {} (the bound is the smaller of its notify_max and this agent's)",
                         self.conn.name
                     ),
-                    "send a short key and keep the payload in a segment, or raise notify_max on both agents (up to 64 KiB)",
-                ));
+                    len: n.len() as u64,
+                    max: u64::from(self.conn.notify_max),
+                    hint: "send a short key and keep the payload in a segment, or raise notify_max on both agents (up to 64 KiB)".into(),
+                });
             }
         }
         Ok((agent, pending))

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::descriptor::{check_local, BlockTable, Desc, LocalList, RemoteList};
+use crate::descriptor::{check_local, BlockTable, Desc, LocalList, RemoteList, Side};
 use crate::error::{Error, Result};
 use crate::pools::PoolTable;
 use gdr_xfer_proto::Run;
@@ -140,7 +140,7 @@ impl<'t> Planner<'t> {
         if offset.checked_add(len).is_none_or(|end| end > seg_len) {
             return Err(Error::OutOfSegment {
                 index,
-                side: "remote",
+                side: Side::Remote,
                 segment,
                 offset,
                 len,
@@ -221,7 +221,7 @@ impl<'t> Planner<'t> {
             };
             return Err(Error::BlockOutOfSegment {
                 pool: 0,
-                side: if local { "local" } else { "remote" },
+                side: if local { Side::Local } else { Side::Remote },
                 block: u64::from(block),
                 segment,
                 offset: u64::from(block)
@@ -305,7 +305,7 @@ impl<'t> Planner<'t> {
                     };
                     Error::BlockOutOfSegment {
                         pool: p,
-                        side: if local { "local" } else { "remote" },
+                        side: if local { Side::Local } else { Side::Remote },
                         block,
                         segment,
                         offset: block.saturating_mul(stride).saturating_add(base),
@@ -638,7 +638,7 @@ mod tests {
         match p.pools(&table) {
             Err(Error::BlockOutOfSegment {
                 pool: 2,
-                side: "local",
+                side: crate::Side::Local,
                 block: 15,
                 offset,
                 ..
@@ -651,7 +651,10 @@ mod tests {
         let far = PoolTable::new(1024, &lb, &rb).pool(&seg, 0, 7, u64::MAX);
         assert!(matches!(
             p.pools(&far),
-            Err(Error::BlockOutOfSegment { side: "remote", .. })
+            Err(Error::BlockOutOfSegment {
+                side: crate::Side::Remote,
+                ..
+            })
         ));
         for bad in [
             PoolTable::new(1024, &lb, &rb)

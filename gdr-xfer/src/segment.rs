@@ -201,14 +201,14 @@ impl Segment {
         }
     }
 
-    fn check_range(&self, what: &'static str, offset: u64, len: usize) -> Result<usize> {
+    fn check_range(&self, offset: u64, len: usize) -> Result<usize> {
         offset
             .checked_add(len as u64)
             .filter(|&end| end <= self.len())
             .map(|_| self.inner.base + offset as usize)
             .ok_or_else(|| Error::OutOfSegment {
                 index: 0,
-                side: what,
+                side: crate::descriptor::Side::Local,
                 segment: self.id(),
                 offset,
                 len: len as u64,
@@ -224,7 +224,7 @@ impl Segment {
     /// # Errors
     /// [`Error::OutOfSegment`] for a range outside the segment; gdr's errors from the copy.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        let at = self.check_range("local", offset, out.len())?;
+        let at = self.check_range(offset, out.len())?;
         match &self.inner.backing {
             Backing::Host(m) => Ok(m[0].read(at, out)?),
             Backing::Gpu(m) => {
@@ -259,7 +259,7 @@ impl Segment {
     /// # Errors
     /// [`Error::OutOfSegment`] for a range outside the segment; gdr's errors from the copy.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        let at = self.check_range("local", offset, data.len())?;
+        let at = self.check_range(offset, data.len())?;
         match &self.inner.backing {
             Backing::Host(m) => Ok(m[0].write(at, data)?),
             Backing::Gpu(m) => {

@@ -268,8 +268,9 @@ impl TransferCell {
             Failure::PeerLost { reason } => Error::PeerLost {
                 peer,
                 reason: reason.clone(),
+                hint: crate::error::PEER_LOST_HINT.into(),
             },
-            Failure::Request {
+            Failure::SliceFailed {
                 qp_num,
                 status,
                 vendor_err,
@@ -303,7 +304,7 @@ impl TransferCell {
                 ),
             },
             Failure::AgentClosed => Error::AgentClosed,
-            Failure::Staging { detail } => Error::StagingFailed {
+            Failure::StagingFailed { detail } => Error::StagingFailed {
                 peer,
                 detail: detail.clone(),
                 hint: Hint::new(

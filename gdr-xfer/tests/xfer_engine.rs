@@ -8,7 +8,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use common::{agent, agent_with, connected, pattern};
-use gdr_xfer::{AgentConfig, BlockTable, Desc, Error, LocalList, Op, Status, TransferOptions};
+use gdr_xfer::{
+    AgentConfig, BlockTable, Desc, Error, LocalList, Op, Side, Status, TransferOptions,
+};
 
 const NEEDS: &str =
     "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)";
@@ -362,7 +364,7 @@ fn bad_input_is_refused_before_anything_is_posted() {
         matches!(
             e,
             Error::OutOfSegment {
-                side: "local",
+                side: Side::Local,
                 index: 0,
                 ..
             }
@@ -380,7 +382,7 @@ fn bad_input_is_refused_before_anything_is_posted() {
         matches!(
             e,
             Error::OutOfSegment {
-                side: "remote",
+                side: Side::Remote,
                 index: 1,
                 segment_len: 4096,
                 ..
@@ -411,7 +413,7 @@ fn bad_input_is_refused_before_anything_is_posted() {
         &[Desc::new(&src, 0, r.id, 0, 1)],
         &TransferOptions::new().notify(vec![0; 5000]),
     ));
-    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert!(matches!(e, Error::TooLarge { len: 5000, .. }), "{e}");
     // Block tables: an index past the segment, a count mismatch, a zero block length.
     let lb = [0u32, 1];
     let rb = [0u32, 1];

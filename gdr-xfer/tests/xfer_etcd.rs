@@ -199,7 +199,7 @@ fn a_record_pointing_at_another_agent_is_refused() {
         .connect_named(&dir, "ghost", Duration::from_secs(10))
         .unwrap_err();
     match &e {
-        Error::Protocol { peer, detail } => {
+        Error::Protocol { peer, detail, .. } => {
             assert_eq!(peer, "ghost");
             assert!(
                 detail.contains("says it is \"real\"") && detail.contains("\"ghost\""),

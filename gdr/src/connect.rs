@@ -148,18 +148,19 @@ impl TcpLink {
         match e.kind() {
             WouldBlock | TimedOut => Error::Timeout {
                 what: format!("{what} ({})", self.peer),
-                millis: self
+                after: self
                     .timeout
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .map_or(u64::MAX, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+                    .unwrap_or(Duration::MAX),
                 hint: Hint::new("is the peer alive and at the same step? raise the link timeout with set_timeout"),
             },
-            UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted => Error::Protocol {
-                what: if mid_frame {
-                    format!("{what}: truncated frame, {} closed the connection in the middle of a message", self.peer)
+            UnexpectedEof | ConnectionReset | BrokenPipe | ConnectionAborted => Error::PeerLost {
+                peer: self.peer.to_string(),
+                reason: if mid_frame {
+                    format!("{what}: truncated frame, the peer closed the connection in the middle of a message")
                 } else {
-                    format!("{what}: {} closed the connection", self.peer)
+                    format!("{what}: the peer closed the connection")
                 },
                 hint: Hint::new("the peer process exited or gave up (look at its output); reconnect"),
             },
@@ -184,11 +185,12 @@ impl TcpLink {
         self.stream
             .read_exact(&mut header)
             .map_err(|e| self.link_error("receiving a message header".into(), false, e))?;
-        let (kind, len) = wire::parse_header(&header)?;
+        let (kind, len) = wire::parse_header(&header).map_err(|e| e.from_peer(self.peer))?;
         if kind != want {
             return Err(Error::protocol(format!(
                 "expected message kind {want}, peer sent kind {kind}"
-            )));
+            ))
+            .from_peer(self.peer));
         }
         // `len` is at most wire::MAX_BODY (parse_header checked it): a bounded allocation.
         let mut body = vec![0u8; len];
@@ -202,7 +204,7 @@ impl TcpLink {
     pub fn exchange(&mut self, mine: &PeerInfo) -> Result<PeerInfo> {
         self.send_message(wire::KIND_HELLO, &mine.encode_body()?)?;
         let body = self.recv_message(wire::KIND_HELLO)?;
-        PeerInfo::decode_body(&body)
+        PeerInfo::decode_body(&body).map_err(|e| e.from_peer(self.peer))
     }
 
     /// Waits until the peer reaches the same point (both sides call it).
@@ -213,7 +215,8 @@ impl TcpLink {
             return Err(Error::protocol(format!(
                 "barrier message carries {} unexpected bytes",
                 body.len()
-            )));
+            ))
+            .from_peer(self.peer));
         }
         Ok(())
     }
@@ -365,9 +368,7 @@ mod tests {
         let mut link = TcpLink::connect(addr, Duration::from_secs(5)).unwrap();
         link.set_timeout(Some(Duration::from_millis(200))).unwrap();
         match link.recv_bytes() {
-            Err(Error::Timeout {
-                millis: 200, what, ..
-            }) => {
+            Err(Error::Timeout { after, what, .. }) if after == Duration::from_millis(200) => {
                 assert!(what.contains("message header"), "{what}")
             }
             other => panic!("{other:?}"),
@@ -411,14 +412,15 @@ mod tests {
             .recv_bytes()
             .unwrap_err();
         assert!(
-            matches!(&e, Error::Protocol { what, .. } if what.contains("truncated frame")),
+            matches!(&e, Error::PeerLost { peer, reason, .. }
+                if reason.contains("truncated frame") && peer.starts_with("127.0.0.1:")),
             "{e}"
         );
         // A truncated header, and nothing at all: the peer closed the connection.
         for bytes in [header(wire::KIND_APP, 0)[..7].to_vec(), Vec::new()] {
             let e = hostile_peer(bytes).recv_bytes().unwrap_err();
             assert!(
-                matches!(&e, Error::Protocol { what, .. } if what.contains("closed the connection")),
+                matches!(&e, Error::PeerLost { reason, .. } if reason.contains("closed the connection")),
                 "{e}"
             );
         }
@@ -427,6 +429,10 @@ mod tests {
             .recv_bytes()
             .unwrap_err();
         assert!(e.to_string().contains("expected message kind 3"), "{e}");
+        assert!(
+            matches!(&e, Error::Protocol { peer, .. } if peer.starts_with("127.0.0.1:")),
+            "the link names its peer: {e:?}"
+        );
         let e = hostile_peer(wire::frame(wire::KIND_BARRIER, &[1, 2]).unwrap())
             .barrier()
             .unwrap_err();

@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::time::Duration;
 
 use crate::cq::WcStatus;
 pub use crate::qp::{DropCause, QpState, WorkQueue};
@@ -138,10 +139,25 @@ pub enum Error {
     },
 
     /// A peer sent something malformed or incompatible; the connection should be dropped.
-    #[error("protocol error from peer: {what}{hint}")]
+    #[error("protocol error from {peer}: {detail}{hint}")]
     Protocol {
+        /// The peer's address, or [`UNKNOWN_PEER`] where the bytes came without one (a
+        /// decoder handed a buffer).
+        peer: String,
         /// What was wrong with the message.
-        what: String,
+        detail: String,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// The peer went away: it closed the connection (or reset it) before the exchange
+    /// finished.
+    #[error("peer {peer} lost: {reason}{hint}")]
+    PeerLost {
+        /// The peer's address.
+        peer: String,
+        /// What was under way and how the connection ended.
+        reason: String,
         /// How to fix it.
         hint: Hint,
     },
@@ -221,27 +237,47 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// rdma_cm reported another event than the connection step waited for: the address or
+    /// route did not resolve, the peer rejected the connection or did not answer.
+    #[error("{step}: expected {expected}, got {got} ({}){hint}", cm_status_text(*.status))]
+    CmEvent {
+        /// The step, e.g. `rdma_resolve_addr`.
+        step: String,
+        /// The event it waited for, e.g. `RDMA_CM_EVENT_ADDR_RESOLVED`.
+        expected: String,
+        /// The event that came, e.g. `RDMA_CM_EVENT_REJECTED`.
+        got: String,
+        /// The event's status: a negative errno, or the transport's reason (for a rejection,
+        /// the consumer reject reason).
+        status: i32,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// A wait ran out of time.
-    #[error("{what} timed out after {millis} ms{hint}")]
+    #[error("{what} timed out after {after:?}{hint}")]
     Timeout {
         /// What was waited for.
         what: String,
-        /// How long.
-        millis: u64,
+        /// The time allowed.
+        after: Duration,
         /// How to fix it.
         hint: Hint,
     },
 
     /// An I/O error outside verbs (sysfs, TCP, files).
-    #[error("{context}: {source}")]
+    #[error("{what}: {source}")]
     Io {
         /// What was being done, with the path or address.
-        context: String,
+        what: String,
         /// The underlying error.
         #[source]
         source: std::io::Error,
     },
 }
+
+/// The peer of a [`Error::Protocol`] made from bytes alone, before a link names it.
+pub const UNKNOWN_PEER: &str = "unknown peer";
 
 /// `Result<T, gdr::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -268,10 +304,10 @@ impl Error {
         Error::verbs(call, args, errno, hint)
     }
 
-    /// An I/O error with context.
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+    /// An I/O error: `what` was being done, with the path or address.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
-            context: context.into(),
+            what: what.into(),
             source,
         }
     }
@@ -292,12 +328,25 @@ impl Error {
         }
     }
 
-    /// A protocol error from a peer.
-    pub fn protocol(what: impl Into<String>) -> Self {
+    /// A protocol error from a peer the caller does not know ([`UNKNOWN_PEER`]; a link that
+    /// knows its peer names it with [`Error::from_peer`]).
+    pub fn protocol(detail: impl Into<String>) -> Self {
         Error::Protocol {
-            what: what.into(),
+            peer: UNKNOWN_PEER.to_string(),
+            detail: detail.into(),
             hint: Hint::NONE,
         }
+    }
+
+    /// The error with its peer named: a [`Error::Protocol`] or [`Error::PeerLost`] made where
+    /// the peer was not known gets `peer`; any other error is returned as it is.
+    pub fn from_peer(mut self, peer: impl fmt::Display) -> Self {
+        if let Error::Protocol { peer: p, .. } | Error::PeerLost { peer: p, .. } = &mut self {
+            if p == UNKNOWN_PEER {
+                *p = peer.to_string();
+            }
+        }
+        self
     }
 
     /// The errno of a [`Error::Verbs`], if this is one.
@@ -320,6 +369,8 @@ impl Error {
             | Error::InvalidArgument { hint, .. }
             | Error::Unsupported { hint, .. }
             | Error::Protocol { hint, .. }
+            | Error::PeerLost { hint, .. }
+            | Error::CmEvent { hint, .. }
             | Error::QueueFull { hint, .. }
             | Error::QpNotReady { hint, .. }
             | Error::DeviceEvent { hint, .. }
@@ -339,6 +390,15 @@ pub fn errno_text(errno: i32) -> String {
         s.truncate(i);
     }
     s
+}
+
+/// An rdma_cm event's status as text: a negative errno's text, else `status N`.
+fn cm_status_text(status: i32) -> String {
+    if status < 0 {
+        errno_text(status.saturating_neg())
+    } else {
+        format!("status {status}")
+    }
 }
 
 /// The errno of an I/O error made from one (0 for any other).

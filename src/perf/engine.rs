@@ -184,7 +184,7 @@ fn split_id(id: u64) -> (usize, u64) {
 fn stalled(what: &str, since: Instant) -> Error {
     Error::Timeout {
         what: what.into(),
-        millis: since.elapsed().as_millis() as u64,
+        after: since.elapsed(),
         hint: Hint::new(
             "the peer stopped or the connection broke; is the other side still running?",
         ),

@@ -40,7 +40,7 @@ impl<I: Io> Connection<I> {
         }
         if let Some(c) = cause.filter(|c| c.status == Status::RequestError) {
             // The request's own fault: fail its transfer, renew the rail at once.
-            let failure = Failure::Request {
+            let failure = Failure::SliceFailed {
                 qp_num: c.qp_num,
                 status: c.raw_status,
                 vendor_err: c.vendor_err,

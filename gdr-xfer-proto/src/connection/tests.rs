@@ -412,7 +412,7 @@ fn a_request_error_fails_its_transfer_and_renews_the_rail_without_failing_the_ot
     t.peer_renews(2);
     assert!(matches!(
         t.io.outcome(1),
-        Some(Err(Failure::Request { .. }))
+        Some(Err(Failure::SliceFailed { .. }))
     ));
     // The probe, then the transfer again on the new queue pair.
     let probe = t.io.messages.pop().unwrap();

@@ -9,7 +9,7 @@ impl Agent {
     /// Registers host memory the segment will own (`Vec<u8>`, gdr's `AlignedBuffer`, ...).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a name over 64 bytes; gdr's registration errors.
+    /// [`Error::TooLarge`] for a name over 64 bytes; gdr's registration errors.
     pub fn register_host(
         &self,
         memory: impl HostMemory,
@@ -330,10 +330,12 @@ pub(super) fn next_segment_id(counter: &AtomicU32) -> Option<u32> {
 
 pub(super) fn check_name(name: &str) -> Result<()> {
     if name.len() > MAX_NAME {
-        return Err(Error::invalid(
-            format!("segment name of {} bytes", name.len()),
-            "names are at most 64 bytes",
-        ));
+        return Err(Error::TooLarge {
+            what: "segment name".into(),
+            len: name.len() as u64,
+            max: MAX_NAME as u64,
+            hint: "use a shorter name".into(),
+        });
     }
     Ok(())
 }

@@ -245,7 +245,7 @@ impl EtcdDirectory {
     }
 
     /// Puts `value` at `key` (relative to the prefix), bound to this directory's lease.
-    /// Fails with [`Error::InvalidArgument`] for a key over [`MAX_KEY_LEN`](super::MAX_KEY_LEN)
+    /// Fails with [`Error::TooLarge`] for a key over [`MAX_KEY_LEN`](super::MAX_KEY_LEN)
     /// (prefix included) or a value over [`MAX_VALUE_LEN`](super::MAX_VALUE_LEN), and with
     /// [`Error::Directory`] when the lease is lost or etcd fails.
     pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {

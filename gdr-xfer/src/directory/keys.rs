@@ -18,13 +18,15 @@ pub const MAX_LIST_ENTRIES: usize = 100_000;
 pub(crate) fn full_key(prefix: &str, key: &str, op: &'static str) -> Result<String> {
     let len = prefix.len() + key.len();
     if len > MAX_KEY_LEN {
-        return Err(Error::invalid(
-            format!(
-                "directory {op}: key {:?} under prefix {prefix:?} is {len} bytes, over the {MAX_KEY_LEN}-byte bound",
+        return Err(Error::TooLarge {
+            what: format!(
+                "directory {op}: key {:?} under prefix {prefix:?}",
                 shorten(key)
             ),
-            "use shorter names (the key bound keeps records of hostile peers small)",
-        ));
+            len: len as u64,
+            max: MAX_KEY_LEN as u64,
+            hint: "use shorter names (the key bound keeps records of hostile peers small)".into(),
+        });
     }
     Ok(format!("{prefix}{key}"))
 }
@@ -32,14 +34,12 @@ pub(crate) fn full_key(prefix: &str, key: &str, op: &'static str) -> Result<Stri
 /// Checks a value this process is about to put.
 pub(crate) fn check_value(key: &str, value: &[u8]) -> Result<()> {
     if value.len() > MAX_VALUE_LEN {
-        return Err(Error::invalid(
-            format!(
-                "directory put: value for key {:?} is {} bytes, over the {MAX_VALUE_LEN}-byte bound",
-                shorten(key),
-                value.len()
-            ),
-            "publish a smaller record (split it over several keys, or send the bulk over the peer connection)",
-        ));
+        return Err(Error::TooLarge {
+            what: format!("directory put: value for key {:?}", shorten(key)),
+            len: value.len() as u64,
+            max: MAX_VALUE_LEN as u64,
+            hint: "publish a smaller record (split it over several keys, or send the bulk over the peer connection)".into(),
+        });
     }
     Ok(())
 }
@@ -144,7 +144,14 @@ mod tests {
         assert_eq!(full_key("/p/", &key, "put").unwrap().len(), MAX_KEY_LEN);
         let err = full_key("/p/", &format!("{key}x"), "put").unwrap_err();
         assert!(
-            matches!(&err, Error::InvalidArgument { what, .. } if what.contains("1025 bytes")),
+            matches!(
+                &err,
+                Error::TooLarge {
+                    len: 1025,
+                    max: 1024,
+                    ..
+                }
+            ),
             "{err}"
         );
     }

@@ -243,7 +243,7 @@ impl StageIo for JobIo<'_> {
                     .get(c.bounce)
                     .and_then(|b| b.segments.get(c.chunk.slot()))
                     .cloned()
-                    .ok_or_else(|| Failure::Staging {
+                    .ok_or_else(|| Failure::StagingFailed {
                         detail: "a chunk names a bounce slot its buffers do not have".into(),
                     })?;
                 (seg, 0)
@@ -533,7 +533,7 @@ impl Driver {
                 // and drain.
                 log::error!("the staging driver panicked in a step (a bug); its jobs stop");
                 for job in &mut st.jobs {
-                    job.core.abort(Failure::Staging {
+                    job.core.abort(Failure::StagingFailed {
                         detail: "the staging driver failed (a bug in gdr-xfer)".into(),
                     });
                 }

@@ -601,8 +601,8 @@ fn replicate(e: &Error) -> Error {
             source: io(source),
             hint: hint.clone(),
         },
-        Error::Io { context, source } => Error::Io {
-            context: context.clone(),
+        Error::Io { what, source } => Error::Io {
+            what: what.clone(),
             source: io(source),
         },
         other => Error::invalid(

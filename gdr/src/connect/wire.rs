@@ -86,7 +86,8 @@ pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<(u16, usize)> {
     let version = u16::from_be_bytes([h[4], h[5]]);
     if version != VERSION {
         return Err(Error::Protocol {
-            what: format!("peer speaks wire version {version}, this build speaks {VERSION}"),
+            peer: crate::error::UNKNOWN_PEER.to_string(),
+            detail: format!("peer speaks wire version {version}, this build speaks {VERSION}"),
             hint: "run the same gdr version on both sides".into(),
         });
     }

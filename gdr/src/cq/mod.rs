@@ -252,7 +252,7 @@ impl CompletionQueue {
                             "waiting for {n} completions on {} ({arrived} arrived, kept for the next poll)",
                             self.ctx.name(),
                         ),
-                        millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                        after: timeout,
                         hint: Hint::new(
                             "is the peer alive and connected? were the requests posted signalled?",
                         ),
@@ -315,7 +315,7 @@ impl CompletionQueue {
                         "waiting for the completion of wr_id {wr_id} on {} ({arrived} others arrived, kept for the next poll)",
                         self.ctx.name()
                     ),
-                    millis: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                    after: timeout,
                     hint: Hint::new("was the request posted signalled, on a queue pair reporting to this queue?"),
                 });
             }

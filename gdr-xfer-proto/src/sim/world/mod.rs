@@ -758,10 +758,10 @@ fn failure_kind(f: &Failure) -> &'static str {
         Failure::Timeout { .. } => "timeout",
         Failure::Cancelled => "cancelled",
         Failure::PeerLost { .. } => "peer lost",
-        Failure::Request { .. } => "request error",
+        Failure::SliceFailed { .. } => "request error",
         Failure::NoRail { .. } => "no rail",
         Failure::Rejected { .. } => "rejected",
         Failure::AgentClosed => "agent closed",
-        Failure::Staging { .. } => "staging",
+        Failure::StagingFailed { .. } => "staging",
     }
 }

@@ -18,7 +18,7 @@ pub(super) type Wanted<'a> = dyn Fn(&Event) -> bool + Send + Sync + 'a;
 pub(super) fn event_timeout(timeout: Duration) -> Error {
     Error::Timeout {
         what: "rdma_cm event".into(),
-        millis: millis(timeout),
+        after: timeout,
         hint: Hint::new("is the peer listening on that address and port, and reachable over RDMA?"),
     }
 }

@@ -115,17 +115,11 @@ pub(super) fn check_event(e: &Event, want: u32, what: &str) -> Result<()> {
         RDMA_CM_EVENT_UNREACHABLE | RDMA_CM_EVENT_CONNECT_ERROR => "the peer did not answer the connection request: check that it runs and that RoCE traffic (UDP 4791) passes",
         _ => "see rdma_cm(7)",
     };
-    let status = if e.status < 0 {
-        crate::error::errno_text(e.status.saturating_neg())
-    } else {
-        format!("status {}", e.status)
-    };
-    Err(Error::Protocol {
-        what: format!(
-            "{what}: expected {}, got {} ({status})",
-            event_name(want),
-            event_name(e.kind)
-        ),
+    Err(Error::CmEvent {
+        step: what.to_string(),
+        expected: event_name(want),
+        got: event_name(e.kind),
+        status: e.status,
         hint: Hint::new(hint),
     })
 }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use gdr_sys::ibv;
 
-use super::{deadline_after, millis, time_left};
+use super::{deadline_after, time_left};
 use crate::device::Context;
 use crate::error::{Error, Hint, Result};
 use crate::mr::RemoteRegion;
