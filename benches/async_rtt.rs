@@ -16,7 +16,9 @@
 use std::time::{Duration, Instant};
 
 use gdr::aio::AsyncCompletionQueue;
-use gdr::{AccessFlags, DeviceContext, MemoryRegion, SendRequest};
+use gdr::{
+    AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QueuePair, SendRequest,
+};
 
 /// User plus system CPU time of the process so far.
 fn cpu_time() -> Duration {
@@ -58,19 +60,19 @@ fn bench() -> gdr::Result<()> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5000);
-    let ctx = DeviceContext::open(&device)?;
-    let pd = ctx.alloc_pd()?;
-    let peer_cq = ctx.create_cq(64)?;
-    let peer = pd.queue_pair(&peer_cq, &peer_cq).build()?;
+    let ctx = Context::open(&device)?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let peer_cq = CompletionQueue::new(&ctx, 64)?;
+    let peer = QueuePair::builder(&pd, &peer_cq, &peer_cq).build()?;
     let dst = MemoryRegion::new(&pd, 64, AccessFlags::remote_rw())?;
     let remote = dst.remote().slice(0..2)?;
 
     // Blocking: a queue without a channel, spun on.
-    let spin_cq = ctx.create_cq(64)?;
-    let spin_qp = pd.queue_pair(&spin_cq, &spin_cq).build()?;
+    let spin_cq = CompletionQueue::new(&ctx, 64)?;
+    let spin_qp = QueuePair::builder(&pd, &spin_cq, &spin_cq).build()?;
     // Async: a queue with a channel.
-    let chan_cq = ctx.create_cq_with_channel(64)?;
-    let async_qp = pd.queue_pair(&chan_cq, &chan_cq).build()?;
+    let chan_cq = CompletionQueue::with_channel(&ctx, 64)?;
+    let async_qp = QueuePair::builder(&pd, &chan_cq, &chan_cq).build()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

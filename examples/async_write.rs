@@ -15,7 +15,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gdr::aio::AsyncCompletionQueue;
-use gdr::{AccessFlags, DeviceContext, Error, MemoryRegion, SendRequest};
+use gdr::{
+    AccessFlags, CompletionQueue, Context, Error, MemoryRegion, ProtectionDomain, QueuePair,
+    SendRequest,
+};
 
 const SLOT: usize = 4096;
 
@@ -30,12 +33,12 @@ async fn main() -> gdr::Result<()> {
         None => 256,
     };
 
-    let ctx = DeviceContext::open(&device)?;
-    let pd = ctx.alloc_pd()?;
-    let cq = ctx.create_cq_with_channel(4096)?;
-    let peer_cq = ctx.create_cq(64)?;
-    let qp = Arc::new(pd.queue_pair(&cq, &cq).max_send_wr(256).build()?);
-    let peer = pd.queue_pair(&peer_cq, &peer_cq).build()?;
+    let ctx = Context::open(&device)?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let cq = CompletionQueue::with_channel(&ctx, 4096)?;
+    let peer_cq = CompletionQueue::new(&ctx, 64)?;
+    let qp = Arc::new(QueuePair::builder(&pd, &cq, &cq).max_send_wr(256).build()?);
+    let peer = QueuePair::builder(&pd, &peer_cq, &peer_cq).build()?;
     qp.connect(&peer.endpoint())?;
     peer.connect(&qp.endpoint())?;
     let dst = MemoryRegion::new(&pd, writes * SLOT, AccessFlags::remote_rw())?;
@@ -47,7 +50,8 @@ async fn main() -> gdr::Result<()> {
     for i in 0..writes {
         let (pd, qp, acq) = (pd.clone(), qp.clone(), acq.clone());
         tasks.push(tokio::spawn(async move {
-            let src = pd.register_copy(&[(i % 251) as u8; SLOT], AccessFlags::LOCAL_WRITE)?;
+            let src =
+                MemoryRegion::with_data(&pd, &[(i % 251) as u8; SLOT], AccessFlags::LOCAL_WRITE)?;
             let off = (i * SLOT) as u64;
             let local = [src.slice(..)?];
             let req = SendRequest::write(&local, remote.slice(off..off + SLOT as u64)?);

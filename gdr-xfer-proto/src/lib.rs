@@ -14,7 +14,7 @@
 //! the standard library: no gdr, no libibverbs, no threads, no clock.
 //!
 //! `gdr-xfer` drives it with gdr's queue pairs, progress threads and sockets. The
-//! deterministic simulation (feature `sim`, [`sim`]) drives it with simulated RC queue pairs
+//! deterministic simulation (feature `sim`, module `sim`) drives it with simulated RC queue pairs
 //! and faults drawn from a seed, and checks the engine's promises after every step.
 //!
 //! ## The promises

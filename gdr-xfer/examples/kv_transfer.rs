@@ -226,15 +226,7 @@ fn initiate(a: &Args) -> gdr_xfer::Result<()> {
         for i in 0..a.blocks {
             src.write(u64::from(i) * a.block_len, &block_bytes(i, round, bl))?;
         }
-        let table = BlockTable {
-            local: &src,
-            local_base: 0,
-            remote: pool.id,
-            remote_base: 0,
-            block_len: a.block_len,
-            local_blocks: &local,
-            remote_blocks: &remote,
-        };
+        let table = BlockTable::new(&src, &local, pool.id, &remote, a.block_len);
         let opts = TransferOptions::new()
             .timeout(Duration::from_secs(120))
             .notify(format!("written round {round}"));
@@ -245,10 +237,7 @@ fn initiate(a: &Args) -> gdr_xfer::Result<()> {
         let r = peer
             .transfer_blocks(
                 Op::Read,
-                &BlockTable {
-                    local: &back,
-                    ..table
-                },
+                &table.clone().with_local(&back),
                 &TransferOptions::new().timeout(Duration::from_secs(120)),
             )?
             .wait(Duration::from_secs(120))?;

@@ -84,6 +84,48 @@ pub struct BlockTable<'a> {
     pub remote_blocks: &'a [u32],
 }
 
+impl<'a> BlockTable<'a> {
+    /// A table moving `local_blocks[i]` of `local` to or from `remote_blocks[i]` of the peer's
+    /// segment `remote`, blocks of `block_len` bytes from offset 0 of each segment (move the
+    /// bases with [`BlockTable::local_base`] and [`BlockTable::remote_base`]). Checked when a
+    /// transfer uses it ([`Peer::transfer_blocks`](crate::Peer::transfer_blocks)).
+    pub fn new(
+        local: &'a Segment,
+        local_blocks: &'a [u32],
+        remote: u32,
+        remote_blocks: &'a [u32],
+        block_len: u64,
+    ) -> Self {
+        BlockTable {
+            local,
+            local_base: 0,
+            remote,
+            remote_base: 0,
+            block_len,
+            local_blocks,
+            remote_blocks,
+        }
+    }
+
+    /// The table with local block 0 at `offset` of the local segment.
+    pub fn local_base(mut self, offset: u64) -> Self {
+        self.local_base = offset;
+        self
+    }
+
+    /// The table with remote block 0 at `offset` of the peer's segment.
+    pub fn remote_base(mut self, offset: u64) -> Self {
+        self.remote_base = offset;
+        self
+    }
+
+    /// The same blocks with another local segment (reading back into a second buffer, say).
+    pub fn with_local(mut self, local: &'a Segment) -> Self {
+        self.local = local;
+        self
+    }
+}
+
 /// A list of local ranges checked once, then named by index in
 /// [`Peer::transfer_indexed`](crate::Peer::transfer_indexed) (NIXL's prepared descriptor lists).
 #[derive(Clone)]

@@ -65,15 +65,7 @@
 //! let pool = peer.wait_segment_named("kv-pool", Duration::from_secs(5))?;
 //! let local_blocks: Vec<u32> = (0..128).collect();
 //! let remote_blocks: Vec<u32> = (512..640).collect();
-//! let table = BlockTable {
-//!     local: &local,
-//!     local_base: 0,
-//!     remote: pool.id,
-//!     remote_base: 0,
-//!     block_len: 65536,
-//!     local_blocks: &local_blocks,
-//!     remote_blocks: &remote_blocks,
-//! };
+//! let table = BlockTable::new(&local, &local_blocks, pool.id, &remote_blocks, 65536);
 //! let opts = TransferOptions::new().timeout(Duration::from_secs(5)).notify("req-42");
 //! let stats = peer.transfer_blocks(Op::Write, &table, &opts)?.wait(Duration::from_secs(5))?;
 //! println!("{} bytes in {} requests, {:?}", stats.bytes, stats.slices, stats.time_to_complete);
@@ -135,7 +127,7 @@
 //! [`Agent::register_gpu`] registers GPU memory for the NIC to reach directly; where gdr finds
 //! no direct path (no peer-memory module, no dma-buf support), the segment is *staged* instead
 //! ([`GpuStaging`]): its transfers go through pinned host bounce buffers, chunk by chunk, with
-//! copies overlapping the RDMA ([`staged`]). It is never silent: a warning in the log, and
+//! copies overlapping the RDMA ([`staging`]). It is never silent: a warning in the log, and
 //! [`Segment::path`] is [`SegmentPath::Staged`] with the line that says how and why;
 //! [`Agent::staging_stats`] counts what moved. A staged segment is only ever the local side of
 //! a transfer (peers cannot address it). With the feature `emulated-gpu`,
@@ -144,7 +136,7 @@
 //!
 #![cfg_attr(feature = "emulated-gpu", doc = "```no_run")]
 #![cfg_attr(not(feature = "emulated-gpu"), doc = "```ignore")]
-//! use gdr_xfer::staged::EmulatedGpu;
+//! use gdr_xfer::staging::EmulatedGpu;
 //! use gdr_xfer::{Agent, AgentConfig, Desc, SegmentPath, TransferOptions};
 //!
 //! let agent = Agent::new(AgentConfig::new("prefill-0").device("rxe0"))?;
@@ -214,7 +206,7 @@ mod progress;
 mod rail;
 mod segment;
 mod shutdown;
-pub mod staged;
+mod staged;
 pub mod staging;
 mod transfer;
 mod wakers;

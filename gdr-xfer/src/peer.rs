@@ -369,7 +369,7 @@ impl Peer {
         cell.set_pending(pending);
         if plan.locals.iter().any(|l| l.is_staged()) {
             // Staged local memory: the staging driver moves it in chunks, each a child transfer
-            // from or to a bounce buffer (crate::staged).
+            // from or to a bounce buffer (crate::staging).
             let job = Job::new(
                 cell.clone(),
                 self.conn.clone(),

@@ -27,7 +27,7 @@ pub(crate) enum Backing {
     Host(Arc<Vec<Arc<MemoryRegion>>>),
     /// GPU memory registered for each rail's NIC.
     Gpu(Arc<Vec<Arc<GpuMemoryRegion>>>),
-    /// GPU memory the NIC cannot reach: staged through bounce buffers ([`crate::staged`]).
+    /// GPU memory the NIC cannot reach: staged through bounce buffers ([`crate::staging`]).
     Staged(Arc<StagedMemory>),
 }
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::pattern;
 
-use gdr_xfer::staged::EmulatedGpu;
+use gdr_xfer::staging::EmulatedGpu;
 use gdr_xfer::{
     Agent, AgentConfig, BlockTable, Desc, Error, Op, Peer, RailState, Segment, Transfer,
     TransferOptions,

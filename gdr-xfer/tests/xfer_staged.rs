@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{agent, agent_with, connected, pattern};
-use gdr_xfer::staged::EmulatedGpu;
+use gdr_xfer::staging::EmulatedGpu;
 use gdr_xfer::staging::StagingConfig;
 use gdr_xfer::{
     Agent, AgentConfig, BlockTable, Desc, Error, Op, SegmentPath, Status, TransferOptions,

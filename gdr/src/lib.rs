@@ -105,7 +105,13 @@ pub mod wr;
 pub use error::{Error, Hint, Result};
 
 pub use cq::{Completion, CompletionQueue, WcStatus};
-pub use device::Context as DeviceContext;
+pub use device::Context;
+/// The old name of [`Context`].
+#[deprecated(
+    since = "0.1.0",
+    note = "one name for one type: use gdr::Context (gdr::device::Context)"
+)]
+pub type DeviceContext = device::Context;
 pub use gpu_mr::GpuMemoryRegion;
 pub use mr::{
     AccessFlags, LocalSlice, MemoryRegion, RegionExt, Registered, RemoteRegion, RemoteSlice,

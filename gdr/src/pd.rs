@@ -63,6 +63,10 @@ impl ProtectionDomain {
 
 impl Context {
     /// Allocates a protection domain on this device (the same as [`ProtectionDomain::new`]).
+    #[deprecated(
+        since = "0.1.0",
+        note = "one way to build each object: use ProtectionDomain::new(&ctx)"
+    )]
     pub fn alloc_pd(self: &Arc<Self>) -> Result<Arc<ProtectionDomain>> {
         ProtectionDomain::new(self)
     }
@@ -71,6 +75,10 @@ impl Context {
 impl ProtectionDomain {
     /// Allocates `len` zeroed, page-aligned bytes and registers them with this domain (the same
     /// as [`MemoryRegion::new`]).
+    #[deprecated(
+        since = "0.1.0",
+        note = "one way to build each object: use MemoryRegion::new(&pd, len, access)"
+    )]
     pub fn alloc_region(
         self: &Arc<Self>,
         len: usize,
@@ -80,6 +88,10 @@ impl ProtectionDomain {
     }
 
     /// Registers a copy of `data` with this domain (the same as [`MemoryRegion::with_data`]).
+    #[deprecated(
+        since = "0.1.0",
+        note = "one way to build each object: use MemoryRegion::with_data(&pd, data, access)"
+    )]
     pub fn register_copy(
         self: &Arc<Self>,
         data: &[u8],
@@ -89,6 +101,10 @@ impl ProtectionDomain {
     }
 
     /// Registers host memory the region will own (the same as [`MemoryRegion::register`]).
+    #[deprecated(
+        since = "0.1.0",
+        note = "one way to build each object: use MemoryRegion::register(&pd, mem, access)"
+    )]
     pub fn register(
         self: &Arc<Self>,
         mem: Box<dyn HostMemory>,
@@ -99,6 +115,10 @@ impl ProtectionDomain {
 
     /// A builder for a reliable-connected queue pair in this domain (the same as
     /// [`QueuePair::builder`]).
+    #[deprecated(
+        since = "0.1.0",
+        note = "one way to build each object: use QueuePair::builder(&pd, send_cq, recv_cq)"
+    )]
     pub fn queue_pair(
         self: &Arc<Self>,
         send_cq: &Arc<CompletionQueue>,

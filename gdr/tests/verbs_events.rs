@@ -10,6 +10,7 @@ use gdr::device::{AsyncEventKind, Context, EventSubject};
 use gdr::mr::{AccessFlags, MemoryRegion};
 use gdr::wr::SendRequest;
 use gdr::Error;
+use gdr::{CompletionQueue, ProtectionDomain, QueuePair};
 
 mod common;
 use common::{device, netdev_of, set_link, wait_port_restored};
@@ -27,17 +28,16 @@ fn a_port_taken_down_is_a_typed_event_and_pending_requests_fail() {
         events.next(Duration::from_millis(100)).unwrap().is_none(),
         "quiet before"
     );
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 64).unwrap();
     // A bounded failure: rxe treats retry_count 7 as infinite; 2 retries of ~4 ms each.
-    let a = pd
-        .queue_pair(&cq, &cq)
+    let a = QueuePair::builder(&pd, &cq, &cq)
         .retry_count(2)
         .timeout(10)
         .build()
         .unwrap();
-    let peer_cq = ctx.create_cq(64).unwrap();
-    let b = pd.queue_pair(&peer_cq, &peer_cq).build().unwrap();
+    let peer_cq = CompletionQueue::new(&ctx, 64).unwrap();
+    let b = QueuePair::builder(&pd, &peer_cq, &peer_cq).build().unwrap();
     a.connect(&b.endpoint()).unwrap();
     b.connect(&a.endpoint()).unwrap();
     let src = MemoryRegion::with_data(&pd, &[9; 4096], AccessFlags::LOCAL_WRITE).unwrap();

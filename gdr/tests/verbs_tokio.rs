@@ -30,16 +30,14 @@ struct Pair {
 /// Two connected queue pairs whose completion queues have channels (for awaiting).
 fn pair(send_depth: u32) -> Pair {
     let ctx = Context::open(&device()).expect("open the test device");
-    let pd = ctx.alloc_pd().unwrap();
-    let cq_a = ctx.create_cq_with_channel(4096).unwrap();
-    let cq_b = ctx.create_cq_with_channel(4096).unwrap();
-    let a = pd
-        .queue_pair(&cq_a, &cq_a)
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq_a = CompletionQueue::with_channel(&ctx, 4096).unwrap();
+    let cq_b = CompletionQueue::with_channel(&ctx, 4096).unwrap();
+    let a = QueuePair::builder(&pd, &cq_a, &cq_a)
         .max_send_wr(send_depth)
         .build()
         .unwrap();
-    let b = pd
-        .queue_pair(&cq_b, &cq_b)
+    let b = QueuePair::builder(&pd, &cq_b, &cq_b)
         .max_recv_wr(256)
         .build()
         .unwrap();
@@ -94,7 +92,7 @@ fn a_thousand_concurrent_awaited_writes_from_many_tasks() {
                 let (p, acq) = (p.clone(), acq.clone());
                 tokio::spawn(async move {
                     let src =
-                        p.pd.register_copy(&[i as u8; LEN], AccessFlags::LOCAL_WRITE)
+                        MemoryRegion::with_data(&p.pd, &[i as u8; LEN], AccessFlags::LOCAL_WRITE)
                             .unwrap();
                     let off = (i * LEN) as u64;
                     let local = [src.slice(..).unwrap()];
@@ -287,7 +285,7 @@ fn awaiting_a_receive_and_a_request_posted_by_hand() {
             acq_b.completion(&p.a, WorkQueue::Send, 43),
             Err(Error::InvalidArgument { .. })
         ));
-        let plain = p.pd.context().create_cq(8).unwrap();
+        let plain = CompletionQueue::new(p.pd.context(), 8).unwrap();
         assert!(AsyncCompletionQueue::new(&plain).is_err());
     });
     // Outside a runtime: a typed error, not a panic.
@@ -304,16 +302,15 @@ fn a_port_taken_down_fails_pending_futures_and_is_an_awaited_event() {
     use gdr::device::{AsyncEventKind, EventSubject};
 
     let ctx = Context::open(&device()).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq_a = ctx.create_cq_with_channel(64).unwrap();
-    let cq_b = ctx.create_cq_with_channel(64).unwrap();
-    let a = pd
-        .queue_pair(&cq_a, &cq_a)
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq_a = CompletionQueue::with_channel(&ctx, 64).unwrap();
+    let cq_b = CompletionQueue::with_channel(&ctx, 64).unwrap();
+    let a = QueuePair::builder(&pd, &cq_a, &cq_a)
         .retry_count(2)
         .timeout(10)
         .build()
         .unwrap();
-    let b = pd.queue_pair(&cq_b, &cq_b).build().unwrap();
+    let b = QueuePair::builder(&pd, &cq_b, &cq_b).build().unwrap();
     a.connect(&b.endpoint()).unwrap();
     b.connect(&a.endpoint()).unwrap();
     let netdev = common::netdev_of(&device(), ctx.port());
@@ -322,9 +319,7 @@ fn a_port_taken_down_fails_pending_futures_and_is_an_awaited_event() {
         let events = AsyncDeviceEvents::new(ctx.events().unwrap()).unwrap();
         let acq = AsyncCompletionQueue::new(&cq_a).unwrap();
         // Pending: the peer has no receive posted, so the send waits (RNR) when the link goes.
-        let msg = pd
-            .register_copy(b"stuck", AccessFlags::LOCAL_WRITE)
-            .unwrap();
+        let msg = MemoryRegion::with_data(&pd, b"stuck", AccessFlags::LOCAL_WRITE).unwrap();
         let send = acq
             .post_send(&a, &SendRequest::send(&[msg.slice(..).unwrap()]))
             .unwrap();
@@ -417,9 +412,9 @@ fn async_rdma_cm_connect_and_accept() {
         let server = tokio::spawn(async move {
             let req = listener.next_request_async(T).await.unwrap();
             let ctx = req.context().clone();
-            let pd = ctx.alloc_pd().unwrap();
-            let cq = ctx.create_cq_with_channel(16).unwrap();
-            let qp = pd.queue_pair(&cq, &cq).build().unwrap();
+            let pd = ProtectionDomain::new(&ctx).unwrap();
+            let cq = CompletionQueue::with_channel(&ctx, 16).unwrap();
+            let qp = QueuePair::builder(&pd, &cq, &cq).build().unwrap();
             let mr = MemoryRegion::new(&pd, 64, AccessFlags::remote_rw()).unwrap();
             let conn = req.accept_async(qp, Some(mr.remote())).await.unwrap();
             (conn, mr, listener)
@@ -427,13 +422,13 @@ fn async_rdma_cm_connect_and_accept() {
         let dst = format!("{}:{port}", common::addr()).parse().unwrap();
         let pending = Connector::resolve_async(dst, T).await.unwrap();
         let ctx = pending.context().clone();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq_with_channel(16).unwrap();
-        let qp = pd.queue_pair(&cq, &cq).build().unwrap();
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        let cq = CompletionQueue::with_channel(&ctx, 16).unwrap();
+        let qp = QueuePair::builder(&pd, &cq, &cq).build().unwrap();
         let conn = pending.connect_async(qp, None).await.unwrap();
         let remote = conn.remote_region().expect("the server advertised its region");
         let acq = AsyncCompletionQueue::new(&cq).unwrap();
-        let src = pd.register_copy(b"over rdma_cm", AccessFlags::LOCAL_WRITE).unwrap();
+        let src = MemoryRegion::with_data(&pd, b"over rdma_cm", AccessFlags::LOCAL_WRITE).unwrap();
         let local = [src.slice(..).unwrap()];
         acq.post_send(conn.qp(), &SendRequest::write(&local, remote.slice(0..12).unwrap()))
             .unwrap()

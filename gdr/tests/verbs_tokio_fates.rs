@@ -37,25 +37,21 @@ struct Setup {
 /// A protection domain and two completion queues with channels, `cq_a` (awaited) and `cq_b`.
 fn setup() -> Setup {
     let ctx = Context::open(&device()).expect("open the test device");
-    let pd = ctx.alloc_pd().unwrap();
-    let cq_a = ctx.create_cq_with_channel(1024).unwrap();
-    let cq_b = ctx.create_cq_with_channel(1024).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq_a = CompletionQueue::with_channel(&ctx, 1024).unwrap();
+    let cq_b = CompletionQueue::with_channel(&ctx, 1024).unwrap();
     Setup { pd, cq_a, cq_b }
 }
 
 impl Setup {
     /// A queue pair on `cq_a` connected to a peer on `cq_b`; returns (ours, peer).
     fn connected(&self) -> (QueuePair, QueuePair) {
-        let a = self
-            .pd
-            .queue_pair(&self.cq_a, &self.cq_a)
+        let a = QueuePair::builder(&self.pd, &self.cq_a, &self.cq_a)
             .max_send_wr(64)
             .max_recv_wr(64)
             .build()
             .unwrap();
-        let b = self
-            .pd
-            .queue_pair(&self.cq_b, &self.cq_b)
+        let b = QueuePair::builder(&self.pd, &self.cq_b, &self.cq_b)
             .max_recv_wr(64)
             .build()
             .unwrap();
@@ -549,11 +545,14 @@ fn resets_racing_posts_strand_no_future() {
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn a_queue_that_overran_fails_the_futures_waiting_on_it() {
     let ctx = Context::open(&device()).expect("open the test device");
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq_with_channel(4).unwrap();
-    let peer_cq = ctx.create_cq(64).unwrap();
-    let a = pd.queue_pair(&cq, &cq).max_send_wr(128).build().unwrap();
-    let b = pd.queue_pair(&peer_cq, &peer_cq).build().unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::with_channel(&ctx, 4).unwrap();
+    let peer_cq = CompletionQueue::new(&ctx, 64).unwrap();
+    let a = QueuePair::builder(&pd, &cq, &cq)
+        .max_send_wr(128)
+        .build()
+        .unwrap();
+    let b = QueuePair::builder(&pd, &peer_cq, &peer_cq).build().unwrap();
     a.connect(&b.endpoint()).unwrap();
     b.connect(&a.endpoint()).unwrap();
     let dst = MemoryRegion::new(&pd, 8, AccessFlags::remote_rw()).unwrap();
@@ -668,9 +667,9 @@ fn two_tasks_awaiting_device_events_each_get_one() {
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn reset_tells_each_completion_queue_of_its_own_requests() {
     let s = setup();
-    let cq_r = s.pd.context().create_cq_with_channel(64).unwrap();
-    let a = s.pd.queue_pair(&s.cq_a, &cq_r).build().unwrap();
-    let b = s.pd.queue_pair(&s.cq_b, &s.cq_b).build().unwrap();
+    let cq_r = CompletionQueue::with_channel(s.pd.context(), 64).unwrap();
+    let a = QueuePair::builder(&s.pd, &s.cq_a, &cq_r).build().unwrap();
+    let b = QueuePair::builder(&s.pd, &s.cq_b, &s.cq_b).build().unwrap();
     a.connect(&b.endpoint()).unwrap();
     b.connect(&a.endpoint()).unwrap();
     runtime().block_on(async {

@@ -47,7 +47,7 @@ impl Agent {
     /// When gdr finds no direct path (no peer-memory module, no dma-buf support) and
     /// [`AgentConfig::gpu_staging`] is [`GpuStaging::Fallback`] (the default), the segment is
     /// *staged* instead: its transfers go through pinned host bounce buffers
-    /// ([`crate::staged`]); a warning says so and [`Segment::path`] tells. A staged segment is
+    /// ([`crate::staging`]); a warning says so and [`Segment::path`] tells. A staged segment is
     /// the local side of transfers only: peers cannot address it.
     ///
     /// # Errors
@@ -248,7 +248,7 @@ impl Agent {
     }
 
     /// What staging holds and did: the GPUs with bounce buffers, staged transfers, chunks moved,
-    /// and chunks whose buffer waited for the NIC to let go ([`crate::staged`]).
+    /// and chunks whose buffer waited for the NIC to let go ([`crate::staging`]).
     pub fn staging_stats(&self) -> crate::StagingStats {
         self.shared.staging.stats()
     }

@@ -54,7 +54,7 @@ pub(crate) struct AgentShared {
     /// The directory this agent published itself in (feature `etcd`).
     #[cfg(feature = "etcd")]
     pub(super) published: Mutex<Option<crate::discovery::Published>>,
-    /// Transfers of staged GPU segments ([`crate::staged`]).
+    /// Transfers of staged GPU segments ([`crate::staging`]).
     pub(crate) staging: Arc<StagingDriver>,
 }
 

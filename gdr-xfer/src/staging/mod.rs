@@ -16,6 +16,38 @@
 //!
 //! Staging is never silent: [`Stager::describe`] is the line for the segment's info, and creating
 //! a stager logs it at `info`.
+//!
+//! # Staged segments
+//!
+//! Transfers from and to GPU memory the NIC cannot reach (no GPUDirect path: no peer-memory
+//! module, no dma-buf support): the engine moves their bytes through pinned host bounce
+//! buffers, and says so.
+//!
+//! A *staged* segment ([`crate::Segment::path`] is [`crate::SegmentPath::Staged`]) is the local side of
+//! transfers like any other. Each of its runs becomes a [`crate::staging`] ticket; every chunk
+//! of it becomes one engine transfer ("child") between a bounce buffer and the peer:
+//! - WRITE: a `cuMemcpyAsync` copies a chunk to a bounce buffer, the child writes it to the
+//!   peer, and the buffer is copied into again only once the child completed;
+//! - READ: the child reads the peer's bytes into a bounce buffer, then a copy moves them to the
+//!   GPU, and the transfer is done once every copy is complete.
+//!
+//! Copies of later chunks overlap the RDMA of earlier ones (as many as there are bounce
+//! buffers). A notification goes with the last child, posted only after every other child
+//! completed, so the target still sees it only after all the data.
+//!
+//! Peers cannot address a staged segment (one-sided access needs the NIC to reach the memory):
+//! it is not announced to them.
+//!
+//! # Memory
+//!
+//! A bounce buffer is one registration per rail, and gdr's requests hold the registration they
+//! use until gdr retired them. A buffer is given back to the stager only once nothing but the
+//! engine's own long-lived references holds it (`staging::slots`): after a child
+//! completed, or failed, timed out, or lost its queue pairs, whichever way the NIC let go. The
+//! device memory is held by its ticket until every copy of it is complete.
+//!
+//! The driver is one thread per agent (`xfer-staging-<agent>`), started with the first staged
+//! segment.
 
 mod chunk;
 mod config;
@@ -32,3 +64,6 @@ pub use plan::ChunkPlan;
 #[cfg(feature = "emulated-gpu")]
 pub(crate) use stager::bytes_text;
 pub use stager::Stager;
+
+#[cfg(feature = "emulated-gpu")]
+pub use crate::staged::EmulatedGpu;

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 ///
 /// ```no_run
 /// # async fn demo() -> gdr::Result<()> {
-/// let ctx = gdr::DeviceContext::open("rxe0")?;
+/// let ctx = gdr::Context::open("rxe0")?;
 /// let events = gdr::aio::AsyncDeviceEvents::new(ctx.events()?)?;
 /// loop {
 ///     let e = events.next().await?;

@@ -15,16 +15,17 @@
 //! ```no_run
 //! # async fn demo() -> gdr::Result<()> {
 //! use gdr::aio::AsyncCompletionQueue;
-//! use gdr::{AccessFlags, DeviceContext, SendRequest};
+//! use gdr::{AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QueuePair};
+//! use gdr::SendRequest;
 //!
-//! let ctx = DeviceContext::open("rxe0")?;
-//! let pd = ctx.alloc_pd()?;
-//! let cq = ctx.create_cq_with_channel(1024)?;
-//! let qp = pd.queue_pair(&cq, &cq).build()?;
+//! let ctx = Context::open("rxe0")?;
+//! let pd = ProtectionDomain::new(&ctx)?;
+//! let cq = CompletionQueue::with_channel(&ctx, 1024)?;
+//! let qp = QueuePair::builder(&pd, &cq, &cq).build()?;
 //! # let peer = qp.endpoint();
 //! qp.connect(&peer)?;                            // endpoints exchanged as usual (gdr::connect)
 //! let acq = AsyncCompletionQueue::new(&cq)?;     // inside a tokio runtime
-//! let mr = pd.register_copy(b"hello", AccessFlags::LOCAL_WRITE)?;
+//! let mr = MemoryRegion::with_data(&pd, b"hello", AccessFlags::LOCAL_WRITE)?;
 //! # let remote = mr.remote();
 //! let done = acq.post_send(&qp, &SendRequest::write(&[mr.slice(..)?], remote.slice(0..5)?))?;
 //! let c = done.await?;                           // this write's completion, or its error

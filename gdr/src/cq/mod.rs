@@ -441,12 +441,20 @@ fn translate(d: &Dispatch, wc: &ibv::ibv_wc) -> Option<Completion> {
 impl Context {
     /// A completion queue with room for `depth` completions, polled only (the same as
     /// [`CompletionQueue::new`]).
+    #[deprecated(
+        since = "0.1.0",
+        note = "one way to build each object: use CompletionQueue::new(&ctx, depth)"
+    )]
     pub fn create_cq(self: &Arc<Self>, depth: u32) -> Result<Arc<CompletionQueue>> {
         CompletionQueue::new(self, depth)
     }
 
     /// A completion queue with its own completion channel (the same as
     /// [`CompletionQueue::with_channel`]).
+    #[deprecated(
+        since = "0.1.0",
+        note = "one way to build each object: use CompletionQueue::with_channel(&ctx, depth)"
+    )]
     pub fn create_cq_with_channel(self: &Arc<Self>, depth: u32) -> Result<Arc<CompletionQueue>> {
         CompletionQueue::with_channel(self, depth)
     }

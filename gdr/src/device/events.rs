@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! let ctx = gdr::DeviceContext::open("rxe0")?;
+//! let ctx = gdr::Context::open("rxe0")?;
 //! let events = ctx.events()?;                        // one reader per context
 //! while let Some(e) = events.next(Duration::from_secs(1))? {
 //!     eprintln!("{e}");                              // e.g. "port 1: port error (...); hint: ..."
