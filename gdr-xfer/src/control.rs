@@ -10,6 +10,7 @@ use gdr::connect::TcpLink;
 use gdr::qp::QueuePair;
 
 use crate::agent::AgentShared;
+use crate::config::AgentConfig;
 use gdr_xfer_proto::Config;
 
 use crate::connection::{Connection, Parts};
@@ -132,99 +133,189 @@ struct Linger<'a> {
 }
 
 /// Runs the handshake on a new TCP connection (`initiator`: we connected), within `timeout`,
-/// and returns the established connection, registered with the agent.
+/// and returns the established connection, registered with the agent. The steps: open the
+/// control links, exchange hellos (queue pairs offered and answered), build the lanes, make the
+/// connection, send our segment table, receive the peer's, start the reader thread.
 pub(crate) fn establish(
     agent: &Arc<AgentShared>,
     stream: TcpStream,
     initiator: bool,
     timeout: Duration,
 ) -> Result<Arc<Connection>> {
-    let addr = stream
-        .peer_addr()
-        .map_or_else(|_| "?".to_string(), |a| a.to_string());
-    let writer_stream = stream
-        .try_clone()
-        .map_err(|e| Error::io("cloning the control socket", e))?;
-    let socket = stream
-        .try_clone()
-        .map_err(|e| Error::io("cloning the control socket", e))?;
-    // A peer host that vanishes without closing the socket is noticed by TCP keepalive (the
-    // kernel's probes) even while no transfer is pending.
-    set_keepalive(&stream);
-    let mut reader = TcpLink::from_stream(stream)?;
-    let mut writer = TcpLink::from_stream(writer_stream)?;
-    reader.set_timeout(Some(timeout))?;
-    writer.set_timeout(Some(timeout))?;
-    let cfg = &agent.config;
+    let mut links = Links::open(stream, timeout)?;
+    let (rails, theirs) = exchange_hellos(agent, &mut links, initiator)?;
+    let n = rails.len();
+    let qps_per_rail = rails[0].len();
+    let (qps, notify) = build_lanes(agent, rails, &theirs)?;
+    let mut rail_names = agent.rail_names();
+    rail_names.truncate(n);
+    let Links {
+        addr,
+        mut reader,
+        writer,
+        socket,
+    } = links;
+    let conn = Connection::new(Parts {
+        name: theirs.name.clone(),
+        agent: Arc::downgrade(agent),
+        config: connection_config(&agent.config, n, qps_per_rail, &theirs, initiator),
+        rail_names,
+        qps,
+        notify,
+        writer,
+        socket,
+    });
+    send_our_table(agent, &conn, &mut reader)?;
+    if let Err(e) = receive_their_table(&conn, &mut reader) {
+        conn.lose(Failure::PeerLost {
+            reason: format!("handshake: {e}"),
+        });
+        agent.remove_peer(&conn);
+        return Err(e);
+    }
+    reader.set_timeout(None)?;
+    conn.set_ready();
+    start_reader(agent, &conn, reader)?;
+    log::info!(
+        "{}: connected to {} at {addr} ({} rails x {} queue pairs, {} segments)",
+        agent.config.name,
+        conn.name,
+        conn.nrails,
+        conn.qps_per_rail,
+        conn.remote.read().map_or(0, |t| t.len())
+    );
+    Ok(conn)
+}
 
-    let hello = |rails: &[Vec<QueuePair>]| {
-        Message::Hello(Hello {
-            name: cfg.name.clone(),
-            rails: rails
-                .iter()
-                .map(|qps| qps.iter().map(|q| q.endpoint()).collect())
-                .collect(),
-            notify_slots: cfg.notify_slots,
-            notify_max: cfg.notify_max,
+/// The control connection's two links (reading and writing on clones of one socket) and the
+/// socket itself, for shutting it down.
+struct Links {
+    /// The peer's address, for messages.
+    addr: String,
+    reader: TcpLink,
+    writer: TcpLink,
+    socket: TcpStream,
+}
+
+impl Links {
+    /// The links of a new connection, each with `timeout` for the handshake.
+    fn open(stream: TcpStream, timeout: Duration) -> Result<Links> {
+        let addr = stream
+            .peer_addr()
+            .map_or_else(|_| "?".to_string(), |a| a.to_string());
+        let writer_stream = stream
+            .try_clone()
+            .map_err(|e| Error::io("cloning the control socket", e))?;
+        let socket = stream
+            .try_clone()
+            .map_err(|e| Error::io("cloning the control socket", e))?;
+        // A peer host that vanishes without closing the socket is noticed by TCP keepalive (the
+        // kernel's probes) even while no transfer is pending.
+        set_keepalive(&stream);
+        let reader = TcpLink::from_stream(stream)?;
+        let writer = TcpLink::from_stream(writer_stream)?;
+        reader.set_timeout(Some(timeout))?;
+        writer.set_timeout(Some(timeout))?;
+        Ok(Links {
+            addr,
+            reader,
+            writer,
+            socket,
         })
-    };
+    }
+
+    /// Refuses the connection with `e` (see [`refuse`]).
+    fn refuse(&mut self, e: Error) -> Error {
+        refuse(
+            &mut self.writer,
+            Linger {
+                socket: &self.socket,
+                reader: &mut self.reader,
+            },
+            e,
+        )
+    }
+}
+
+/// Our hello: our name, the endpoints of the queue pairs of each rail, our notification slots.
+fn hello(cfg: &AgentConfig, rails: &[Vec<QueuePair>]) -> Message {
+    Message::Hello(Hello {
+        name: cfg.name.clone(),
+        rails: rails
+            .iter()
+            .map(|qps| qps.iter().map(|q| q.endpoint()).collect())
+            .collect(),
+        notify_slots: cfg.notify_slots,
+        notify_max: cfg.notify_max,
+    })
+}
+
+/// Exchanges hellos: the initiator offers its rails and queue pairs and the acceptor answers
+/// with at most as many; returns our queue pairs of the rails both use (paired by position)
+/// and the peer's hello. Refuses a peer that answers with more than offered, or that has our
+/// name.
+fn exchange_hellos(
+    agent: &Arc<AgentShared>,
+    links: &mut Links,
+    initiator: bool,
+) -> Result<(Vec<Vec<QueuePair>>, Hello)> {
+    let cfg = &agent.config;
     let create = |rails: usize, width: usize| -> Result<Vec<Vec<QueuePair>>> {
         (0..rails).map(|r| agent.create_qps(r, width)).collect()
     };
     let (mut rails, theirs) = if initiator {
         let rails = create(agent.rails.len(), usize::from(cfg.qps_per_peer))?;
-        send(&mut writer, &hello(&rails))?;
-        let theirs = expect_hello(&mut reader, &addr)?;
+        send(&mut links.writer, &hello(cfg, &rails))?;
+        let theirs = expect_hello(&mut links.reader, &links.addr)?;
         let width = theirs.rails[0].len();
         if width != rails[0].len() || theirs.rails.len() > rails.len() {
-            return Err(refuse(
-                &mut writer,
-                Linger {
-                    socket: &socket,
-                    reader: &mut reader,
-                },
-                Error::protocol(
-                    &theirs.name,
-                    format!(
-                        "answered with {} rails of {width} queue pairs, we offered {} of {}",
-                        theirs.rails.len(),
-                        rails.len(),
-                        rails[0].len()
-                    ),
+            let e = Error::protocol(
+                &theirs.name,
+                format!(
+                    "answered with {} rails of {width} queue pairs, we offered {} of {}",
+                    theirs.rails.len(),
+                    rails.len(),
+                    rails[0].len()
                 ),
-            ));
+            );
+            return Err(links.refuse(e));
         }
         (rails, theirs)
     } else {
-        let theirs = expect_hello(&mut reader, &addr)?;
+        let theirs = expect_hello(&mut links.reader, &links.addr)?;
         let n = theirs.rails.len().min(agent.rails.len());
         let width = theirs.rails[0].len().min(MAX_QPS);
         let rails = create(n, width)?;
-        send(&mut writer, &hello(&rails))?;
+        send(&mut links.writer, &hello(cfg, &rails))?;
         (rails, theirs)
     };
     // Rails are paired by position: both use the first `n`.
     let n = theirs.rails.len().min(rails.len());
     rails.truncate(n);
-    let qps_per_rail = rails[0].len();
     if theirs.name == cfg.name {
-        return Err(refuse(
-            &mut writer,
-            Linger {
-                socket: &socket,
-                reader: &mut reader,
-            },
-            Error::invalid(
-                format!("peer at {addr} is called {:?}, as this agent", theirs.name),
-                "give every agent its own name",
+        let e = Error::invalid(
+            format!(
+                "peer at {} is called {:?}, as this agent",
+                links.addr, theirs.name
             ),
-        ));
+            "give every agent its own name",
+        );
+        return Err(links.refuse(e));
     }
+    Ok((rails, theirs))
+}
 
-    // Lane `i` (rail-major) starts with generation `i`, as the core does; each rail's receive
-    // slots are posted on its first lane.
-    let mut qps = Vec::with_capacity(n * qps_per_rail);
-    let mut notify = Vec::with_capacity(n);
+/// The lanes: every rail's queue pairs in rail-major order (lane `i` starts with generation
+/// `i`, as the core does), each rail's receive slots posted on its first lane, every queue
+/// pair connected to the peer's of the same position.
+fn build_lanes(
+    agent: &Arc<AgentShared>,
+    rails: Vec<Vec<QueuePair>>,
+    theirs: &Hello,
+) -> Result<(Vec<QueuePair>, Vec<NotifyPool>)> {
+    let cfg = &agent.config;
+    let mut qps = Vec::with_capacity(rails.len() * rails[0].len());
+    let mut notify = Vec::with_capacity(rails.len());
     for (r, rail_qps) in rails.into_iter().enumerate() {
         let pool = NotifyPool::new(&agent.rails[r].pd, cfg.notify_slots, cfg.notify_max)?;
         let first = qps.len();
@@ -235,11 +326,21 @@ pub(crate) fn establish(
     for (qp, e) in qps.iter().zip(theirs.rails.iter().flatten()) {
         qp.connect(e)?;
     }
-    let mut rail_names = agent.rail_names();
-    rail_names.truncate(n);
-    let config = Config {
-        rails: n,
-        lanes_per_rail: qps_per_rail,
+    Ok((qps, notify))
+}
+
+/// The core's configuration of a connection of `rails` rails of `lanes_per_rail` queue pairs
+/// with the peer that sent `theirs`.
+fn connection_config(
+    cfg: &AgentConfig,
+    rails: usize,
+    lanes_per_rail: usize,
+    theirs: &Hello,
+    initiator: bool,
+) -> Config {
+    Config {
+        rails,
+        lanes_per_rail,
         send_depth: u64::from(cfg.send_queue_depth),
         slice_size: cfg.slice_size,
         stripe_min: cfg.stripe_min,
@@ -251,89 +352,72 @@ pub(crate) fn establish(
         initiator,
         quiesce: cfg.quiesce,
         renew_timeout: RENEW_TIMEOUT.min(cfg.connect_timeout),
-    };
-    let conn = Connection::new(Parts {
-        name: theirs.name.clone(),
-        agent: Arc::downgrade(agent),
-        config,
-        rail_names,
-        qps,
-        notify,
-        writer,
-        socket,
-    });
-    // Publish the connection (so later registrations reach it) and send our segment table in
-    // one step under the segment table's lock, holding the writer across it: any announcement
-    // made after the snapshot is sent after it, in order.
-    {
-        let segments = agent.lock_segments();
-        let mut w = conn.writer.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = agent.add_peer(&conn) {
-            // Tell the peer why (a full agent, a name taken, a closing agent).
-            drop(segments);
-            return Err(refuse(
-                &mut w,
-                Linger {
-                    socket: &conn.socket,
-                    reader: &mut reader,
-                },
-                e,
-            ));
-        }
-        let infos: Vec<_> = segments
-            .values()
-            .filter(|s| s.is_published())
-            .map(|s| s.info().clone())
-            .collect();
-        drop(segments);
-        let sent = segment_messages(&infos)
-            .iter()
-            .try_for_each(|m| send(&mut w, m))
-            .and_then(|()| send(&mut w, &Message::Ready));
-        drop(w);
-        if let Err(e) = sent {
-            agent.remove_peer(&conn);
-            return Err(e);
-        }
     }
-    // The peer's table, until its ready.
-    let result = loop {
-        match recv(&mut reader, &conn.name) {
-            Ok(Message::Ready) => break Ok(()),
-            Ok(msg) => {
-                if let Err(detail) = conn.apply_table(msg) {
-                    break Err(Error::protocol(&conn.name, detail));
-                }
-            }
-            Err(e) => break Err(e),
-        }
-    };
-    if let Err(e) = result {
-        conn.lose(Failure::PeerLost {
-            reason: format!("handshake: {e}"),
-        });
-        agent.remove_peer(&conn);
+}
+
+/// Publishes the connection (so later registrations reach it) and sends our segment table in
+/// one step under the segment table's lock, holding the writer across it: any announcement
+/// made after the snapshot is sent after it, in order. A refusal by the agent (full, the name
+/// taken, closing) is told to the peer.
+fn send_our_table(
+    agent: &Arc<AgentShared>,
+    conn: &Arc<Connection>,
+    reader: &mut TcpLink,
+) -> Result<()> {
+    let segments = agent.lock_segments();
+    let mut w = conn.writer.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(e) = agent.add_peer(conn) {
+        drop(segments);
+        return Err(refuse(
+            &mut w,
+            Linger {
+                socket: &conn.socket,
+                reader,
+            },
+            e,
+        ));
+    }
+    let infos: Vec<_> = segments
+        .values()
+        .filter(|s| s.is_published())
+        .map(|s| s.info().clone())
+        .collect();
+    drop(segments);
+    let sent = segment_messages(&infos)
+        .iter()
+        .try_for_each(|m| send(&mut w, m))
+        .and_then(|()| send(&mut w, &Message::Ready));
+    drop(w);
+    if let Err(e) = sent {
+        agent.remove_peer(conn);
         return Err(e);
     }
-    reader.set_timeout(None)?;
-    conn.set_ready();
+    Ok(())
+}
+
+/// The peer's segment table, until its ready.
+fn receive_their_table(conn: &Connection, reader: &mut TcpLink) -> Result<()> {
+    loop {
+        match recv(reader, &conn.name)? {
+            Message::Ready => return Ok(()),
+            msg => conn
+                .apply_table(msg)
+                .map_err(|detail| Error::protocol(&conn.name, detail))?,
+        }
+    }
+}
+
+/// Starts the connection's control reader thread, joined when the agent is dropped (after its
+/// socket is shut down, which ends it).
+fn start_reader(agent: &Arc<AgentShared>, conn: &Arc<Connection>, reader: TcpLink) -> Result<()> {
     let weak = Arc::downgrade(agent);
     let c = conn.clone();
     let reader_thread = std::thread::Builder::new()
         .name(format!("xfer-ctl-{}", conn.name))
         .spawn(move || read_control(weak, c, reader))
         .map_err(|e| Error::io("starting the control reader thread", e))?;
-    // Joined when the agent is dropped (after its socket is shut down, which ends it).
     agent.keep_thread(reader_thread);
-    log::info!(
-        "{}: connected to {} at {addr} ({} rails x {} queue pairs, {} segments)",
-        cfg.name,
-        conn.name,
-        conn.nrails,
-        conn.qps_per_rail,
-        conn.remote.read().map_or(0, |t| t.len())
-    );
-    Ok(conn)
+    Ok(())
 }
 
 /// The reader thread of one peer: applies its announcements until the connection ends, then
