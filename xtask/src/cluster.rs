@@ -196,43 +196,7 @@ fn run(
     run_dir: &Path,
 ) -> Result<ClusterOutcome> {
     let n = opts.hosts;
-    let nonce = format!(
-        "{}-{}",
-        std::process::id(),
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
-    let cwd_str = cwd
-        .to_str()
-        .ok_or_else(|| format!("the current directory is not UTF-8: {}", cwd.display()))?;
-    let run_str = run_dir
-        .to_str()
-        .ok_or("the target directory is not UTF-8")?
-        .to_string();
-    let env = [
-        ("GDR_VM_MEMLOCK", opts.memlock.clone()),
-        ("GDR_VM_CWD", cwd_str.to_string()),
-        ("GDR_VM_NONCE", nonce.clone()),
-        ("GDR_VM_TERM", "dumb".to_string()),
-        ("GDR_HOSTS", n.to_string()),
-        ("GDR_RAILS", opts.rails.to_string()),
-        ("GDR_CLUSTER_BARRIER", opts.timeout.min(300).to_string()),
-    ]
-    .iter()
-    .map(|(k, v)| format!("{k}={}\n", shell_quote(v)))
-    .collect::<String>();
-    vm::write(&run_dir.join("env"), env.as_bytes())?;
-    vm::write(&run_dir.join("cmd.sh"), script.as_bytes())?;
-    let fault = run_dir.join("bin/gdr-fault");
-    vm::write(&fault, GDR_FAULT_SH.as_bytes())?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&fault, fs::Permissions::from_mode(0o755))
-            .map_err(|e| format!("chmod {}: {e}", fault.display()))?;
-    }
-
+    let nonce = prepare_run_dir(opts, script, cwd, run_dir)?;
     // One switch per rail; every host's NIC of that rail connects to it. Declared before the
     // guests so that it outlives them (dropped after them).
     let hubs = (0..opts.rails)
@@ -247,152 +211,14 @@ fn run(
     );
     let start = Instant::now();
     let mut guests = Guests(Vec::new());
-    let mut consoles = Vec::new();
-    let mut readers = Vec::new();
-    let mut err_readers = Vec::new();
+    let mut hosts = Vec::new();
     for h in 1..=n {
-        let mut qemu = Command::new("setpriv");
-        // The guest dies with us even if we are killed outright (SIGKILL).
-        qemu.args(["--pdeathsig", "SIGKILL", "--", "qemu-system-x86_64"])
-            .args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "1"])
-            .arg("-m")
-            .arg(opts.mem.to_string())
-            .args(["-nographic", "-nic", "none", "-no-reboot"])
-            .arg("-name")
-            .arg(format!("gdr-host{h}"))
-            .arg("-kernel")
-            .arg(&kernel.vmlinuz)
-            .arg("-initrd")
-            .arg(initramfs)
-            .arg("-append")
-            .arg(format!(
-                "{} gdr.stage2=cluster gdr.host={h}",
-                vm::kernel_cmdline()
-            ))
-            .arg("-virtfs")
-            .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
-            .arg("-virtfs")
-            .arg(format!(
-                "local,path={},mount_tag=results,security_model=none,multidevs=remap",
-                run_str.replace(',', ",,")
-            ))
-            .arg("-monitor")
-            .arg(format!(
-                "unix:{run_str}/mon.host{h}.sock,server=on,wait=off"
-            ));
-        for (r, hub) in hubs.iter().enumerate() {
-            qemu.arg("-netdev")
-                .arg(format!("socket,id=r{r},connect=127.0.0.1:{}", hub.port()))
-                .arg("-device")
-                .arg(format!(
-                    "virtio-net-pci,netdev=r{r},mac={}",
-                    mac(r as u32, h)
-                ));
-        }
-        qemu.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = qemu
-            .spawn()
-            .map_err(|e| format!("cannot start qemu-system-x86_64 (through setpriv): {e}"))?;
-        let console = Arc::new(Mutex::new(Console::with_prefix(
-            &format!("{nonce}-h{h}"),
-            &format!("[host{h}] "),
-        )));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let c = Arc::clone(&console);
-        readers.push(thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                match r.read_until(b'\n', &mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => c.lock().expect("console lock").line(&line),
-                }
-            }
-        }));
-        let mut stderr = child.stderr.take().expect("piped stderr");
-        err_readers.push(thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stderr.read_to_string(&mut s);
-            s
-        }));
-        consoles.push(console);
+        let (child, io) = boot_host(h, opts, kernel, initramfs, run_dir, &hubs, &nonce)?;
         guests.0.push(Some(child));
+        hosts.push(io);
     }
-
-    let fault_log = run_dir.join("faults.log");
     let mut ends: Vec<Option<HostEnd>> = vec![None; n as usize];
-    let mut failed_at: Option<Instant> = None;
-    let timeout = Duration::from_secs(opts.timeout);
-    let grace = Duration::from_secs(opts.grace);
-    let mut timed_out = false;
-    loop {
-        for i in 0..n as usize {
-            if ends[i].is_some() {
-                continue;
-            }
-            let exited = matches!(
-                guests.0[i].as_mut().map(|c| c.try_wait()),
-                Some(Ok(Some(_)) | Err(_))
-            );
-            // A reported exit code counts as soon as it is there (the guest still powers off).
-            let code = fs::read_to_string(run_dir.join(format!("exit.host{}", i + 1)))
-                .ok()
-                .and_then(|s| s.trim().parse::<i32>().ok());
-            if exited || code.is_some() {
-                if exited {
-                    if let Some(mut c) = guests.0[i].take() {
-                        let _ = c.wait();
-                    }
-                }
-                let code = code.or_else(|| {
-                    if exited {
-                        consoles[i].lock().expect("console lock").end_code
-                    } else {
-                        None
-                    }
-                });
-                match code {
-                    Some(c) => ends[i] = Some(HostEnd::Exited(c)),
-                    None if exited => ends[i] = Some(HostEnd::Lost),
-                    None => {}
-                }
-                if let Some(e) = &ends[i] {
-                    if !e.ok() && failed_at.is_none() {
-                        failed_at = Some(Instant::now());
-                    }
-                }
-            }
-        }
-        handle_faults(run_dir, &mut guests, &mut ends, start, &fault_log);
-        if ends.iter().all(Option::is_some) {
-            break;
-        }
-        if start.elapsed() >= timeout {
-            timed_out = true;
-            break;
-        }
-        if failed_at.is_some_and(|t| t.elapsed() >= grace) {
-            let names = running_names(&ends);
-            say!(
-                "a host failed {} s ago; killing the hosts still running: {names}",
-                opts.grace
-            );
-            for (i, e) in ends.iter_mut().enumerate() {
-                if e.is_none() {
-                    *e = Some(HostEnd::Killed("another host failed"));
-                    if let Some(mut c) = guests.0[i].take() {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                    }
-                }
-            }
-            break;
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
+    let timed_out = watch(opts, run_dir, &mut guests, &mut ends, &hosts, start);
     if timed_out {
         let names = running_names(&ends);
         eprintln!(
@@ -422,20 +248,249 @@ fn run(
     }
     drop(guests);
     drop(hubs);
-    for r in readers {
-        let _ = r.join();
-    }
-    let stderrs: Vec<String> = err_readers
-        .into_iter()
-        .map(|r| r.join().unwrap_or_default())
-        .collect();
     let ends: Vec<HostEnd> = ends
         .into_iter()
         .map(|e| e.unwrap_or(HostEnd::Lost))
         .collect();
+    let outputs = collect_outputs(hosts, &ends)?;
+    let code = verdict(&ends, timed_out, start);
+    Ok(ClusterOutcome {
+        ends,
+        outputs,
+        code,
+    })
+}
+
+/// Writes the run directory's files every host reads (the environment, the scenario, the
+/// `gdr-fault` tool); returns the run's nonce (the console markers carry it).
+fn prepare_run_dir(opts: &ClusterOpts, script: &str, cwd: &Path, run_dir: &Path) -> Result<String> {
+    let n = opts.hosts;
+    let nonce = format!(
+        "{}-{}",
+        std::process::id(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
+    let cwd_str = cwd
+        .to_str()
+        .ok_or_else(|| format!("the current directory is not UTF-8: {}", cwd.display()))?;
+    let env = [
+        ("GDR_VM_MEMLOCK", opts.memlock.clone()),
+        ("GDR_VM_CWD", cwd_str.to_string()),
+        ("GDR_VM_NONCE", nonce.clone()),
+        ("GDR_VM_TERM", "dumb".to_string()),
+        ("GDR_HOSTS", n.to_string()),
+        ("GDR_RAILS", opts.rails.to_string()),
+        ("GDR_CLUSTER_BARRIER", opts.timeout.min(300).to_string()),
+    ]
+    .iter()
+    .map(|(k, v)| format!("{k}={}\n", shell_quote(v)))
+    .collect::<String>();
+    vm::write(&run_dir.join("env"), env.as_bytes())?;
+    vm::write(&run_dir.join("cmd.sh"), script.as_bytes())?;
+    let fault = run_dir.join("bin/gdr-fault");
+    vm::write(&fault, GDR_FAULT_SH.as_bytes())?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&fault, fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("chmod {}: {e}", fault.display()))?;
+    }
+
+    Ok(nonce)
+}
+
+/// What is read from one host while it runs: its console (parsed from QEMU's stdout by a
+/// reader thread) and QEMU's stderr (read whole by another).
+struct HostIo {
+    console: Arc<Mutex<Console>>,
+    reader: thread::JoinHandle<()>,
+    err_reader: thread::JoinHandle<String>,
+}
+
+/// Starts host `h` (1-based): QEMU with the kernel and initramfs, the host's root and the run
+/// directory shared, one NIC per rail on that rail's switch.
+fn boot_host(
+    h: u32,
+    opts: &ClusterOpts,
+    kernel: &vm::Kernel,
+    initramfs: &Path,
+    run_dir: &Path,
+    hubs: &[hub::Hub],
+    nonce: &str,
+) -> Result<(Child, HostIo)> {
+    let run_str = run_dir
+        .to_str()
+        .ok_or("the target directory is not UTF-8")?;
+    let mut qemu = Command::new("setpriv");
+    // The guest dies with us even if we are killed outright (SIGKILL).
+    qemu.args(["--pdeathsig", "SIGKILL", "--", "qemu-system-x86_64"])
+        .args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "1"])
+        .arg("-m")
+        .arg(opts.mem.to_string())
+        .args(["-nographic", "-nic", "none", "-no-reboot"])
+        .arg("-name")
+        .arg(format!("gdr-host{h}"))
+        .arg("-kernel")
+        .arg(&kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(initramfs)
+        .arg("-append")
+        .arg(format!(
+            "{} gdr.stage2=cluster gdr.host={h}",
+            vm::kernel_cmdline()
+        ))
+        .arg("-virtfs")
+        .arg("local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap")
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=results,security_model=none,multidevs=remap",
+            run_str.replace(',', ",,")
+        ))
+        .arg("-monitor")
+        .arg(format!(
+            "unix:{run_str}/mon.host{h}.sock,server=on,wait=off"
+        ));
+    for (r, hub) in hubs.iter().enumerate() {
+        qemu.arg("-netdev")
+            .arg(format!("socket,id=r{r},connect=127.0.0.1:{}", hub.port()))
+            .arg("-device")
+            .arg(format!(
+                "virtio-net-pci,netdev=r{r},mac={}",
+                mac(r as u32, h)
+            ));
+    }
+    qemu.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = qemu
+        .spawn()
+        .map_err(|e| format!("cannot start qemu-system-x86_64 (through setpriv): {e}"))?;
+    let console = Arc::new(Mutex::new(Console::with_prefix(
+        &format!("{nonce}-h{h}"),
+        &format!("[host{h}] "),
+    )));
+    let stdout = child.stdout.take().expect("piped stdout");
+    let c = Arc::clone(&console);
+    let reader = thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => c.lock().expect("console lock").line(&line),
+            }
+        }
+    });
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let err_reader = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    Ok((
+        child,
+        HostIo {
+            console,
+            reader,
+            err_reader,
+        },
+    ))
+}
+
+/// Watches the hosts until every one has ended, a failed host's grace time ran out (the others
+/// are killed), or the cluster's timeout passed (returns true; the caller kills the rest).
+/// Faults the scenario asks for (`gdr-fault`) are carried out meanwhile.
+fn watch(
+    opts: &ClusterOpts,
+    run_dir: &Path,
+    guests: &mut Guests,
+    ends: &mut [Option<HostEnd>],
+    hosts: &[HostIo],
+    start: Instant,
+) -> bool {
+    let n = ends.len();
+    let fault_log = run_dir.join("faults.log");
+    let mut failed_at: Option<Instant> = None;
+    let timeout = Duration::from_secs(opts.timeout);
+    let grace = Duration::from_secs(opts.grace);
+    loop {
+        for i in 0..n {
+            if ends[i].is_some() {
+                continue;
+            }
+            let exited = matches!(
+                guests.0[i].as_mut().map(|c| c.try_wait()),
+                Some(Ok(Some(_)) | Err(_))
+            );
+            // A reported exit code counts as soon as it is there (the guest still powers off).
+            let code = fs::read_to_string(run_dir.join(format!("exit.host{}", i + 1)))
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok());
+            if exited || code.is_some() {
+                if exited {
+                    if let Some(mut c) = guests.0[i].take() {
+                        let _ = c.wait();
+                    }
+                }
+                let code = code.or_else(|| {
+                    if exited {
+                        hosts[i].console.lock().expect("console lock").end_code
+                    } else {
+                        None
+                    }
+                });
+                match code {
+                    Some(c) => ends[i] = Some(HostEnd::Exited(c)),
+                    None if exited => ends[i] = Some(HostEnd::Lost),
+                    None => {}
+                }
+                if let Some(e) = &ends[i] {
+                    if !e.ok() && failed_at.is_none() {
+                        failed_at = Some(Instant::now());
+                    }
+                }
+            }
+        }
+        handle_faults(run_dir, guests, ends, start, &fault_log);
+        if ends.iter().all(Option::is_some) {
+            break;
+        }
+        if start.elapsed() >= timeout {
+            return true;
+        }
+        if failed_at.is_some_and(|t| t.elapsed() >= grace) {
+            let names = running_names(ends);
+            say!(
+                "a host failed {} s ago; killing the hosts still running: {names}",
+                opts.grace
+            );
+            for (i, e) in ends.iter_mut().enumerate() {
+                if e.is_none() {
+                    *e = Some(HostEnd::Killed("another host failed"));
+                    if let Some(mut c) = guests.0[i].take() {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                }
+            }
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// Joins the hosts' reader threads and returns each host's output; a lost host's boot log and
+/// QEMU's complaints are printed.
+fn collect_outputs(hosts: Vec<HostIo>, ends: &[HostEnd]) -> Result<Vec<String>> {
     let mut outputs = Vec::new();
-    for (i, c) in consoles.into_iter().enumerate() {
-        let c = Arc::try_unwrap(c)
+    for (i, host) in hosts.into_iter().enumerate() {
+        let _ = host.reader.join();
+        let stderr = host.err_reader.join().unwrap_or_default();
+        let c = Arc::try_unwrap(host.console)
             .map_err(|_| "console still shared")?
             .into_inner()
             .expect("console lock");
@@ -444,16 +499,18 @@ fn run(
                 eprintln!("xtask: host{}'s console up to here:", i + 1);
                 eprint!("{}", c.boot_log);
             }
-            if !stderrs[i].trim().is_empty() {
-                eprintln!(
-                    "xtask: host{}'s QEMU said:\n{}",
-                    i + 1,
-                    stderrs[i].trim_end()
-                );
+            if !stderr.trim().is_empty() {
+                eprintln!("xtask: host{}'s QEMU said:\n{}", i + 1, stderr.trim_end());
             }
         }
         outputs.push(c.output);
     }
+    Ok(outputs)
+}
+
+/// Says how each host ended and the cluster's verdict; returns the exit code (0, 1, or
+/// [`TIMEOUT_EXIT`]).
+fn verdict(ends: &[HostEnd], timed_out: bool, start: Instant) -> i32 {
     let secs = start.elapsed().as_secs_f64();
     let mut failed = Vec::new();
     for (i, e) in ends.iter().enumerate() {
@@ -483,11 +540,7 @@ fn run(
             failed.join(", ")
         );
     }
-    Ok(ClusterOutcome {
-        ends,
-        outputs,
-        code,
-    })
+    code
 }
 
 fn running_names(ends: &[Option<HostEnd>]) -> String {
