@@ -16,9 +16,7 @@ use gdr_doctor::topology::{
 };
 use gdr_doctor::{diagnose, Severity};
 
-#[path = "../../gdr/tests/common/h200.rs"]
-mod h200;
-use h200::h200;
+use gdr_test_support::h200::h200;
 
 /// The recorded non-root RoCE host (`tests/fixtures/doctor/trees/nonroot-roce`).
 fn fixture_tree() -> PathBuf {

@@ -12,11 +12,9 @@
 //! when the initiator's notification arrives (it arrives only after the data). `t9` kills
 //! host 3 and comes last.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::pattern;
+use gdr_test_support::pattern;
 
 use gdr_xfer::staged::EmulatedGpu;
 use gdr_xfer::{

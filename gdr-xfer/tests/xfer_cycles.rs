@@ -15,13 +15,12 @@
 //! each test runs a count that keeps `cargo xtask test` fast. Run in the Soft-RoCE VM by
 //! `cargo xtask test`.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{agent_with, device, pattern};
+use gdr_test_support::xfer::agent_with;
+use gdr_test_support::{device, pattern};
 use gdr_xfer::{Agent, AgentConfig, Desc, Error, Peer, TransferOptions};
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -3,16 +3,15 @@
 //! published agent's lease ends (the process is stopped, so no socket or packet tells), every
 //! transfer pending to it fails at once with `PeerLost`.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::etcd::EtcdServer;
-use common::{agent, device};
+use gdr_test_support::device;
+use gdr_test_support::etcd::EtcdServer;
+use gdr_test_support::xfer::agent;
 use gdr_xfer::directory::{EtcdDirectory, DEFAULT_PREFIX};
 use gdr_xfer::{Desc, Error, Status, TransferOptions};
 
@@ -300,7 +299,7 @@ fn a_stale_record_fails_connect_named_within_its_timeout_and_names_the_address()
     .unwrap();
     dir.put("ghost/endpoint", &record).unwrap();
     // An agent whose own connect timeout is longer than the call's: the call's wins.
-    let finder = common::agent_with(
+    let finder = gdr_test_support::xfer::agent_with(
         gdr_xfer::AgentConfig::new("finder").connect_timeout(Duration::from_secs(30)),
     );
     let timeout = Duration::from_secs(2);

@@ -2,14 +2,13 @@
 //! second process. A 10,000-block paged WRITE and READ with every byte verified on both sides,
 //! and a transfer to a killed peer failing within its deadline.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{agent, device};
+use gdr_test_support::device;
+use gdr_test_support::xfer::agent;
 use gdr_xfer::{BlockTable, Error, Op, TransferOptions};
 
 fn example() -> PathBuf {

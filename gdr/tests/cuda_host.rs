@@ -19,9 +19,7 @@ use gdr::gpu_mr::{
 };
 use gdr::Error;
 
-#[path = "common/h200.rs"]
-mod h200;
-use h200::h200;
+use gdr_test_support::h200::h200;
 
 /// The host facts of the H200 machine (shared/fixtures/h200-vm-probe.txt), with `peer_module`
 /// loaded as well when given.

@@ -26,8 +26,7 @@ use gdr::mr::{AccessFlags, HostMemory, MemoryRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 
-mod common;
-use common::{addr, device};
+use gdr_test_support::{addr, device};
 
 const T: Duration = Duration::from_secs(30);
 

@@ -11,8 +11,8 @@ use gdr::mr::{AccessFlags, MemoryRegion};
 use gdr::wr::SendRequest;
 use gdr::Error;
 
-mod common;
-use common::{device, netdev_of, set_link, wait_port_restored};
+use gdr_test_support::device;
+use gdr_test_support::verbs::{netdev_of, set_link, wait_port_restored};
 
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE whose netdev it may take down (run in the VM: cargo xtask test)"]

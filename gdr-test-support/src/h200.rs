@@ -1,6 +1,6 @@
 //! The H200 of the GPU test machine, as its CUDA driver reported it: the GPU of the recorded
-//! inputs of gdr's `cuda_host` tests and gdr-doctor's `doctor_rules` tests, which include this
-//! file by path (`#[path]`), so registration and the doctor are tested on the same GPU.
+//! inputs of gdr's `cuda_host` tests and gdr-doctor's `doctor_rules` tests, which both take it
+//! from here, so registration and the doctor are tested on the same GPU.
 
 use gdr::cuda::GpuInfo;
 
