@@ -1,5 +1,5 @@
 //! What the workspace's test binaries share, so that each helper is written once: the device under
-//! test, gdr's verbs on it ([`verbs`]), gdr-xfer's agents on it ([`xfer`], feature `xfer`), a
+//! test, resource cycles with leak checks ([`cycles`]), gdr's verbs on it ([`verbs`]), gdr-xfer's agents on it ([`xfer`], feature `xfer`), a
 //! throwaway etcd server ([`etcd`]) and the GPU of the recorded GPU inputs ([`h200`]).
 //!
 //! A dev-dependency only (`publish = false`). gdr's own integration tests use it although it
@@ -20,6 +20,7 @@
 //!
 //! A missing variable is a failure, not a skip: an ignored test that was asked to run must run.
 
+pub mod cycles;
 pub mod etcd;
 pub mod h200;
 pub mod verbs;
