@@ -1,5 +1,6 @@
 //! What the workspace's test binaries share, so that each helper is written once: the device under
-//! test, resource cycles with leak checks ([`cycles`]), gdr's verbs on it ([`verbs`]), gdr-xfer's agents on it ([`xfer`], feature `xfer`), a
+//! test, resource cycles with leak checks ([`cycles`]), gdr's verbs on it ([`verbs`]), gdr-xfer's agents on it ([`xfer`], feature `xfer`), the cluster tier's hosts and rails
+//! ([`cluster`]), a
 //! throwaway etcd server ([`etcd`]) and the GPU of the recorded GPU inputs ([`h200`]).
 //!
 //! A dev-dependency only (`publish = false`). gdr's own integration tests use it although it
@@ -20,6 +21,7 @@
 //!
 //! A missing variable is a failure, not a skip: an ignored test that was asked to run must run.
 
+pub mod cluster;
 pub mod cycles;
 pub mod etcd;
 pub mod h200;
