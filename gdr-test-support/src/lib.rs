@@ -21,6 +21,8 @@
 //!
 //! A missing variable is a failure, not a skip: an ignored test that was asked to run must run.
 
+use std::path::{Path, PathBuf};
+
 pub mod cluster;
 pub mod cycles;
 pub mod etcd;
@@ -37,6 +39,23 @@ pub fn device() -> String {
 /// The IP address of the device under test (`GDR_TEST_ADDR`).
 pub fn addr() -> String {
     std::env::var("GDR_TEST_ADDR").expect("GDR_TEST_ADDR is not set: this test needs the IP address of an RDMA device (cargo xtask test sets it in the VM)")
+}
+
+/// The example `name` of the package under test, which `cargo test` builds next to the test
+/// binaries (`target/<profile>/examples/<name>`); a missing one is a failure.
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary is in target/<profile>/deps");
+    let p = dir.join("examples").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the examples (`cargo test` builds them, or `cargo build --example {name}`)",
+        p.display()
+    );
+    p
 }
 
 /// A pattern that differs for every byte position and every seed.

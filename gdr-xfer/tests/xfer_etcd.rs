@@ -4,33 +4,15 @@
 //! transfer pending to it fails at once with `PeerLost`.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gdr_test_support::device;
 use gdr_test_support::etcd::EtcdServer;
 use gdr_test_support::xfer::agent;
+use gdr_test_support::{device, example};
 use gdr_xfer::directory::{EtcdDirectory, DEFAULT_PREFIX};
 use gdr_xfer::{Desc, Error, Status, TransferOptions};
-
-fn example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("kv_transfer");
-    assert!(
-        p.exists(),
-        "{} is missing: build the examples (cargo test builds them)",
-        p.display()
-    );
-    p
-}
 
 struct Stopped(Child);
 
@@ -48,7 +30,7 @@ fn unsafe_free_signal(pid: u32, sig: &str) {
 }
 
 fn target(etcd: &str, ttl_ms: u64) -> Stopped {
-    let mut child = Command::new(example())
+    let mut child = Command::new(example("kv_transfer"))
         .args(["--serve", "--listen", "127.0.0.1:0", "--device", &device()])
         .args(["--blocks", "10000", "--block-len", "4096"])
         .args(["--etcd", etcd, "--ttl-ms", &ttl_ms.to_string()])
