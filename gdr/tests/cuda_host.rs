@@ -514,8 +514,7 @@ fn page_alignment_for_dma_buf_export() {
 #[test]
 #[ignore = "needs an RDMA device: run in the VM (cargo xtask test) with GDR_TEST_DEVICE=rxe0"]
 fn nic_dma_buf_probe_and_gpu_registration_without_cuda() {
-    let dev = std::env::var("GDR_TEST_DEVICE")
-        .expect("GDR_TEST_DEVICE must name the RDMA device (the VM harness sets it)");
+    let dev = gdr_test_support::device();
     let ctx = gdr::device::Context::open(&dev).expect("open the RDMA device");
     let pd = gdr::pd::ProtectionDomain::new(&ctx).expect("allocate a protection domain");
     let probe = gpu_mr::probe_nic_dma_buf(&pd);
