@@ -5,7 +5,8 @@
 //! * A fake libcuda built here (a few exported stubs) shows the "symbol missing" and "driver too
 //!   old" errors in a child process.
 //! * The registration-path decision and the error hints are pure functions, tested on recorded
-//!   inputs (the H200 probe in shared/fixtures/h200-vm-probe.txt, and variations of it).
+//!   inputs (the GPU test machine's H200 as gdr-test-support/fixtures/h200-vm-probe.txt recorded it,
+//!   and variations of it).
 //! * One device test (ignored here, run in the VM with `GDR_TEST_DEVICE=rxe0`) probes the NIC's
 //!   dma-buf support and tries a GPU registration without libcuda.
 
@@ -21,8 +22,8 @@ use gdr::Error;
 
 use gdr_test_support::h200::h200;
 
-/// The host facts of the H200 machine (shared/fixtures/h200-vm-probe.txt), with `peer_module`
-/// loaded as well when given.
+/// The host facts of the H200 machine (gdr-test-support/fixtures/h200-vm-probe.txt), with
+/// `peer_module` loaded as well when given.
 fn h200_system(peer_module: Option<&str>) -> SystemFacts {
     let mut modules = vec!["nvidia".to_string(), "nvidia_uvm".to_string()];
     modules.extend(peer_module.map(str::to_string));
