@@ -1,7 +1,6 @@
 //! Two processes on one RDMA device: the `rdma_write` example as server and client, and a peer
 //! process killed in the middle of a stream. Run in the Soft-RoCE VM by `cargo xtask test`.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,35 +12,16 @@ use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::wr::SendRequest;
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: this test needs an RDMA device (cargo xtask test runs it in the Soft-RoCE VM)"))
-}
-
-/// `target/<profile>/examples/rdma_write`, built by `cargo test` next to this test binary.
-fn example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples/rdma_write");
-    assert!(
-        p.exists(),
-        "{} is missing: build it with `cargo test` or `cargo build --example rdma_write`",
-        p.display()
-    );
-    p
-}
+use gdr_test_support::{addr, device, example};
 
 fn server(port: u16, extra: &[&str]) -> Child {
-    Command::new(example())
+    Command::new(example("rdma_write"))
         .args([
             "--server",
             "--port",
             &port.to_string(),
             "--device",
-            &env("GDR_TEST_DEVICE"),
+            &device(),
         ])
         .args(extra)
         .stdout(Stdio::piped())
@@ -63,14 +43,14 @@ fn text(o: &Output) -> String {
 fn rdma_write_example_between_two_processes() {
     let port = 18601;
     let srv = server(port, &["--size", "65536"]);
-    let client = Command::new(example())
+    let client = Command::new(example("rdma_write"))
         .args([
             "--connect",
-            &env("GDR_TEST_ADDR"),
+            &addr(),
             "--port",
             &port.to_string(),
             "--device",
-            &env("GDR_TEST_DEVICE"),
+            &device(),
         ])
         .args(["--size", "65536", "--iters", "10"])
         .output()
@@ -92,13 +72,13 @@ fn rdma_write_example_between_two_processes() {
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (cargo xtask test); the VM has no GPU"]
 fn rdma_write_gpu_without_cuda_stops_with_a_clear_error() {
-    let out = Command::new(example())
+    let out = Command::new(example("rdma_write"))
         .args([
             "--server",
             "--port",
             "18602",
             "--device",
-            &env("GDR_TEST_DEVICE"),
+            &device(),
             "--gpu",
         ])
         .output()
@@ -115,7 +95,7 @@ fn peer_process_killed_mid_stream_gives_an_error_completion_not_a_hang() {
     let port = 18603;
     let size = 4096usize;
     let mut srv = server(port, &["--size", &size.to_string()]);
-    let ctx = Context::open(&env("GDR_TEST_DEVICE")).unwrap();
+    let ctx = Context::open(&device()).unwrap();
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let cq = CompletionQueue::new(&ctx, 64).unwrap();
     // ACK timeout 4.096 us * 2^12 = 17 ms, 3 retries: the failure must surface in well under a second
@@ -126,11 +106,7 @@ fn peer_process_killed_mid_stream_gives_an_error_completion_not_a_hang() {
         .build()
         .unwrap();
     let mr = MemoryRegion::new(&pd, size, AccessFlags::LOCAL_WRITE).unwrap();
-    let mut link = TcpLink::connect(
-        (env("GDR_TEST_ADDR").as_str(), port),
-        Duration::from_secs(20),
-    )
-    .unwrap();
+    let mut link = TcpLink::connect((addr().as_str(), port), Duration::from_secs(20)).unwrap();
     let peer = connect::handshake(&mut link, &qp, &[]).unwrap();
     let remote = peer.regions[0].slice(..size as u64).unwrap();
     let local = [mr.slice(..).unwrap()];
@@ -187,13 +163,13 @@ fn locked_memory_limit_too_small_gives_the_memlock_hint() {
             "--clear-groups",
             "--inh-caps=-all",
         ])
-        .arg(example())
+        .arg(example("rdma_write"))
         .args([
             "--server",
             "--port",
             "18604",
             "--device",
-            &env("GDR_TEST_DEVICE"),
+            &device(),
             "--size",
             "67108864",
         ])

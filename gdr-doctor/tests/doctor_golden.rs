@@ -573,14 +573,15 @@ fn port_down() -> Snapshot {
     s
 }
 
-/// The GPU test machine as shared/fixtures/h200-vm-probe.txt read it: one H200 at
+/// The GPU test machine as gdr-test-support/fixtures/h200-vm-probe.txt read it: one H200 at
 /// 0000:00:06.0 on the root bus of a VM, virtio devices, no RDMA device, the open kernel
 /// module 580.159.04, CUDA 13.0 with every GPUDirect attribute on, no peer-memory module.
 /// Device ids, link speeds, cpuinfo and limits were not in the probe: left unknown, except the
-/// hypervisor flag (shared/GPU.md: the machine is a VM).
+/// hypervisor flag (the machine is a VM: README, "The GPU machine").
 fn h200_vm() -> Snapshot {
-    let mut s =
-        Snapshot::new("fixture h200-vm, from shared/fixtures/h200-vm-probe.txt (2026-11-30)");
+    let mut s = Snapshot::new(
+        "fixture h200-vm, from gdr-test-support/fixtures/h200-vm-probe.txt (2026-11-30)",
+    );
     for (bdf, class, vendor) in [
         ("0000:00:00.0", 0x060000, 0x8086),
         ("0000:00:01.0", 0x018000, 0x1af4),

@@ -16,9 +16,7 @@ use gdr_doctor::topology::{
 };
 use gdr_doctor::{diagnose, Severity};
 
-#[path = "../../gdr/tests/common/h200.rs"]
-mod h200;
-use h200::h200;
+use gdr_test_support::h200::h200;
 
 /// The recorded non-root RoCE host (`tests/fixtures/doctor/trees/nonroot-roce`).
 fn fixture_tree() -> PathBuf {
@@ -236,8 +234,7 @@ fn registration_inputs_round_trip_through_json() {
 #[test]
 #[ignore = "needs an RDMA device: run in the VM (cargo xtask test) with GDR_TEST_DEVICE=rxe0"]
 fn live_collection_records_the_nic_dma_buf_probe_of_registration() {
-    let dev = std::env::var("GDR_TEST_DEVICE")
-        .expect("GDR_TEST_DEVICE must name the RDMA device (the VM harness sets it)");
+    let dev = gdr_test_support::device();
     // Registration's probe on a protection domain of the device (cached per device name).
     let probe = gpu_mr::probe_nic_dma_buf_by_name(&dev).expect("open the RDMA device");
     let snap = collect_with(Path::new("/"), CollectOptions::live()).expect("collect this machine");

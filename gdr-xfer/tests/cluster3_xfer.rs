@@ -12,11 +12,10 @@
 //! when the initiator's notification arrives (it arrives only after the data). `t9` kills
 //! host 3 and comes last.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::pattern;
+use gdr_test_support::cluster::{self, device, env, fault, sent_pkts};
+use gdr_test_support::pattern;
 
 use gdr_xfer::staging::EmulatedGpu;
 use gdr_xfer::{
@@ -31,36 +30,19 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// Block size of the streams.
 const BLOCK: u64 = 1 << 20;
 
-fn env(k: &str) -> String {
-    std::env::var(k).unwrap_or_else(|_| {
-        panic!("{k} is not set: this test needs the cluster (cargo xtask test runs it)")
-    })
-}
-
 fn me() -> u32 {
     assert_eq!(env("GDR_HOSTS"), "3", "these tests need exactly 3 hosts");
     assert_eq!(env("GDR_RAILS"), "2", "these tests need exactly 2 rails");
     env("GDR_HOST_INDEX").parse().unwrap()
 }
 
-fn device(rail: u32) -> String {
-    env(&format!("GDR_RAIL{rail}_DEVICE"))
-}
-
+/// Host `host`'s address on rail 0, where the control links go.
 fn addr(host: u32) -> String {
-    env(&format!("GDR_HOST{host}_RAIL0_ADDR"))
+    cluster::addr(host, 0)
 }
 
 fn port(test: u16) -> u16 {
     19000 + test
-}
-
-fn fault(args: &[&str]) {
-    let st = std::process::Command::new(env("GDR_FAULT"))
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(st.success(), "gdr-fault {args:?}: {st}");
 }
 
 /// A fault this test put on one of host 2's rails.
@@ -118,19 +100,6 @@ impl Drop for Faults {
                 .status();
         }
     }
-}
-
-/// Packets rxe sent on rail `rail` so far.
-fn sent_pkts(rail: u32) -> u64 {
-    let p = format!(
-        "/sys/class/infiniband/{}/ports/1/hw_counters/sent_pkts",
-        device(rail)
-    );
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{p}: {e}"))
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// An agent on both rails, named after the host and test (the engine's log on stderr, at

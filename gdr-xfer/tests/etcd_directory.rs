@@ -1,12 +1,10 @@
 //! The etcd directory against a real etcd (Debian's etcd-server, started by each test on loopback
-//! through `common::etcd::EtcdServer`).
-
-mod common;
+//! through `gdr_test_support::etcd::EtcdServer`).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::etcd::EtcdServer;
+use gdr_test_support::etcd::EtcdServer;
 use gdr_xfer::directory::{
     EtcdConfig, EtcdDirectory, Watch, WatchEvent, MAX_KEY_LEN, MAX_VALUE_LEN,
 };

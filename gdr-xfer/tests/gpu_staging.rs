@@ -1,7 +1,7 @@
 //! GPU tier for host staging (`gdr_xfer::staging`) and the asynchronous copies under it
 //! (`gdr::cuda::Stream`). Needs a CUDA GPU (no RDMA device): run on the GPU machine with
-//! `--ignored --test-threads=1 --nocapture` (`cargo xtask gpu-bundle`, shared/GPU.md). Without a
-//! GPU each test fails loudly at `gpu()`.
+//! `--ignored --test-threads=1 --nocapture` (`cargo xtask gpu-bundle`; README, "The GPU machine").
+//! Without a GPU each test fails loudly at `gpu()`.
 //!
 //! `gpu_staging_throughput` is the staging target: for 16 MiB, 256 MiB and 1 GiB it
 //! measures plain pinned `cuMemcpy` D2H and H2D (the bandwidth PyTorch's pinned copies reach),

@@ -11,12 +11,10 @@
 //! `cuMemcpyAsync` copies); WRITE and READ between them and a host segment, checked byte for
 //! byte by copying the GPU memory back with CUDA.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::pattern;
+use gdr_test_support::pattern;
 
 use gdr::cuda::DeviceBuffer;
 use gdr_xfer::{Agent, AgentConfig, Desc, GpuStaging, SegmentPath, TransferOptions};
@@ -25,7 +23,7 @@ const WAIT: Duration = Duration::from_secs(60);
 
 fn config(name: &str, staging: GpuStaging) -> AgentConfig {
     AgentConfig::new(name)
-        .device(common::device())
+        .device(gdr_test_support::device())
         .gpu_staging(staging)
 }
 

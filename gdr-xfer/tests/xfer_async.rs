@@ -2,14 +2,13 @@
 //! for its segment, notifications as a future and as a stream; each wakes when its condition
 //! comes, and each ends with a typed error when the agent or the peer goes.
 
-mod common;
-
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::time::Duration;
 
-use common::{agent, pattern};
 use futures_core::Stream;
+use gdr_test_support::pattern;
+use gdr_test_support::xfer::agent;
 use gdr_xfer::{Desc, Error, TransferOptions};
 
 const WAIT: Duration = Duration::from_secs(60);

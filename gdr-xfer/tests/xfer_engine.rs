@@ -2,12 +2,11 @@
 //! merging and slicing, notifications after the data, memory kept alive by requests in flight,
 //! and every bad input refused before anything is posted.
 
-mod common;
-
 use std::future::Future;
 use std::time::Duration;
 
-use common::{agent, agent_with, connected, pattern};
+use gdr_test_support::pattern;
+use gdr_test_support::xfer::{agent, agent_with, connected};
 use gdr_xfer::{
     AgentConfig, BlockTable, Desc, Error, LocalList, Op, Side, Status, TransferOptions,
 };

@@ -3,35 +3,16 @@
 //! published agent's lease ends (the process is stopped, so no socket or packet tells), every
 //! transfer pending to it fails at once with `PeerLost`.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::etcd::EtcdServer;
-use common::{agent, device};
+use gdr_test_support::etcd::EtcdServer;
+use gdr_test_support::xfer::agent;
+use gdr_test_support::{device, example};
 use gdr_xfer::directory::{EtcdDirectory, DEFAULT_PREFIX};
 use gdr_xfer::{Desc, Error, Status, TransferOptions};
-
-fn example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("kv_transfer");
-    assert!(
-        p.exists(),
-        "{} is missing: build the examples (cargo test builds them)",
-        p.display()
-    );
-    p
-}
 
 struct Stopped(Child);
 
@@ -49,7 +30,7 @@ fn unsafe_free_signal(pid: u32, sig: &str) {
 }
 
 fn target(etcd: &str, ttl_ms: u64) -> Stopped {
-    let mut child = Command::new(example())
+    let mut child = Command::new(example("kv_transfer"))
         .args(["--serve", "--listen", "127.0.0.1:0", "--device", &device()])
         .args(["--blocks", "10000", "--block-len", "4096"])
         .args(["--etcd", etcd, "--ttl-ms", &ttl_ms.to_string()])
@@ -300,7 +281,7 @@ fn a_stale_record_fails_connect_named_within_its_timeout_and_names_the_address()
     .unwrap();
     dir.put("ghost/endpoint", &record).unwrap();
     // An agent whose own connect timeout is longer than the call's: the call's wins.
-    let finder = common::agent_with(
+    let finder = gdr_test_support::xfer::agent_with(
         gdr_xfer::AgentConfig::new("finder").connect_timeout(Duration::from_secs(30)),
     );
     let timeout = Duration::from_secs(2);

@@ -2,11 +2,9 @@
 //! asks a prefill agent for 2,000 blocks in one 16 KiB message; sizes are the receiver's; a
 //! receiver that does not take its messages holds the sender back without losing any.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{agent_with, connected};
+use gdr_test_support::xfer::{agent_with, connected};
 use gdr_xfer::{AgentConfig, Error, TransferOptions};
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -1,13 +1,11 @@
 //! Metrics (feature `metrics`) scraped from a real Prometheus exporter over HTTP, after real
 //! transfers: counters by outcome, bytes, durations, and the rails.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{agent, connected};
+use gdr_test_support::xfer::{agent, connected};
 use gdr_xfer::{Desc, TransferOptions};
 
 const WAIT: Duration = Duration::from_secs(60);

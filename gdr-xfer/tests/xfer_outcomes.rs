@@ -3,11 +3,10 @@
 //! with the engine's promise asserted: an outcome means the memory is quiet; one caller's
 //! mistake fails only its own transfer; hostile and extreme inputs get typed answers.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{agent, agent_with, connected, pattern};
+use gdr_test_support::pattern;
+use gdr_test_support::xfer::{agent, agent_with, connected};
 use gdr_xfer::{AgentConfig, BlockTable, Desc, Error, Op, Status, TransferOptions};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -216,7 +215,7 @@ fn another_agents_segment_is_refused_and_fails_nothing_else() {
     let (a, b, pb, _pa) = connected(agent("f2a"), agent("f2b"));
     let other = gdr_xfer::Agent::new(
         AgentConfig::new("f2c")
-            .device(common::device())
+            .device(gdr_test_support::device())
             .max_rails(1),
     )
     .unwrap();

@@ -1,11 +1,10 @@
 //! The layer-aware block table (`Peer::transfer_pools`): 32 layers x {K, V} x 2,000 blocks in
 //! one call, every byte checked, against the same move as 64 separate block tables.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{agent, connected, pattern};
+use gdr_test_support::pattern;
+use gdr_test_support::xfer::{agent, connected};
 use gdr_xfer::{BlockTable, Op, PoolTable, TransferOptions, TransferStats};
 
 const WAIT: Duration = Duration::from_secs(120);

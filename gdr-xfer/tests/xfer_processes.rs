@@ -2,31 +2,17 @@
 //! second process. A 10,000-block paged WRITE and READ with every byte verified on both sides,
 //! and a transfer to a killed peer failing within its deadline.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{agent, device};
+use gdr_test_support::xfer::agent;
+use gdr_test_support::{device, example};
 use gdr_xfer::{BlockTable, Error, Op, TransferOptions};
-
-fn example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let p = dir.join("examples").join("kv_transfer");
-    assert!(
-        p.exists(),
-        "{} is missing: build the examples (cargo test builds them)",
-        p.display()
-    );
-    p
-}
 
 /// Starts the target and returns it with the address it listens on.
 fn target(blocks: u32, block_len: u64) -> (Child, String) {
-    let mut child = Command::new(example())
+    let mut child = Command::new(example("kv_transfer"))
         .args(["--serve", "--listen", "127.0.0.1:0", "--device", &device()])
         .args([
             "--blocks",
@@ -59,7 +45,7 @@ fn target(blocks: u32, block_len: u64) -> (Child, String) {
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn ten_thousand_blocks_written_and_read_back_between_two_processes() {
     let (mut t, addr) = target(10_000, 4096);
-    let out = Command::new(example())
+    let out = Command::new(example("kv_transfer"))
         .args([
             "--connect",
             &addr,

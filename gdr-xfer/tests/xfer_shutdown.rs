@@ -2,11 +2,10 @@
 //! pending transfers given their grace time and then failed with `AgentClosed`, every outcome
 //! counted, the peer told.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{agent, connected, pattern};
+use gdr_test_support::pattern;
+use gdr_test_support::xfer::{agent, connected};
 use gdr_xfer::{Desc, Error, Location, TransferOptions};
 
 const WAIT: Duration = Duration::from_secs(60);

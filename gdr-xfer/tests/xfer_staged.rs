@@ -4,12 +4,11 @@
 //! and listed, mixed with host memory; the notification after all the data; deadlines and dead
 //! peers; bounce buffers reused only once the NIC let go of them; memory held until the end.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{agent, agent_with, connected, pattern};
+use gdr_test_support::pattern;
+use gdr_test_support::xfer::{agent, agent_with, connected};
 use gdr_xfer::staging::EmulatedGpu;
 use gdr_xfer::staging::StagingConfig;
 use gdr_xfer::{
@@ -399,7 +398,7 @@ fn bad_input_on_staged_segments_is_refused_before_anything_moves() {
     // Staging config errors are typed.
     let e = Agent::new(
         AgentConfig::new("bad")
-            .device(common::device())
+            .device(gdr_test_support::device())
             .staging(StagingConfig::new(0, 4)),
     )
     .unwrap_err();
@@ -533,7 +532,7 @@ fn another_agents_staged_segment_is_refused_and_staging_goes_on() {
     let (a, b, pb, _pa) = connected(staged_agent("fsa", 1 << 20, 4), agent("fsb"));
     let other = Agent::new(
         AgentConfig::new("fsc")
-            .device(common::device())
+            .device(gdr_test_support::device())
             .max_rails(1),
     )
     .unwrap();

@@ -1,7 +1,8 @@
 //! Cluster tier: two hosts, several rails, faults. Every test runs on both hosts at once (the same
 //! binary, the same order, `--test-threads=1`); host 1 is the passive side, host 2 the active
 //! one. Out-of-band exchanges go over TCP on a rail's addresses (10.78.<rail>.<host>, inside the
-//! guests only). Run by `cargo xtask test --cluster`, or by hand:
+//! guests only; `gdr_test_support::cluster` reads them). Run by `cargo xtask test` (or only this
+//! tier: `cargo xtask test --cluster-only`), or by hand:
 //! `cargo xtask cluster -- target/debug/deps/cluster_rails-* --ignored --test-threads=1`.
 //!
 //! Tests are named `tN_...` so that libtest's alphabetical order is the order here: `t9` kills
@@ -24,6 +25,8 @@ use gdr::pd::ProtectionDomain;
 use gdr::qp::{QpState, QueuePair, QueuePairBuilder};
 use gdr::wr::{RecvRequest, SendRequest};
 
+use gdr_test_support::cluster::{addr, device, env, fault, sent_pkts};
+
 const T: Duration = Duration::from_secs(30);
 /// How long a host waits for its peer to reach the same test (boot skew, a slower test before).
 const MEET: Duration = Duration::from_secs(120);
@@ -32,12 +35,6 @@ const FAIL_BOUND: Duration = Duration::from_secs(20);
 /// Local ACK timeout exponent and retry count of the queue pairs that must fail in bounded time.
 const ACK_TIMEOUT: u8 = 14;
 const RETRIES: u8 = 3;
-
-fn env(k: &str) -> String {
-    std::env::var(k).unwrap_or_else(|_| {
-        panic!("{k} is not set: this test needs the cluster (cargo xtask test --cluster)")
-    })
-}
 
 fn me() -> u32 {
     let h: u32 = env("GDR_HOST_INDEX").parse().unwrap();
@@ -54,16 +51,8 @@ fn rails() -> u32 {
     env("GDR_RAILS").parse().unwrap()
 }
 
-fn device(rail: u32) -> String {
-    env(&format!("GDR_RAIL{rail}_DEVICE"))
-}
-
 fn gid_index(rail: u32) -> u32 {
     env(&format!("GDR_RAIL{rail}_GID_INDEX")).parse().unwrap()
-}
-
-fn addr(host: u32, rail: u32) -> String {
-    env(&format!("GDR_HOST{host}_RAIL{rail}_ADDR"))
 }
 
 /// The TCP port of test `test` on rail `rail`.
@@ -106,19 +95,6 @@ fn bytes(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
-}
-
-/// Packets rxe sent on rail `rail` so far (the port's hardware counter).
-fn sent_pkts(rail: u32) -> u64 {
-    let p = format!(
-        "/sys/class/infiniband/{}/ports/1/hw_counters/sent_pkts",
-        device(rail)
-    );
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{p}: {e}"))
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// A queue pair on rail `rail`'s device with its RoCE v2 GID.
@@ -341,15 +317,6 @@ fn t2_rdma_cm_connect_accept_on_every_rail() {
             device(rail)
         );
     }
-}
-
-/// Runs `gdr-fault` with `args`; panics unless it succeeded.
-fn fault(args: &[&str]) {
-    let st = std::process::Command::new(env("GDR_FAULT"))
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(st.success(), "gdr-fault {args:?}: {st}");
 }
 
 /// What a stream of writes to the peer saw.

@@ -5,7 +5,8 @@
 //! * A fake libcuda built here (a few exported stubs) shows the "symbol missing" and "driver too
 //!   old" errors in a child process.
 //! * The registration-path decision and the error hints are pure functions, tested on recorded
-//!   inputs (the H200 probe in shared/fixtures/h200-vm-probe.txt, and variations of it).
+//!   inputs (the GPU test machine's H200 as gdr-test-support/fixtures/h200-vm-probe.txt recorded it,
+//!   and variations of it).
 //! * One device test (ignored here, run in the VM with `GDR_TEST_DEVICE=rxe0`) probes the NIC's
 //!   dma-buf support and tries a GPU registration without libcuda.
 
@@ -19,12 +20,10 @@ use gdr::gpu_mr::{
 };
 use gdr::Error;
 
-#[path = "common/h200.rs"]
-mod h200;
-use h200::h200;
+use gdr_test_support::h200::h200;
 
-/// The host facts of the H200 machine (shared/fixtures/h200-vm-probe.txt), with `peer_module`
-/// loaded as well when given.
+/// The host facts of the H200 machine (gdr-test-support/fixtures/h200-vm-probe.txt), with
+/// `peer_module` loaded as well when given.
 fn h200_system(peer_module: Option<&str>) -> SystemFacts {
     let mut modules = vec!["nvidia".to_string(), "nvidia_uvm".to_string()];
     modules.extend(peer_module.map(str::to_string));
@@ -516,8 +515,7 @@ fn page_alignment_for_dma_buf_export() {
 #[test]
 #[ignore = "needs an RDMA device: run in the VM (cargo xtask test) with GDR_TEST_DEVICE=rxe0"]
 fn nic_dma_buf_probe_and_gpu_registration_without_cuda() {
-    let dev = std::env::var("GDR_TEST_DEVICE")
-        .expect("GDR_TEST_DEVICE must name the RDMA device (the VM harness sets it)");
+    let dev = gdr_test_support::device();
     let ctx = gdr::device::Context::open(&dev).expect("open the RDMA device");
     let pd = gdr::pd::ProtectionDomain::new(&ctx).expect("allocate a protection domain");
     let probe = gpu_mr::probe_nic_dma_buf(&pd);

@@ -1,8 +1,8 @@
 //! GPU tier for `gdr::cuda` and the pre-registration checks of `gdr::gpu_mr`.
 //!
 //! Every test needs a CUDA GPU and is ignored elsewhere; run with
-//! `--ignored --test-threads=1 --nocapture` on the GPU machine (shared/GPU.md). Without a GPU each
-//! test fails loudly at `gpu()`.
+//! `--ignored --test-threads=1 --nocapture` on the GPU machine (`cargo xtask gpu-bundle`; README,
+//! "The GPU machine"). Without a GPU each test fails loudly at `gpu()`.
 
 use std::sync::Arc;
 

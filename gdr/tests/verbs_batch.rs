@@ -2,8 +2,6 @@
 //! where named, the region stays alive until the batch's last completion and is released after,
 //! and every bad piece is refused before anything is posted.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,10 +9,12 @@ use gdr::mr::{AccessFlags, MemoryRegion, RemoteSlice};
 use gdr::qp::{BatchOp, RdmaPiece};
 use gdr::Error;
 
+use gdr_test_support::verbs;
+
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn a_batch_lands_piece_by_piece_and_holds_its_region_until_the_last_completion() {
-    let p = common::pair_of(true, |b| b.max_send_wr(256));
+    let p = verbs::pair_of(true, |b| b.max_send_wr(256));
     let n = 200usize;
     let piece = 512usize;
     let src = MemoryRegion::new(&p.pd, n * piece, AccessFlags::LOCAL_WRITE).unwrap();
@@ -63,7 +63,7 @@ fn a_batch_lands_piece_by_piece_and_holds_its_region_until_the_last_completion()
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn bad_pieces_are_refused_before_anything_is_posted() {
-    let p = common::pair_of(true, |b| b.max_send_wr(16));
+    let p = verbs::pair_of(true, |b| b.max_send_wr(16));
     let src = MemoryRegion::new(&p.pd, 4096, AccessFlags::empty()).unwrap();
     let dst = MemoryRegion::new(&p.pd, 4096, AccessFlags::remote_rw()).unwrap();
     let r = dst.remote();
@@ -109,7 +109,7 @@ fn bad_pieces_are_refused_before_anything_is_posted() {
             .unwrap_err();
     assert!(matches!(e, Error::QueueFull { .. }), "{e}");
     // Another protection domain's region.
-    let other = common::pd();
+    let other = verbs::pd();
     let foreign = MemoryRegion::new(&other, 4096, AccessFlags::LOCAL_WRITE).unwrap();
     let e =
         p.a.post_rdma_batch(BatchOp::Write, &foreign.slice(..).unwrap(), &[ok])
@@ -117,7 +117,7 @@ fn bad_pieces_are_refused_before_anything_is_posted() {
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert_eq!(p.a.send_outstanding(), 0, "nothing was posted");
     // Before connect: refused.
-    let q = common::pair_of(false, |b| b);
+    let q = verbs::pair_of(false, |b| b);
     let s = MemoryRegion::new(&q.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
     let e =
         q.a.post_rdma_batch(BatchOp::Write, &s.slice(..).unwrap(), &[ok])

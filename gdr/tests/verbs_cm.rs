@@ -15,8 +15,7 @@ use gdr::qp::{QpState, QueuePair};
 use gdr::wr::{RecvRequest, SendRequest};
 use gdr::Error;
 
-mod common;
-use common::{addr, device};
+use gdr_test_support::{addr, device};
 
 const T: Duration = Duration::from_secs(10);
 

@@ -2,22 +2,20 @@
 //! check that every kernel object is given back and the process does not grow.
 //!
 //! After each chunk of cycles (1,000 in a full run) a test compares `rdma res show`'s counts
-//! (pd, mr, cq, qp, cm_id) with the baseline taken before the first cycle, and the process's
-//! resident memory and open file descriptors with theirs, and prints one table row. Repeated
-//! registration of the same memory must not slow down: the last chunk may take at most three
-//! times the first.
+//! (pd, mr, cq, qp, cm_id) with the baseline taken after one warm-up cycle, and the process's
+//! resident memory, open file descriptors and threads with theirs, and prints one table row
+//! (`gdr_test_support::cycles`, shared with gdr-xfer's `xfer_cycles`). Repeated registration of
+//! the same memory must not slow down: the last chunk may take at most three times the first.
 //!
 //! The number of cycles per test is `GDR_CYCLES` (the full run: `GDR_CYCLES=10000 cargo xtask
 //! test --vm-only --timeout 2700 cycles`, every test here has `cycles` in its name; about 19
 //! minutes under emulation); without it each test runs a count chosen to keep `cargo xtask test`
 //! fast (about 35 s in the VM). Run in the Soft-RoCE VM by `cargo xtask test`.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::process::Command;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gdr::connect::cm;
 use gdr::cq::CompletionQueue;
@@ -26,198 +24,10 @@ use gdr::mr::{AccessFlags, HostMemory, MemoryRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 
-mod common;
-use common::{addr, device};
+use gdr_test_support::cycles::{cycles, run_cycles};
+use gdr_test_support::{addr, device};
 
 const T: Duration = Duration::from_secs(30);
-
-/// The counts `rdma res show` reports that the cycles must give back.
-const KINDS: [&str; 5] = ["pd", "mr", "cq", "qp", "cm_id"];
-
-/// Resident memory may grow this much over a run (allocator caches, lazily built tables).
-const RSS_SLACK_KIB: u64 = 4096;
-
-/// What is measured at a checkpoint.
-#[derive(Debug, Clone, PartialEq)]
-struct Sample {
-    /// `rdma res show` counts of the device under test, by kind.
-    res: BTreeMap<String, u64>,
-    rss_kib: u64,
-    fds: usize,
-}
-
-/// `rdma res show`'s counts for the device under test (`0: rxe0: pd 1 cq 2 qp 1 cm_id 0 mr 0`).
-fn rdma_res() -> BTreeMap<String, u64> {
-    let out = Command::new("rdma")
-        .args(["res", "show"])
-        .output()
-        .expect("run `rdma res show` (iproute2's rdma tool)");
-    assert!(
-        out.status.success(),
-        "rdma res show failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let dev = device();
-    let line = text
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some(&format!("{dev}:")))
-        .unwrap_or_else(|| panic!("no line for {dev} in `rdma res show`:\n{text}"));
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let mut res = BTreeMap::new();
-    for kind in KINDS {
-        let n = words
-            .iter()
-            .position(|w| *w == kind)
-            .and_then(|i| words.get(i + 1))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no {kind} count in `rdma res show`: {line}"));
-        res.insert(kind.to_string(), n);
-    }
-    res
-}
-
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmRSS in /proc/self/status")
-}
-
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("read /proc/self/fd")
-        .count()
-}
-
-fn sample() -> Sample {
-    Sample {
-        res: rdma_res(),
-        rss_kib: rss_kib(),
-        fds: open_fds(),
-    }
-}
-
-fn res_text(res: &BTreeMap<String, u64>) -> String {
-    KINDS
-        .iter()
-        .map(|k| format!("{k} {}", res[*k]))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Cycles per test: `GDR_CYCLES`, else `default`.
-fn cycles(default: usize) -> usize {
-    match std::env::var("GDR_CYCLES") {
-        Ok(v) => v
-            .parse()
-            .ok()
-            .filter(|&n| n > 0)
-            .unwrap_or_else(|| panic!("GDR_CYCLES={v:?} is not a positive number")),
-        Err(_) => default,
-    }
-}
-
-/// What a cycle test measured: a row per chunk.
-struct Row {
-    done: usize,
-    sample: Sample,
-    chunk: Duration,
-}
-
-/// Runs `cycle` `n` times (one warm-up cycle before the baseline: libibverbs and librdmacm open
-/// their device files once per process), checking after each chunk (1,000 cycles, or a quarter
-/// of a shorter run) that the kernel objects are back at the baseline and fds and RSS are flat.
-/// Prints the table; returns the rows.
-///
-/// `cycle(i, probe)` calls `probe()` while its objects live: in the warm-up cycle that takes
-/// `rdma res show`'s counts, which must exceed the baseline's for each kind of `held` (so the
-/// counts the checkpoints compare do see the objects the cycle makes).
-fn run_cycles(
-    name: &str,
-    n: usize,
-    held: &[&str],
-    mut cycle: impl FnMut(usize, &mut dyn FnMut()),
-) -> Vec<Row> {
-    let mut during = None;
-    cycle(0, &mut || during = Some(rdma_res()));
-    let during = during.unwrap_or_else(|| panic!("{name}: the cycle never called probe()"));
-    let base = sample();
-    for kind in held {
-        assert!(
-            during[*kind] > base.res[*kind],
-            "{name}: `rdma res show` counted {kind} {} while a cycle's objects lived, {} without",
-            during[*kind],
-            base.res[*kind]
-        );
-    }
-    let chunk = 1000.min(n.div_ceil(4)).max(1);
-    let mut rows = Vec::new();
-    let mut done = 0;
-    let start = Instant::now();
-    while done < n {
-        let this = chunk.min(n - done);
-        let t = Instant::now();
-        for i in 0..this {
-            cycle(done + i + 1, &mut || {});
-        }
-        let elapsed = t.elapsed();
-        done += this;
-        let s = sample();
-        assert_eq!(
-            s.res,
-            base.res,
-            "{name}: after {done} cycles `rdma res show` is {} (baseline {})",
-            res_text(&s.res),
-            res_text(&base.res)
-        );
-        assert_eq!(
-            s.fds, base.fds,
-            "{name}: {} open fds after {done} cycles, {} at the baseline",
-            s.fds, base.fds
-        );
-        rows.push(Row {
-            done,
-            sample: s,
-            chunk: elapsed,
-        });
-    }
-    let last = &rows.last().expect("at least one chunk").sample;
-    println!(
-        "cycles {name}: {n} cycles in {:.1} s",
-        start.elapsed().as_secs_f64()
-    );
-    println!(
-        "cycles {name}:   baseline: {}; RSS {} KiB; {} fds",
-        res_text(&base.res),
-        base.rss_kib,
-        base.fds
-    );
-    for r in &rows {
-        println!(
-            "cycles {name}:   after {:>6}: {}; RSS {} KiB; {} fds; {} cycles in {:.0} ms ({:.2} ms/cycle)",
-            r.done,
-            res_text(&r.sample.res),
-            r.sample.rss_kib,
-            r.sample.fds,
-            chunk.min(r.done),
-            r.chunk.as_secs_f64() * 1000.0,
-            r.chunk.as_secs_f64() * 1000.0 / chunk.min(r.done) as f64
-        );
-    }
-    // RSS is flat: the end is within the slack of the first checkpoint (the first chunk may
-    // still fill allocator caches) and of the baseline.
-    let first = rows[0].sample.rss_kib;
-    assert!(
-        last.rss_kib <= first + RSS_SLACK_KIB && last.rss_kib <= base.rss_kib + 2 * RSS_SLACK_KIB,
-        "{name}: RSS grew from {} KiB (baseline) / {first} KiB (first chunk) to {} KiB",
-        base.rss_kib,
-        last.rss_kib
-    );
-    rows
-}
 
 fn ctx() -> Arc<Context> {
     Context::open(&device()).expect("open the test device")
@@ -236,7 +46,7 @@ fn connected_pair(pd: &Arc<ProtectionDomain>, cq: &Arc<CompletionQueue>) -> (Que
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn context_cycles() {
     let dev = device();
-    run_cycles("context", cycles(1000), &["pd"], |_, probe| {
+    run_cycles("context", cycles(1000), &["pd"], &[], |_, probe| {
         let c = Context::open(&dev).unwrap();
         // A context alone is no `rdma res` object: its first PD shows it is open.
         let pd = ProtectionDomain::new(&c).unwrap();
@@ -250,7 +60,7 @@ fn context_cycles() {
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn protection_domain_cycles() {
     let ctx = ctx();
-    run_cycles("pd", cycles(1000), &["pd"], |_, probe| {
+    run_cycles("pd", cycles(1000), &["pd"], &[], |_, probe| {
         let pd = ProtectionDomain::new(&ctx).unwrap();
         probe();
         drop(pd);
@@ -261,7 +71,7 @@ fn protection_domain_cycles() {
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn host_region_cycles() {
     let pd = ProtectionDomain::new(&ctx()).unwrap();
-    run_cycles("host region", cycles(1000), &["mr"], |i, probe| {
+    run_cycles("host region", cycles(1000), &["mr"], &[], |i, probe| {
         let mr = MemoryRegion::new(&pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
         probe();
         mr.write(0, &(i as u64).to_le_bytes()).unwrap();
@@ -273,7 +83,7 @@ fn host_region_cycles() {
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn completion_queue_with_channel_cycles() {
     let ctx = ctx();
-    run_cycles("cq with channel", cycles(1000), &["cq"], |_, probe| {
+    run_cycles("cq with channel", cycles(1000), &["cq"], &[], |_, probe| {
         let cq = CompletionQueue::with_channel(&ctx, 64).unwrap();
         probe();
         cq.arm().unwrap();
@@ -292,7 +102,7 @@ fn queue_pair_to_rts_cycles() {
     // dispatch table until a poll finds the CQ empty, so RSS creeps by about 8 bytes per QP
     // here (+184 KiB over 10,000 cycles in the full run), well inside the slack.
     let cq = CompletionQueue::new(pd.context(), 256).unwrap();
-    run_cycles("qp pair to RTS", cycles(500), &["qp"], |_, probe| {
+    run_cycles("qp pair to RTS", cycles(500), &["qp"], &[], |_, probe| {
         let (a, b) = connected_pair(&pd, &cq);
         probe();
         assert_eq!(a.state().unwrap(), gdr::QpState::Rts);
@@ -308,6 +118,7 @@ fn whole_stack_cycles() {
         "whole stack",
         cycles(250),
         &["pd", "mr", "cq", "qp"],
+        &[],
         |i, probe| {
             let ctx = Context::open(&dev).unwrap();
             let pd = ProtectionDomain::new(&ctx).unwrap();
@@ -354,6 +165,7 @@ fn rdma_cm_connect_accept_cycles() {
         "rdma_cm connect/accept",
         cycles(250),
         &["cm_id", "qp"],
+        &[],
         |_, probe| {
             to_server.send(()).unwrap();
             let pending = cm::Connector::resolve(dst, T).unwrap();
@@ -411,6 +223,7 @@ fn registration_cycles_of_the_same_memory_do_not_slow_down() {
         "same 1 MiB registered",
         cycles(1000),
         &["mr"],
+        &[],
         |i, probe| {
             let mr = MemoryRegion::register(
                 &pd,

@@ -8,8 +8,7 @@
 use gdr::device::{Context, DeviceList, Selection};
 use gdr::Error;
 
-mod common;
-use common::device;
+use gdr_test_support::device;
 
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]

@@ -12,8 +12,8 @@ use gdr::wr::SendRequest;
 use gdr::Error;
 use gdr::{CompletionQueue, ProtectionDomain, QueuePair};
 
-mod common;
-use common::{device, netdev_of, set_link, wait_port_restored};
+use gdr_test_support::device;
+use gdr_test_support::verbs::{netdev_of, set_link, wait_port_restored};
 
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE whose netdev it may take down (run in the VM: cargo xtask test)"]

@@ -15,8 +15,8 @@ use gdr::qp::{QpState, QueuePair, WorkQueue};
 use gdr::wr::{Operation, RecvRequest, SendRequest};
 use gdr::Error;
 
-mod common;
-use common::{device, pair_of, Pair};
+use gdr_test_support::device;
+use gdr_test_support::verbs::{pair_of, Pair};
 
 const T: Duration = Duration::from_secs(10);
 

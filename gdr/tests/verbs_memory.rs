@@ -17,8 +17,8 @@ use gdr::qp::QueuePair;
 use gdr::wr::SendRequest;
 use gdr::Error;
 
-mod common;
-use common::{device, pd};
+use gdr_test_support::device;
+use gdr_test_support::verbs::pd;
 
 const T: Duration = Duration::from_secs(10);
 

@@ -17,8 +17,8 @@ use gdr::qp::{QpState, QueuePair, WorkQueue};
 use gdr::wr::{RecvRequest, SendRequest};
 use gdr::Error;
 
-mod common;
-use common::{device, drain_for, pair_of as pair};
+use gdr_test_support::device;
+use gdr_test_support::verbs::{drain_for, pair_of as pair};
 
 const T: Duration = Duration::from_secs(20);
 

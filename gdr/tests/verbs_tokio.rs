@@ -16,8 +16,7 @@ use gdr::qp::{QueuePair, WorkQueue};
 use gdr::wr::{RecvRequest, SendRequest};
 use gdr::Error;
 
-mod common;
-use common::device;
+use gdr_test_support::{device, verbs};
 
 struct Pair {
     pd: Arc<ProtectionDomain>,
@@ -313,7 +312,7 @@ fn a_port_taken_down_fails_pending_futures_and_is_an_awaited_event() {
     let b = QueuePair::builder(&pd, &cq_b, &cq_b).build().unwrap();
     a.connect(&b.endpoint()).unwrap();
     b.connect(&a.endpoint()).unwrap();
-    let netdev = common::netdev_of(&device(), ctx.port());
+    let netdev = verbs::netdev_of(&device(), ctx.port());
     let rt = runtime();
     let outcome = rt.block_on(async {
         let events = AsyncDeviceEvents::new(ctx.events().unwrap()).unwrap();
@@ -325,7 +324,7 @@ fn a_port_taken_down_fails_pending_futures_and_is_an_awaited_event() {
             .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         let down = Instant::now();
-        common::set_link(&netdev, false);
+        verbs::set_link(&netdev, false);
         let ev = tokio::time::timeout(Duration::from_secs(15), async {
             loop {
                 let e = events.next().await.unwrap();
@@ -347,8 +346,8 @@ fn a_port_taken_down_fails_pending_futures_and_is_an_awaited_event() {
         };
         (ev, failed, failed_after, late, events)
     });
-    common::set_link(&netdev, true);
-    common::wait_port_restored(&ctx, ctx.port());
+    verbs::set_link(&netdev, true);
+    verbs::wait_port_restored(&ctx, ctx.port());
     let (ev, failed, failed_after, late, _events) = outcome;
     let ev = ev.expect("a port error event within 15 s");
     assert_eq!(ev.subject, EventSubject::Port(ctx.port()));
@@ -407,7 +406,7 @@ fn async_rdma_cm_connect_and_accept() {
     const T: Duration = Duration::from_secs(20);
     let rt = runtime();
     rt.block_on(async {
-        let listener = Listener::bind(format!("{}:0", common::addr()).parse().unwrap()).unwrap();
+        let listener = Listener::bind(format!("{}:0", gdr_test_support::addr()).parse().unwrap()).unwrap();
         let port = listener.port();
         let server = tokio::spawn(async move {
             let req = listener.next_request_async(T).await.unwrap();
@@ -419,7 +418,7 @@ fn async_rdma_cm_connect_and_accept() {
             let conn = req.accept_async(qp, Some(mr.remote())).await.unwrap();
             (conn, mr, listener)
         });
-        let dst = format!("{}:{port}", common::addr()).parse().unwrap();
+        let dst = format!("{}:{port}", gdr_test_support::addr()).parse().unwrap();
         let pending = Connector::resolve_async(dst, T).await.unwrap();
         let ctx = pending.context().clone();
         let pd = ProtectionDomain::new(&ctx).unwrap();

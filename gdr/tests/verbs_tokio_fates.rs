@@ -22,8 +22,7 @@ use gdr::qp::{DropCause, QueuePair, WorkQueue};
 use gdr::wr::{RecvRequest, SendRequest};
 use gdr::{Error, WcStatus};
 
-mod common;
-use common::device;
+use gdr_test_support::{device, verbs};
 
 /// How long a future may take to learn its request's fate before the test calls it a hang.
 const FATE: Duration = Duration::from_secs(5);
@@ -624,7 +623,7 @@ fn a_queue_that_overran_fails_the_futures_waiting_on_it() {
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE whose netdev it may take down (run in the VM: cargo xtask test)"]
 fn two_tasks_awaiting_device_events_each_get_one() {
     let ctx = Context::open(&device()).unwrap();
-    let netdev = common::netdev_of(&device(), ctx.port());
+    let netdev = verbs::netdev_of(&device(), ctx.port());
     let rt = runtime();
     let got = rt.block_on(async {
         let events = Arc::new(AsyncDeviceEvents::new(ctx.events().unwrap()).unwrap());
@@ -635,9 +634,9 @@ fn two_tasks_awaiting_device_events_each_get_one() {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        common::set_link(&netdev, false);
+        verbs::set_link(&netdev, false);
         tokio::time::sleep(Duration::from_millis(500)).await;
-        common::set_link(&netdev, true);
+        verbs::set_link(&netdev, true);
         let mut got = Vec::new();
         for w in waiters {
             got.push(
@@ -649,7 +648,7 @@ fn two_tasks_awaiting_device_events_each_get_one() {
         }
         got
     });
-    common::wait_port_restored(&ctx, ctx.port());
+    verbs::wait_port_restored(&ctx, ctx.port());
     assert!(
         got.iter().all(Option::is_some),
         "a task awaiting the device's events got none within 15 s: {got:?}"

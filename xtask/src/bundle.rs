@@ -1,4 +1,5 @@
-//! `cargo xtask gpu-bundle`: the GPU tier's binaries, for the GPU machine (shared/GPU.md).
+//! `cargo xtask gpu-bundle`: the GPU tier's binaries, for the GPU machine (README, "The GPU
+//! machine": one H200, no RDMA device, no Rust toolchain).
 //!
 //! Test targets named `gpu_*` (any package) hold the GPU tests. They are built here, copied into
 //! `gpu-bundle/` with the `gdr` binary and the examples, and run there by `gpu-bundle/run.sh`.

@@ -1,5 +1,5 @@
-//! `cargo xtask cluster`: several Soft-RoCE hosts with several rails each (shared/SOFTROCE.md,
-//! "Several hosts, several rails"), and faults on demand.
+//! `cargo xtask cluster`: several Soft-RoCE hosts with several rails each (README, "The
+//! cluster tier: several hosts, several rails, faults"), and faults on demand.
 //!
 //! Every host is its own QEMU/TCG guest booted from the same kernel and initramfs as the VM
 //! (vm.rs), with `gdr.stage2=cluster gdr.host=<h>` on its command line so that its init runs

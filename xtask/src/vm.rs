@@ -1,5 +1,6 @@
-//! The Soft-RoCE VM (shared/SOFTROCE.md): Debian's 6.1 kernel under QEMU (TCG), an initramfs of
-//! busybox-static + the RDMA/9p modules, the host's root over 9p read-only, `rxe0` on a veth pair.
+//! The Soft-RoCE VM (README, "How the test VM works"): Debian's 6.1 kernel under QEMU (TCG), an
+//! initramfs of busybox-static + the RDMA/9p modules, the host's root over 9p read-only, `rxe0` on
+//! a veth pair.
 //!
 //! Layout under `<target>/softroce/`:
 //! * `kernel-<version>-<hash>/`: `vmlinuz`, `modules/*.ko`, `modules.list` (load order), taken from

@@ -1,7 +1,6 @@
 //! GPU memory registered for RDMA: [`GpuMemoryRegion`].
 //!
-//! Registration follows a fixed procedure (shared/DESIGN.md, "GPU memory registration"), one
-//! file per step:
+//! Registration follows a fixed procedure, one file per step:
 //!
 //! 1. **Capabilities** (`probe.rs`), probed once per process and per NIC and cached: the CUDA
 //!    driver version and the GPU's GPUDirect attributes ([`crate::cuda::GpuInfo`]), the host's

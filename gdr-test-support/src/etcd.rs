@@ -2,7 +2,7 @@
 //! `cargo xtask setup`) on loopback with free ports and a temporary data directory, killed and
 //! removed on drop. Its output is kept in a log file for failure messages.
 //!
-//! ```ignore
+//! ```text
 //! let etcd = EtcdServer::start();
 //! let dir = EtcdDirectory::connect(&[etcd.endpoint()], "/t/", ttl, timeout)?;
 //! ```

@@ -1,16 +1,10 @@
-//! What the gdr-xfer device tests share: the device under test and agents on it.
-#![allow(dead_code)]
-
-pub mod etcd;
+//! gdr-xfer on the device under test: agents, and two of them connected (feature `xfer`).
 
 use std::time::Duration;
 
 use gdr_xfer::{Agent, AgentConfig, Peer};
 
-/// The RDMA device the tests run on (`GDR_TEST_DEVICE`); a missing device is a failure.
-pub fn device() -> String {
-    std::env::var("GDR_TEST_DEVICE").expect("GDR_TEST_DEVICE is not set: this test needs an RDMA device (cargo xtask test runs it in the Soft-RoCE VM)")
-}
+use crate::device;
 
 /// An agent on the test device.
 pub fn agent(name: &str) -> Agent {
@@ -39,16 +33,4 @@ pub fn connected(a: Agent, b: Agent) -> (Agent, Agent, Peer, Peer) {
     let pb = a.connect(&addr.to_string()).unwrap();
     let pa = b.wait_peer(a.name(), Duration::from_secs(10)).unwrap();
     (a, b, pb, pa)
-}
-
-/// A pattern that differs for every byte position and every seed.
-pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len)
-        .map(|i| {
-            (i as u32)
-                .wrapping_mul(2_654_435_761)
-                .wrapping_add(seed.wrapping_mul(40503))
-                .rotate_left(7) as u8
-        })
-        .collect()
 }

@@ -1,8 +1,5 @@
-//! What the device tests share: the device under test, and two connected queue pairs.
-//!
-//! Each test binary uses a part of this module (`mod common;`), so the parts another binary
-//! needs are dead code in it.
-#![allow(dead_code)]
+//! gdr's verbs on the device under test: a protection domain, two connected queue pairs, and
+//! the port's link taken down and brought back.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,15 +9,7 @@ use gdr::device::Context;
 use gdr::pd::ProtectionDomain;
 use gdr::qp::{QueuePair, QueuePairBuilder};
 
-/// The RDMA device the tests run on (`GDR_TEST_DEVICE`); a missing device is a failure.
-pub fn device() -> String {
-    std::env::var("GDR_TEST_DEVICE").expect("GDR_TEST_DEVICE is not set: this test needs an RDMA device (cargo xtask test runs it in the Soft-RoCE VM)")
-}
-
-/// The IP address of the device under test (`GDR_TEST_ADDR`).
-pub fn addr() -> String {
-    std::env::var("GDR_TEST_ADDR").expect("GDR_TEST_ADDR is not set: this test needs the IP address of an RDMA device (cargo xtask test sets it in the VM)")
-}
+use crate::device;
 
 /// A protection domain on the device under test.
 pub fn pd() -> Arc<ProtectionDomain> {
