@@ -244,7 +244,7 @@ pub fn run_initiator(
 fn run_size(
     peer: &gdr_xfer::Peer,
     local: &Segment,
-    remote: u32,
+    remote: gdr_xfer::SegmentId,
     op: Op,
     bs: u64,
     params: &BenchParams,
@@ -278,15 +278,7 @@ fn run_size(
                             }
                     })
                     .collect();
-                let table = BlockTable {
-                    local: &local,
-                    local_base: 0,
-                    remote,
-                    remote_base: 0,
-                    block_len: bs,
-                    local_blocks: &lb,
-                    remote_blocks: &rb,
-                };
+                let table = BlockTable::new(&local, &lb, remote, &rb, bs);
                 let opts = TransferOptions::new().timeout(Duration::from_secs(60));
                 // Warm-up batch, outside the measurement. Every thread reaches the start line, a
                 // failed one too (the others would wait for it forever).

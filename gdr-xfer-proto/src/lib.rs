@@ -39,6 +39,7 @@ mod location;
 mod notify;
 mod rail;
 mod run;
+mod segment_id;
 #[cfg(feature = "sim")]
 pub mod sim;
 mod slab;
@@ -53,4 +54,5 @@ pub use io::{Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCo
 pub use location::{Location, ParseLocationError};
 pub use rail::{RailCounters, RailState, FIRST_COOLDOWN, HEALTHY, MAX_COOLDOWN, SAMPLE};
 pub use run::{slices_of, Cursor, Run};
+pub use segment_id::SegmentId;
 pub use transfer::{Failure, Outcome, Spec, Stats, TransferKey};

@@ -20,7 +20,8 @@ use std::time::Instant;
 use gdr::connect::TcpLink;
 use gdr::{Completion, WcStatus};
 use gdr_xfer_proto::{
-    Config, Connection as Core, LaneRef, Receipt, SendCompletion, Spec, Status, TransferKey,
+    Config, Connection as Core, LaneRef, Receipt, SegmentId, SendCompletion, Spec, Status,
+    TransferKey,
 };
 
 use crate::agent::AgentShared;
@@ -46,7 +47,7 @@ pub(crate) struct Connection {
     pub(crate) qps_per_rail: usize,
     /// (device, port) of each shared rail.
     pub(crate) rail_names: Vec<(String, u8)>,
-    pub(crate) remote: RwLock<HashMap<u32, SegmentInfo>>,
+    pub(crate) remote: RwLock<HashMap<SegmentId, SegmentInfo>>,
     /// The async waits for a segment of this peer, woken when its table changes or the peer
     /// goes ([`crate::futures`]).
     pub(crate) table_wakers: Wakers,
@@ -451,7 +452,7 @@ pub(crate) const MAX_REMOTE_SEGMENTS: usize = 1 << 20;
 /// removals remove (unknown ids are ignored: a removal may cross an announcement), a goodbye or
 /// a handshake message is an error.
 pub(crate) fn apply_to(
-    table: &mut HashMap<u32, SegmentInfo>,
+    table: &mut HashMap<SegmentId, SegmentInfo>,
     msg: Message,
     rails: usize,
 ) -> Result<(), String> {
@@ -526,7 +527,7 @@ mod tests {
 
     fn seg(id: u32) -> SegmentInfo {
         SegmentInfo {
-            id,
+            id: SegmentId::new(id),
             name: format!("s{id}"),
             addr: 0x1000 * u64::from(id),
             len: 4096,
@@ -550,10 +551,17 @@ mod tests {
         let e = apply_to(&mut t, Message::Segments(vec![seg(6), short]), 2).unwrap_err();
         assert!(e.contains("1 remote keys for 2 shared rails"), "{e}");
         assert_eq!(t.len(), 2);
-        assert!(!t.contains_key(&3) && !t.contains_key(&4) && !t.contains_key(&6));
+        assert!([3, 4, 6]
+            .into_iter()
+            .all(|i| !t.contains_key(&SegmentId::new(i))));
         // Removals of unknown ids are harmless; known ones go.
-        apply_to(&mut t, Message::Removed(vec![2, 99]), 2).unwrap();
-        assert_eq!(t.keys().copied().collect::<Vec<_>>(), [1]);
+        apply_to(
+            &mut t,
+            Message::Removed(vec![SegmentId::new(2), SegmentId::new(99)]),
+            2,
+        )
+        .unwrap();
+        assert_eq!(t.keys().copied().collect::<Vec<_>>(), [SegmentId::new(1)]);
         // A removed id announced again is a new segment (ids are never reused by honest peers,
         // and a dishonest one only redirects its own memory).
         apply_to(&mut t, Message::Segments(vec![seg(2)]), 2).unwrap();
@@ -564,8 +572,8 @@ mod tests {
 
     #[test]
     fn a_peer_cannot_grow_the_table_without_bound() {
-        let mut t: HashMap<u32, SegmentInfo> = (0..MAX_REMOTE_SEGMENTS as u32 - 1)
-            .map(|i| (i, seg(i)))
+        let mut t: HashMap<SegmentId, SegmentInfo> = (0..MAX_REMOTE_SEGMENTS as u32 - 1)
+            .map(|i| (SegmentId::new(i), seg(i)))
             .collect();
         let e = apply_to(
             &mut t,

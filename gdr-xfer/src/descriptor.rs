@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::segment::{Segment, SegmentInner};
+use gdr_xfer_proto::SegmentId;
 
 /// The direction of a one-sided transfer, seen from the initiator (the core's: one enum for
 /// the concept).
@@ -37,7 +38,7 @@ pub struct Desc<'a> {
     /// Offset in the local segment.
     pub local_offset: u64,
     /// The peer's segment id.
-    pub remote: u32,
+    pub remote: SegmentId,
     /// Offset in the peer's segment.
     pub remote_offset: u64,
     /// Bytes to move (non-zero).
@@ -49,7 +50,7 @@ impl<'a> Desc<'a> {
     pub fn new(
         local: &'a Segment,
         local_offset: u64,
-        remote: u32,
+        remote: SegmentId,
         remote_offset: u64,
         len: u64,
     ) -> Self {
@@ -73,7 +74,7 @@ pub struct BlockTable<'a> {
     /// Offset of local block 0.
     pub local_base: u64,
     /// The peer's segment id.
-    pub remote: u32,
+    pub remote: SegmentId,
     /// Offset of remote block 0.
     pub remote_base: u64,
     /// Bytes per block (non-zero).
@@ -92,7 +93,7 @@ impl<'a> BlockTable<'a> {
     pub fn new(
         local: &'a Segment,
         local_blocks: &'a [u32],
-        remote: u32,
+        remote: SegmentId,
         remote_blocks: &'a [u32],
         block_len: u64,
     ) -> Self {
@@ -174,7 +175,7 @@ pub struct RemoteList {
     /// The peer it was prepared for.
     pub(crate) peer: String,
     /// (segment id, offset, len) per entry.
-    pub(crate) entries: Vec<(u32, u64, u64)>,
+    pub(crate) entries: Vec<(SegmentId, u64, u64)>,
 }
 
 impl RemoteList {

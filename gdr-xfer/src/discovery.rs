@@ -24,12 +24,13 @@ use crate::peer::Peer;
 use crate::segment::Segment;
 use crate::transfer::Failure;
 use crate::wire::{AgentRecord, Message};
+use gdr_xfer_proto::SegmentId;
 
 fn endpoint_key(agent: &str) -> String {
     format!("{agent}/endpoint")
 }
 
-fn segment_key(agent: &str, id: u32) -> String {
+fn segment_key(agent: &str, id: SegmentId) -> String {
     format!("{agent}/segments/{id}")
 }
 
@@ -73,7 +74,7 @@ impl Published {
         }
     }
 
-    pub(crate) fn delete_segment(&self, agent: &str, id: u32) {
+    pub(crate) fn delete_segment(&self, agent: &str, id: SegmentId) {
         if let Err(e) = self.dir.delete(&segment_key(agent, id)) {
             log::warn!("{agent}: withdrawing segment {id} from the directory: {e}");
         }
@@ -245,7 +246,7 @@ impl Agent {
         if let Err(e) = published.dir.delete(&endpoint_key(name)) {
             log::warn!("{name}: withdrawing from the directory: {e}");
         }
-        let ids: Vec<u32> = shared
+        let ids: Vec<SegmentId> = shared
             .lock_segments()
             .values()
             .filter(|s| s.is_published())
@@ -296,7 +297,7 @@ fn watch_peer(
                     .and_then(|i| i.parse::<u32>().ok())
                 {
                     // The control link says so too; whichever comes first removes it.
-                    let _ = conn.apply(Message::Removed(vec![id]));
+                    let _ = conn.apply(Message::Removed(vec![SegmentId::new(id)]));
                 }
             }
             WatchEvent::Lost { reason } => {
@@ -320,7 +321,7 @@ mod tests {
     #[test]
     fn keys_and_names() {
         assert_eq!(endpoint_key("a"), "a/endpoint");
-        assert_eq!(segment_key("a", 7), "a/segments/7");
+        assert_eq!(segment_key("a", SegmentId::new(7)), "a/segments/7");
         assert!(check_publishable("prefill-0").is_ok());
         assert!(matches!(
             check_publishable("a/b"),

@@ -6,6 +6,7 @@ use std::time::Duration;
 pub use gdr::Hint;
 
 use crate::descriptor::Side;
+use gdr_xfer_proto::SegmentId;
 
 /// Everything that can go wrong in gdr-xfer.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +50,7 @@ pub enum Error {
         /// Which side's range or block.
         side: Side,
         /// The segment's id.
-        segment: u32,
+        segment: SegmentId,
         /// Offset of the range in the segment.
         offset: u64,
         /// Length of the range.
@@ -66,7 +67,7 @@ pub enum Error {
         /// The agent whose segment table was searched (`"local"` for our own).
         owner: String,
         /// The segment id.
-        segment: u32,
+        segment: SegmentId,
         /// How to fix it.
         hint: Hint,
     },
@@ -78,7 +79,7 @@ pub enum Error {
         /// Position of the descriptor (or table) in the request.
         index: usize,
         /// The segment's id (in its own agent).
-        segment: u32,
+        segment: SegmentId,
         /// How to fix it.
         hint: Hint,
     },
@@ -138,7 +139,7 @@ pub enum Error {
         /// The largest block index of that side.
         block: u64,
         /// The segment's id.
-        segment: u32,
+        segment: SegmentId,
         /// Where that block starts in the segment (saturated on overflow).
         offset: u64,
         /// Bytes per block.

@@ -224,7 +224,7 @@ pub use error::{Error, Hint, Result};
 /// from it: [`gdr::cuda::DeviceBuffer`] and [`gdr::cuda::DeviceMemory`] for GPU memory,
 /// [`gdr::mr::HostMemory`] and [`gdr::mr::AlignedBuffer`] for host memory.
 pub use gdr;
-pub use gdr_xfer_proto::{Location, ParseLocationError};
+pub use gdr_xfer_proto::{Location, ParseLocationError, SegmentId};
 pub use notify::Notification;
 pub use peer::Peer;
 pub use pools::PoolTable;

@@ -8,7 +8,7 @@ use crate::config::TransferOptions;
 use crate::connection::Connection;
 use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList, Side};
 use crate::error::{Error, Result};
-use gdr_xfer_proto::Spec;
+use gdr_xfer_proto::{SegmentId, Spec};
 
 use crate::plan::Planner;
 use crate::pools::PoolTable;
@@ -73,7 +73,7 @@ impl Peer {
     }
 
     /// The peer's segment with this id.
-    pub fn segment(&self, id: u32) -> Option<SegmentInfo> {
+    pub fn segment(&self, id: SegmentId) -> Option<SegmentInfo> {
         let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
         table.get(&id).cloned()
     }
@@ -127,7 +127,7 @@ impl Peer {
     /// # Errors
     /// [`Error::UnknownSegment`], [`Error::OutOfSegment`], or [`Error::InvalidArgument`] for an
     /// empty range.
-    pub fn prepare_remote(&self, ranges: &[(u32, u64, u64)]) -> Result<RemoteList> {
+    pub fn prepare_remote(&self, ranges: &[(SegmentId, u64, u64)]) -> Result<RemoteList> {
         let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
         for (i, &(id, offset, len)) in ranges.iter().enumerate() {
             let s = table.get(&id).ok_or_else(|| Error::UnknownSegment {

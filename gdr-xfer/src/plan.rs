@@ -8,6 +8,7 @@ use crate::descriptor::{check_local, BlockTable, Desc, LocalList, RemoteList, Si
 use crate::error::{Error, Result};
 use crate::pools::PoolTable;
 use gdr_xfer_proto::Run;
+use gdr_xfer_proto::SegmentId;
 
 use crate::segment::SegmentInner;
 use crate::wire::SegmentInfo;
@@ -44,15 +45,15 @@ pub(crate) struct Planner<'t> {
     peer: &'t str,
     /// The submitting agent: local segments must be its own.
     agent: u64,
-    table: &'t HashMap<u32, SegmentInfo>,
+    table: &'t HashMap<SegmentId, SegmentInfo>,
     /// Rails shared with the peer (remote keys kept per remote segment).
     rails: usize,
     locals: Vec<Arc<SegmentInner>>,
     last_local: usize,
     /// Remote segment id -> its index in the plan.
-    remote_ids: HashMap<u32, u32>,
+    remote_ids: HashMap<SegmentId, u32>,
     rkeys: Vec<u32>,
-    last_remote: Option<(u32, u64, u64, u32)>,
+    last_remote: Option<(SegmentId, u64, u64, u32)>,
     runs: Vec<Run>,
     descriptors: u64,
 }
@@ -60,7 +61,7 @@ pub(crate) struct Planner<'t> {
 impl<'t> Planner<'t> {
     pub(crate) fn new(
         peer: &'t str,
-        table: &'t HashMap<u32, SegmentInfo>,
+        table: &'t HashMap<SegmentId, SegmentInfo>,
         rails: usize,
         capacity: usize,
         agent: u64,
@@ -112,7 +113,7 @@ impl<'t> Planner<'t> {
     }
 
     /// (address, length, index in the plan's remote segments) of a remote segment.
-    fn remote(&mut self, id: u32) -> Result<(u64, u64, u32)> {
+    fn remote(&mut self, id: SegmentId) -> Result<(u64, u64, u32)> {
         if let Some((rid, addr, len, idx)) = self.last_remote {
             if rid == id {
                 return Ok((addr, len, idx));
@@ -136,7 +137,13 @@ impl<'t> Planner<'t> {
         Ok((s.addr, s.len, idx))
     }
 
-    fn check_remote(index: usize, segment: u32, seg_len: u64, offset: u64, len: u64) -> Result<()> {
+    fn check_remote(
+        index: usize,
+        segment: SegmentId,
+        seg_len: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
         if offset.checked_add(len).is_none_or(|end| end > seg_len) {
             return Err(Error::OutOfSegment {
                 index,
@@ -461,12 +468,16 @@ mod tests {
     use crate::pools::PoolTable;
     use crate::segment::{Backing, Segment};
     use crate::staged::{EmulatedGpu, StagedDevice, StagedMemory};
+    use gdr_xfer_proto::SegmentId;
+
+    /// The peer segment the tests address.
+    const R: SegmentId = SegmentId::new(7);
     use crate::wire::SegmentInfo;
     use gdr_xfer_proto::Location;
 
     fn local(len: usize) -> Segment {
         let info = SegmentInfo {
-            id: 1,
+            id: SegmentId::new(1),
             name: "l".into(),
             addr: 0,
             len: len as u64,
@@ -481,16 +492,16 @@ mod tests {
         Segment::new(info, Backing::Staged(Arc::new(m)), 0, 1).unwrap()
     }
 
-    fn table() -> HashMap<u32, SegmentInfo> {
+    fn table() -> HashMap<SegmentId, SegmentInfo> {
         let r = SegmentInfo {
-            id: 7,
+            id: R,
             name: "r".into(),
             addr: 0x10_0000,
             len: 1 << 20,
             rkeys: vec![0x55, 0x66],
             location: Location::Cpu { numa: None },
         };
-        HashMap::from([(7, r)])
+        HashMap::from([(R, r)])
     }
 
     fn runs(p: &Planner<'_>) -> Vec<(u64, u64, u64)> {
@@ -506,12 +517,12 @@ mod tests {
         let t = table();
         let mut p = Planner::new("peer", &t, 2, 0, 1);
         // A descriptor, then blocks continuing it on both sides, then a gap, then two more.
-        p.descs(&[Desc::new(&seg, 0, 7, 0, 4096)]).unwrap();
+        p.descs(&[Desc::new(&seg, 0, R, 0, 4096)]).unwrap();
         let (lb, rb) = ([1u32, 2, 5, 3, 4], [1u32, 2, 9, 3, 4]);
         p.blocks(&BlockTable {
             local: &seg,
             local_base: 0,
-            remote: 7,
+            remote: R,
             remote_base: 0,
             block_len: 4096,
             local_blocks: &lb,
@@ -548,7 +559,7 @@ mod tests {
             (4096, (1 << 20) - 4095, 0),
         ] {
             let mut p = Planner::new("peer", &t, 1, 0, 1);
-            match p.descs(&[Desc::new(&seg, off, 7, roff, len)]) {
+            match p.descs(&[Desc::new(&seg, off, R, roff, len)]) {
                 Err(Error::OutOfSegment { .. }) => {}
                 other => panic!("({off}, {len}, {roff}): {other:?}"),
             }
@@ -562,7 +573,7 @@ mod tests {
             let r = p.blocks(&BlockTable {
                 local: &seg,
                 local_base: lbase,
-                remote: 7,
+                remote: R,
                 remote_base: rbase,
                 block_len: len,
                 local_blocks: &lb,
@@ -593,7 +604,7 @@ mod tests {
         let (lb, rb) = ([0u32, 1, 2, 7], [3u32, 4, 9, 10]);
         let mut table = PoolTable::new(256, &lb, &rb).strides(256, 512);
         for p in 0..4u64 {
-            table = table.pool(&seg, p * 4096, 7, p * 8192);
+            table = table.pool(&seg, p * 4096, R, p * 8192);
         }
         assert_eq!((table.pools(), table.blocks()), (4, 16));
         let mut p = Planner::new("peer", &t, 2, 0, 1);
@@ -614,7 +625,7 @@ mod tests {
         let (lb, rb) = ([4u32, 5, 6], [0u32, 1, 2]);
         let mut table = PoolTable::new(256, &lb, &rb);
         for p in 0..2u64 {
-            table = table.pool(&seg, p * 4096, 7, p * 4096);
+            table = table.pool(&seg, p * 4096, R, p * 4096);
         }
         let mut p = Planner::new("peer", &t, 2, 0, 1);
         p.pools(&table).unwrap();
@@ -631,9 +642,9 @@ mod tests {
         let (lb, rb) = ([0u32, 15], [0u32, 1]);
         // Pool 2's local base leaves room for 8 blocks only: block 15 is outside.
         let table = PoolTable::new(1024, &lb, &rb)
-            .pool(&seg, 0, 7, 0)
-            .pool(&seg, 16 << 10, 7, 0)
-            .pool(&seg, 56 << 10, 7, 0);
+            .pool(&seg, 0, R, 0)
+            .pool(&seg, 16 << 10, R, 0)
+            .pool(&seg, 56 << 10, R, 0);
         let mut p = Planner::new("peer", &t, 1, 0, 1);
         match p.pools(&table) {
             Err(Error::BlockOutOfSegment {
@@ -648,7 +659,7 @@ mod tests {
         // A remote base past the peer's segment, strides shorter than a block, uneven
         // arrays, a zero block length: refused.
         let mut p = Planner::new("peer", &t, 1, 0, 1);
-        let far = PoolTable::new(1024, &lb, &rb).pool(&seg, 0, 7, u64::MAX);
+        let far = PoolTable::new(1024, &lb, &rb).pool(&seg, 0, R, u64::MAX);
         assert!(matches!(
             p.pools(&far),
             Err(Error::BlockOutOfSegment {
@@ -659,9 +670,9 @@ mod tests {
         for bad in [
             PoolTable::new(1024, &lb, &rb)
                 .strides(512, 1024)
-                .pool(&seg, 0, 7, 0),
-            PoolTable::new(1024, &lb, &rb[..1]).pool(&seg, 0, 7, 0),
-            PoolTable::new(0, &lb, &rb).pool(&seg, 0, 7, 0),
+                .pool(&seg, 0, R, 0),
+            PoolTable::new(1024, &lb, &rb[..1]).pool(&seg, 0, R, 0),
+            PoolTable::new(0, &lb, &rb).pool(&seg, 0, R, 0),
         ] {
             let mut p = Planner::new("peer", &t, 1, 0, 1);
             assert!(
@@ -682,7 +693,7 @@ mod tests {
         let table = |lb: &'static [u32], rb: &'static [u32]| BlockTable {
             local: &seg,
             local_base: 4096,
-            remote: 7,
+            remote: R,
             remote_base: 0,
             block_len: 4096,
             local_blocks: lb,

@@ -5,6 +5,7 @@
 //! sides, as for a [`crate::BlockTable`].
 
 use crate::segment::Segment;
+use gdr_xfer_proto::SegmentId;
 
 /// One pool on each side: the local segment and the offset of its block 0, the peer's
 /// segment id and the offset of its block 0.
@@ -12,7 +13,7 @@ use crate::segment::Segment;
 pub(crate) struct PoolPair<'a> {
     pub(crate) local: &'a Segment,
     pub(crate) local_base: u64,
-    pub(crate) remote: u32,
+    pub(crate) remote: SegmentId,
     pub(crate) remote_base: u64,
 }
 
@@ -23,7 +24,7 @@ pub(crate) struct PoolPair<'a> {
 /// For 32 layers of K and V in one allocation per side, `layer_bytes` apart:
 ///
 /// ```no_run
-/// # fn f(peer: &gdr_xfer::Peer, kv: &gdr_xfer::Segment, pool: u32) -> gdr_xfer::Result<()> {
+/// # fn f(peer: &gdr_xfer::Peer, kv: &gdr_xfer::Segment, pool: gdr_xfer::SegmentId) -> gdr_xfer::Result<()> {
 /// use gdr_xfer::{Op, PoolTable, TransferOptions};
 /// let (block_len, layer_bytes) = (16 << 10, 4096 * (16 << 10));
 /// let local: Vec<u32> = (0..2000).collect();
@@ -73,7 +74,7 @@ impl<'a> PoolTable<'a> {
         mut self,
         local: &'a Segment,
         local_base: u64,
-        remote: u32,
+        remote: SegmentId,
         remote_base: u64,
     ) -> Self {
         self.pools.push(PoolPair {

@@ -17,7 +17,7 @@ use gdr::mr::{LocalSlice, MemoryRegion};
 use crate::error::{Error, Result};
 use crate::staged::{SegmentPath, StagedMemory};
 use crate::wire::SegmentInfo;
-use gdr_xfer_proto::Location;
+use gdr_xfer_proto::{Location, SegmentId};
 
 /// The registrations under a segment: one per rail of the agent (rail 0 first), all of the
 /// same memory at the same address.
@@ -141,7 +141,7 @@ impl Segment {
     }
 
     /// The id peers address it by (unique in this agent, never reused).
-    pub fn id(&self) -> u32 {
+    pub fn id(&self) -> SegmentId {
         self.inner.info.id
     }
 

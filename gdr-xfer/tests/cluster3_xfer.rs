@@ -19,7 +19,7 @@ use gdr_test_support::pattern;
 
 use gdr_xfer::staging::EmulatedGpu;
 use gdr_xfer::{
-    Agent, AgentConfig, BlockTable, Desc, Error, Op, Peer, RailState, Segment, Transfer,
+    Agent, AgentConfig, BlockTable, Desc, Error, Op, Peer, RailState, Segment, SegmentId, Transfer,
     TransferOptions,
 };
 
@@ -172,7 +172,7 @@ struct Initiator {
     _agent: Agent,
     peer: Peer,
     src: Segment,
-    dst: u32,
+    dst: SegmentId,
 }
 
 fn initiator(test: u16, to: u32, len: usize, seed: u32) -> Initiator {

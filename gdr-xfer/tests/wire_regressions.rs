@@ -51,7 +51,7 @@ fn ib_endpoint(qpn: u32) -> Endpoint {
 
 fn segment(id: u32, name: &str, addr: u64, len: u64, location: Location) -> SegmentInfo {
     SegmentInfo {
-        id,
+        id: gdr_xfer::SegmentId::new(id),
         name: name.into(),
         addr,
         len,
@@ -112,7 +112,10 @@ fn seeds() -> Vec<(&'static str, Message)> {
             ]),
         ),
         ("segments-empty-table", Message::Segments(Vec::new())),
-        ("removed", Message::Removed(vec![2, 3, 4])),
+        (
+            "removed",
+            Message::Removed([2, 3, 4].map(gdr_xfer::SegmentId::new).to_vec()),
+        ),
         ("ready", Message::Ready),
         ("bye", Message::Bye("decode-0 shut down".into())),
         (
@@ -263,6 +266,10 @@ fn the_largest_tables_decode_and_one_more_is_refused() {
     more[8..10].copy_from_slice(&(MAX_SEGMENTS_PER_MESSAGE as u16 + 1).to_be_bytes());
     let e = Message::decode("p", &more).unwrap_err();
     assert!(e.to_string().contains("exceeds the limit"), "{e}");
-    let ids = Message::Removed((0..MAX_SEGMENTS_PER_MESSAGE as u32).collect());
+    let ids = Message::Removed(
+        (0..MAX_SEGMENTS_PER_MESSAGE as u32)
+            .map(gdr_xfer::SegmentId::new)
+            .collect(),
+    );
     assert_eq!(Message::decode("p", &ids.encode().unwrap()).unwrap(), ids);
 }

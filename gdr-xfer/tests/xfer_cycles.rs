@@ -265,7 +265,13 @@ fn peer_connect_disconnect_cycles() {
             }
             let e = pb
                 .write(
-                    &[Desc::new(&a.alloc_host(64, "late").unwrap(), 0, 1, 0, 64)],
+                    &[Desc::new(
+                        &a.alloc_host(64, "late").unwrap(),
+                        0,
+                        gdr_xfer::SegmentId::new(1),
+                        0,
+                        64,
+                    )],
                     &TransferOptions::new(),
                 )
                 .unwrap_err();

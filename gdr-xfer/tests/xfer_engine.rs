@@ -8,7 +8,7 @@ use std::time::Duration;
 use gdr_test_support::pattern;
 use gdr_test_support::xfer::{agent, agent_with, connected};
 use gdr_xfer::{
-    AgentConfig, BlockTable, Desc, Error, LocalList, Op, Side, Status, TransferOptions,
+    AgentConfig, BlockTable, Desc, Error, LocalList, Op, SegmentId, Side, Status, TransferOptions,
 };
 
 const NEEDS: &str =
@@ -34,7 +34,7 @@ fn big_pair(
     gdr_xfer::Peer,
     gdr_xfer::Segment,
     gdr_xfer::Segment,
-    u32,
+    SegmentId,
     gdr_xfer::RegistrationWeak,
 ) {
     let (a, b, pb, _pa) = connected(agent_with(AgentConfig::new(a).slice_size(4096)), agent(b));
@@ -389,9 +389,9 @@ fn bad_input_is_refused_before_anything_is_posted() {
         ),
         "{e}"
     );
-    let e = err(pb.write(&[Desc::new(&src, 0, 999, 0, 1)], &o));
+    let e = err(pb.write(&[Desc::new(&src, 0, SegmentId::new(999), 0, 1)], &o));
     assert!(
-        matches!(e, Error::UnknownSegment { segment: 999, .. }),
+        matches!(e, Error::UnknownSegment { segment, .. } if segment == SegmentId::new(999)),
         "{e}"
     );
     // Overflowing offsets.

@@ -383,14 +383,14 @@ fn bad_input_on_staged_segments_is_refused_before_anything_moves() {
     assert!(matches!(remote, Err(Error::Timeout { .. })));
     let e = pb
         .write(
-            &[Desc::new(&seg, 0, 12345, 0, 4096)],
+            &[Desc::new(&seg, 0, gdr_xfer::SegmentId::new(12345), 0, 4096)],
             &TransferOptions::new(),
         )
         .unwrap_err();
     assert!(matches!(e, Error::UnknownSegment { .. }), "{e}");
     let e = pb
         .write(
-            &[Desc::new(&seg, 1, 12345, 0, 4096)],
+            &[Desc::new(&seg, 1, gdr_xfer::SegmentId::new(12345), 0, 4096)],
             &TransferOptions::new(),
         )
         .unwrap_err();

@@ -109,7 +109,7 @@ pub struct Hello<C: Codec> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentInfo {
     /// The owner's id for it (never reused by that owner).
-    pub id: u32,
+    pub id: crate::SegmentId,
     /// Its name (may be empty).
     pub name: String,
     /// The address the owner's NIC uses for byte 0.
@@ -141,7 +141,7 @@ pub enum Message<C: Codec> {
     /// Segments added to the sender's table.
     Segments(Vec<SegmentInfo>),
     /// Segments removed from the sender's table.
-    Removed(Vec<u32>),
+    Removed(Vec<crate::SegmentId>),
     /// The sender's queue pairs are connected and its receives posted.
     Ready,
     /// The sender is going away.
@@ -265,7 +265,7 @@ impl<C: Codec> Message<C> {
                 v.extend_from_slice(&n.to_be_bytes());
                 for s in list {
                     check_name("segment name", &s.name)?;
-                    v.extend_from_slice(&s.id.to_be_bytes());
+                    v.extend_from_slice(&s.id.get().to_be_bytes());
                     v.extend_from_slice(&s.addr.to_be_bytes());
                     v.extend_from_slice(&s.len.to_be_bytes());
                     if s.rkeys.is_empty() || s.rkeys.len() > MAX_RAILS {
@@ -291,7 +291,7 @@ impl<C: Codec> Message<C> {
                 let n = count_u16("removed segments", ids.len(), MAX_SEGMENTS_PER_MESSAGE)?;
                 v.extend_from_slice(&n.to_be_bytes());
                 for id in ids {
-                    v.extend_from_slice(&id.to_be_bytes());
+                    v.extend_from_slice(&id.get().to_be_bytes());
                 }
             }
             Message::Ready => {
@@ -402,7 +402,7 @@ impl<C: Codec> Message<C> {
                 let n = r.count("removed count")?;
                 let mut ids = Vec::with_capacity(n.min(buf.len() / 4 + 1));
                 for _ in 0..n {
-                    ids.push(r.u32("removed id")?);
+                    ids.push(crate::SegmentId::new(r.u32("removed id")?));
                 }
                 Message::Removed(ids)
             }
@@ -537,7 +537,7 @@ fn decode_segment(r: &mut Reader<'_>, i: usize) -> Result<SegmentInfo, WireError
         ))
     })?;
     Ok(SegmentInfo {
-        id,
+        id: crate::SegmentId::new(id),
         name,
         addr,
         len,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::SegmentId;
 
 /// Endpoints of the tests: a queue pair number and a packet sequence number, 8 bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +48,7 @@ fn samples() -> Vec<Msg> {
         }),
         Message::Segments(vec![
             SegmentInfo {
-                id: 7,
+                id: SegmentId::new(7),
                 name: "kv-layer-3".into(),
                 addr: 0x7f00_0000_0000,
                 len: 1 << 20,
@@ -55,7 +56,7 @@ fn samples() -> Vec<Msg> {
                 location: Location::Cuda { ordinal: 3 },
             },
             SegmentInfo {
-                id: 8,
+                id: SegmentId::new(8),
                 name: String::new(),
                 addr: 0x1000,
                 len: 4096,
@@ -63,7 +64,11 @@ fn samples() -> Vec<Msg> {
                 location: Location::Cpu { numa: Some(1) },
             },
         ]),
-        Message::Removed(vec![7, 8, 9]),
+        Message::Removed(vec![
+            SegmentId::new(7),
+            SegmentId::new(8),
+            SegmentId::new(9),
+        ]),
         Message::Ready,
         Message::Bye("shutting down".into()),
         Message::RailRenew(RailRenew {
@@ -112,7 +117,7 @@ fn every_truncation_and_every_trailing_byte_is_refused() {
 fn hostile_segment_tables_are_refused() {
     let seg = |addr: u64, len: u64| {
         Msg::Segments(vec![SegmentInfo {
-            id: 1,
+            id: SegmentId::new(1),
             name: "x".into(),
             addr,
             len,
@@ -150,7 +155,7 @@ fn hostile_segment_tables_are_refused() {
 fn hostile_rail_fields_are_refused() {
     // A segment with no remote key, or more than one per possible rail.
     let mut seg = Msg::Segments(vec![SegmentInfo {
-        id: 1,
+        id: SegmentId::new(1),
         name: String::new(),
         addr: 0x1000,
         len: 1,
@@ -271,9 +276,11 @@ fn encoding_refuses_what_a_peer_would_refuse() {
     assert!(h("a".into(), 0, 16).is_err());
     assert!(h("a".into(), MAX_QPS + 1, 16).is_err());
     assert!(h("a".into(), 1, MAX_NOTIFY + 1).is_err());
-    assert!(Msg::Removed(vec![0; MAX_SEGMENTS_PER_MESSAGE + 1])
-        .encode()
-        .is_err());
+    assert!(
+        Msg::Removed(vec![SegmentId::new(0); MAX_SEGMENTS_PER_MESSAGE + 1])
+            .encode()
+            .is_err()
+    );
     assert!(Msg::RailRefused {
         rail: MAX_RAILS as u8,
         epoch: 0
@@ -322,7 +329,7 @@ fn a_large_segment_table_is_split_by_encoded_size_and_every_part_fits_a_frame() 
     // be 126 KB, twice a frame.
     let list: Vec<SegmentInfo> = (1..=2000u32)
         .map(|id| SegmentInfo {
-            id,
+            id: SegmentId::new(id),
             name: format!("{id:064}"),
             addr: 0x1000,
             len: 4096,

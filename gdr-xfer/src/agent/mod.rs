@@ -34,7 +34,7 @@ use crate::transfer::Failure;
 use crate::wakers::Wakers;
 use crate::wire::{Message, SegmentInfo, MAX_NAME};
 use crate::GpuStaging;
-use gdr_xfer_proto::Location;
+use gdr_xfer_proto::{Location, SegmentId};
 
 /// Access every segment is registered with: peers may read and write it.
 const SEGMENT_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE

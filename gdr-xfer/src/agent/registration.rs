@@ -219,7 +219,7 @@ impl Agent {
             )
         })?;
         let info = SegmentInfo {
-            id,
+            id: SegmentId::new(id),
             name: name.to_string(),
             addr: addr + base as u64,
             len,
@@ -231,7 +231,7 @@ impl Agent {
         self.shared.rail_mask(location);
         let peers = {
             let mut table = self.shared.lock_segments();
-            table.insert(id, seg.clone());
+            table.insert(seg.id(), seg.clone());
             self.shared.peer_list()
         };
         if !seg.is_published() {

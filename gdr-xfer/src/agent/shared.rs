@@ -12,7 +12,7 @@ pub(crate) struct AgentShared {
     /// Per memory location, the rails its transfers stripe over (bit per rail; see
     /// [`crate::rail::preferred_rails`]).
     pub(super) rail_masks: Mutex<HashMap<Location, u32>>,
-    pub(super) segments: Mutex<BTreeMap<u32, Segment>>,
+    pub(super) segments: Mutex<BTreeMap<SegmentId, Segment>>,
     pub(super) next_segment: AtomicU32,
     pub(super) cache: Mutex<RegistrationCache>,
     pub(super) peers: Mutex<HashMap<String, Arc<Connection>>>,
@@ -123,7 +123,7 @@ pub(super) fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
 }
 
 impl AgentShared {
-    pub(crate) fn lock_segments(&self) -> MutexGuard<'_, BTreeMap<u32, Segment>> {
+    pub(crate) fn lock_segments(&self) -> MutexGuard<'_, BTreeMap<SegmentId, Segment>> {
         self.segments.lock().unwrap_or_else(|p| p.into_inner())
     }
 

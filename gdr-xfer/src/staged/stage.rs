@@ -156,7 +156,7 @@ impl Bounce {
         let mut segments = Vec::with_capacity(slots.regions.len());
         for rails in &slots.regions {
             let info = SegmentInfo {
-                id: 0,
+                id: gdr_xfer_proto::SegmentId::new(0),
                 name: "staging bounce buffer".into(),
                 addr: rails[0].slice(..)?.addr(),
                 len: config.chunk_size as u64,
