@@ -1,4 +1,4 @@
-//! Compile-fail tests: the soundness rules the type system enforces (DESIGN.md).
+//! Compile-fail tests: the soundness rules the type system enforces (the crate docs, "Soundness").
 //! Each file under tests/ui must fail to compile with the error recorded beside it.
 //! Regenerate the expected errors with `TRYBUILD=overwrite cargo test -p gdr --test compile_fail`.
 
