@@ -36,11 +36,87 @@ impl World {
         } else {
             None
         };
-        let max_grains = (3 * self.p.cfg.slice_size as usize / GRAIN).max(1);
         // Some are messages: a notification without data.
         let message = misuse != Some(Misuse::ForeignLocal) && self.rng.percent(5);
         let nruns = if message { 0 } else { 1 + self.rng.index(3) };
         let x = self.net.borrow().xfers.list.len();
+        let drawn = self.draw_runs(agent, peer, x, nruns, misuse);
+        // A foreign run that found no room was not added: the transfer is an honest one.
+        let misuse = match misuse {
+            Some(Misuse::ForeignLocal) if !drawn.foreign_added => None,
+            m => m,
+        };
+        let generous = self.rng.percent(75);
+        let timeout = if generous {
+            Duration::from_millis(self.rng.range(1500, 3000))
+        } else {
+            self.us(50, 8000)
+        };
+        let cancel = self.rng.percent(8);
+        let notify = self.draw_notify(x, message, misuse);
+        let rkeys = self.remote_keys(peer, &drawn.remote_segs);
+        let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
+        {
+            let mut net = self.net.borrow_mut();
+            net.xfers.list.push(Xfer {
+                kind: Kind::App,
+                staged: false,
+                agent,
+                peer,
+                op,
+                runs: drawn.xruns,
+                notify: notify.is_some(),
+                misuse,
+                deadline: Some(self.now + timeout),
+                innocent: generous && misuse.is_none() && !cancel,
+                state: XState::Live,
+                key: None,
+                arrivals: 0,
+                deliveries: 0,
+            });
+            let Net { xfers, mem, .. } = &mut *net;
+            xfers.fill_source(x, mem);
+        }
+        if drawn.runs.is_empty() && notify.is_none() {
+            self.net.borrow_mut().xfers.refused(x);
+            return;
+        }
+        let spec = Spec {
+            op,
+            locals: drawn.locals,
+            runs: drawn.runs,
+            rkeys,
+            timeout: Some(timeout),
+            notify,
+            rail_mask,
+            handle: x,
+        };
+        self.report.submitted += 1;
+        if spec.runs.is_empty() {
+            self.report.messages += 1;
+        }
+        self.log(|| {
+            format!("submit {x}: {agent}->{peer} {op:?} misuse {misuse:?} timeout {timeout:?}")
+        });
+        let mut result = None;
+        self.call(agent, peer, |core, io, now| {
+            result = Some(core.submit(now, io, spec))
+        });
+        self.submitted(x, cancel, result);
+    }
+
+    /// Up to `nruns` runs of transfer `x` from `agent` to `peer` in free memory of both (the
+    /// last one's local side in another agent's memory for [`Misuse::ForeignLocal`]), reserved
+    /// for it.
+    fn draw_runs(
+        &mut self,
+        agent: usize,
+        peer: usize,
+        x: usize,
+        nruns: usize,
+        misuse: Option<Misuse>,
+    ) -> DrawnRuns {
+        let max_grains = (3 * self.p.cfg.slice_size as usize / GRAIN).max(1);
         let mut runs = Vec::new();
         let mut locals: Vec<SimLocal> = Vec::new();
         let mut remote_segs: Vec<usize> = Vec::new();
@@ -100,90 +176,52 @@ impl World {
             });
             foreign_added |= foreign;
         }
-        // A foreign run that found no room was not added: the transfer is an honest one.
-        let misuse = match misuse {
-            Some(Misuse::ForeignLocal) if !foreign_added => None,
-            m => m,
-        };
-        let generous = self.rng.percent(75);
-        let timeout = if generous {
-            Duration::from_millis(self.rng.range(1500, 3000))
-        } else {
-            self.us(50, 8000)
-        };
-        let cancel = self.rng.percent(8);
-        let notify =
-            (message || self.rng.percent(50) || misuse == Some(Misuse::LongNotify)).then(|| {
-                let max = self.p.cfg.notify_max as usize;
-                let len = if misuse == Some(Misuse::LongNotify) {
-                    max + 1 + self.rng.index(16)
-                } else {
-                    8 + self.rng.index(max - 7)
-                };
-                let mut d = vec![0xabu8; len];
-                d[..8].copy_from_slice(&(x as u64).to_be_bytes());
-                d
-            });
+        DrawnRuns {
+            runs,
+            locals,
+            remote_segs,
+            xruns,
+            foreign_added,
+        }
+    }
+
+    /// The notification of transfer `x`, if it has one (a message always does): its id first,
+    /// one byte too long for [`Misuse::LongNotify`].
+    fn draw_notify(&mut self, x: usize, message: bool, misuse: Option<Misuse>) -> Option<Vec<u8>> {
+        (message || self.rng.percent(50) || misuse == Some(Misuse::LongNotify)).then(|| {
+            let max = self.p.cfg.notify_max as usize;
+            let len = if misuse == Some(Misuse::LongNotify) {
+                max + 1 + self.rng.index(16)
+            } else {
+                8 + self.rng.index(max - 7)
+            };
+            let mut d = vec![0xabu8; len];
+            d[..8].copy_from_slice(&(x as u64).to_be_bytes());
+            d
+        })
+    }
+
+    /// The remote keys of `peer`'s segments `segs` on every rail, as they are now.
+    fn remote_keys(&self, peer: usize, segs: &[usize]) -> Vec<u32> {
         let epochs: Vec<u32> = {
             let net = self.net.borrow();
-            remote_segs
-                .iter()
-                .map(|&s| net.key_epoch[peer][s])
-                .collect()
+            segs.iter().map(|&s| net.key_epoch[peer][s]).collect()
         };
         let rails = self.p.cfg.rails;
-        let rkeys = remote_segs
-            .iter()
+        segs.iter()
             .zip(&epochs)
             .flat_map(|(&s, &e)| (0..rails).map(move |r| rkey(peer, s, r, e)))
-            .collect();
-        let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
-        {
-            let mut net = self.net.borrow_mut();
-            net.xfers.list.push(Xfer {
-                kind: Kind::App,
-                staged: false,
-                agent,
-                peer,
-                op,
-                runs: xruns,
-                notify: notify.is_some(),
-                misuse,
-                deadline: Some(self.now + timeout),
-                innocent: generous && misuse.is_none() && !cancel,
-                state: XState::Live,
-                key: None,
-                arrivals: 0,
-                deliveries: 0,
-            });
-            let Net { xfers, mem, .. } = &mut *net;
-            xfers.fill_source(x, mem);
-        }
-        if runs.is_empty() && notify.is_none() {
-            self.net.borrow_mut().xfers.refused(x);
-            return;
-        }
-        let spec = Spec {
-            op,
-            locals,
-            runs,
-            rkeys,
-            timeout: Some(timeout),
-            notify,
-            rail_mask,
-            handle: x,
-        };
-        self.report.submitted += 1;
-        if spec.runs.is_empty() {
-            self.report.messages += 1;
-        }
-        self.log(|| {
-            format!("submit {x}: {agent}->{peer} {op:?} misuse {misuse:?} timeout {timeout:?}")
-        });
-        let mut result = None;
-        self.call(agent, peer, |core, io, now| {
-            result = Some(core.submit(now, io, spec))
-        });
+            .collect()
+    }
+
+    /// What the core said to transfer `x`'s submission (`None`: the connection was gone):
+    /// accepted (and maybe cancelled later), or refused, which only a misuse may be.
+    fn submitted(
+        &mut self,
+        x: usize,
+        cancel: bool,
+        result: Option<Result<crate::transfer::TransferKey, Failure>>,
+    ) {
         match result {
             Some(Ok(key)) => {
                 self.net.borrow_mut().xfers.list[x].key = Some(key);
@@ -556,4 +594,18 @@ impl World {
         }
         None
     }
+}
+
+/// The runs [`World::draw_runs`] drew for one transfer.
+struct DrawnRuns {
+    /// The core's runs.
+    runs: Vec<Run>,
+    /// The local segments the runs name.
+    locals: Vec<SimLocal>,
+    /// The peer's segments the runs name.
+    remote_segs: Vec<usize>,
+    /// The runs as the checks see them.
+    xruns: Vec<XRun>,
+    /// Whether a run's local side is another agent's memory.
+    foreign_added: bool,
 }

@@ -383,48 +383,10 @@ impl World {
                     core.handle_recv(now, io, lane, slot, msg.as_deref())
                 });
             }
-            Ev::Timer { agent, peer } => {
-                let due = self.conns[agent][peer]
-                    .as_ref()
-                    .is_some_and(|c| c.timer.is_some_and(|t| t <= self.now));
-                if due {
-                    if self.verbose {
-                        let dump =
-                            format!("{:#?}", self.conns[agent][peer].as_ref().map(|c| &c.core));
-                        self.log(|| format!("timer {agent}->{peer}: {dump}"));
-                    }
-                    if let Some(c) = self.conns[agent][peer].as_mut() {
-                        c.timer = None;
-                    }
-                    self.call(agent, peer, |core, io, now| core.handle_timeout(now, io));
-                }
-            }
-            Ev::Control { from, to, bytes } => {
-                let msg = match Message::<SimCodec>::decode(&format!("agent {from}"), &bytes)
-                    .map(Message::into_control)
-                {
-                    Ok(Ok(control)) => control,
-                    other => {
-                        panic!("agent {to} received a control message it cannot use: {other:?}")
-                    }
-                };
-                self.log(|| format!("control {from}->{to} {msg:?}"));
-                self.call(to, from, |core, io, now| core.handle_control(now, io, msg));
-            }
+            Ev::Timer { agent, peer } => self.on_timer(agent, peer),
+            Ev::Control { from, to, bytes } => self.on_control(from, to, &bytes),
             Ev::Submit { agent, peer, left } => self.submit(agent, peer, left),
-            Ev::Cancel { xfer } => {
-                let (agent, peer, key, live) = {
-                    let net = self.net.borrow();
-                    let x = &net.xfers.list[xfer];
-                    (x.agent, x.peer, x.key, x.state == XState::Live)
-                };
-                if let (Some(key), true) = (key, live) {
-                    self.log(|| format!("cancel {xfer}"));
-                    self.call(agent, peer, |core, io, now| {
-                        core.cancel(now, io, key);
-                    });
-                }
-            }
+            Ev::Cancel { xfer } => self.on_cancel(xfer),
             Ev::Consume { agent, peer } => {
                 let r = self.conns[agent][peer]
                     .as_mut()
@@ -434,42 +396,20 @@ impl World {
                 }
             }
             Ev::Stall { until } => {
-                let mut net = self.net.borrow_mut();
-                let ready: Vec<usize> = (0..net.qps.len())
-                    .filter(|&q| net.qps[q].state == QpState::Ready)
-                    .collect();
-                if !ready.is_empty() {
-                    let q = ready[self.rng.index(ready.len())];
+                if let Some(q) = self.random_ready_qp() {
+                    let mut net = self.net.borrow_mut();
                     let now = net.now;
                     net.qps[q].slow_until = now + until;
                     self.report.stalls += 1;
                 }
             }
             Ev::Doom => {
-                let mut net = self.net.borrow_mut();
-                let ready: Vec<usize> = (0..net.qps.len())
-                    .filter(|&q| net.qps[q].state == QpState::Ready)
-                    .collect();
-                if !ready.is_empty() {
-                    let q = ready[self.rng.index(ready.len())];
-                    net.qps[q].doomed = true;
+                if let Some(q) = self.random_ready_qp() {
+                    self.net.borrow_mut().qps[q].doomed = true;
                     self.report.lane_faults += 1;
                 }
             }
-            Ev::Deregister { agent, seg } => {
-                let mut net = self.net.borrow_mut();
-                net.key_epoch[agent][seg] += 1;
-                // Transfers using it as their remote side may now fail: not innocent any more.
-                for x in &mut net.xfers.list {
-                    if x.peer == agent
-                        && x.state == XState::Live
-                        && x.runs.iter().any(|r| r.remote / SEG == seg)
-                    {
-                        x.innocent = false;
-                    }
-                }
-                self.report.deregistrations += 1;
-            }
+            Ev::Deregister { agent, seg } => self.on_deregister(agent, seg),
             Ev::LinkDown { rail, up_after } => {
                 self.log(|| format!("link {rail} down"));
                 self.net.borrow_mut().link_up[rail] = false;
@@ -481,50 +421,126 @@ impl World {
                 self.net.borrow_mut().link_up[rail] = true;
             }
             Ev::Kill { agent } => self.kill(agent),
-            Ev::CopyDone { agent, slot } => {
-                if self.net.borrow().alive[agent] {
-                    let mut net = self.net.borrow_mut();
-                    self.stagers[agent].copy_done(&mut net, agent, slot);
-                    drop(net);
-                    self.stage_soon(agent);
-                }
-            }
-            Ev::CommitDone { agent, slot } => {
-                if self.net.borrow().alive[agent] {
-                    let mut net = self.net.borrow_mut();
-                    self.stagers[agent].commit_done(&mut net, agent, slot);
-                    self.stagers[agent].pump(&mut net, agent);
-                    drop(net);
-                    self.stage_soon(agent);
-                }
-            }
+            Ev::CopyDone { agent, slot } => self.on_copy_done(agent, slot, false),
+            Ev::CommitDone { agent, slot } => self.on_copy_done(agent, slot, true),
             Ev::StageStep { agent } => {
                 if self.stage_at[agent] == Some(self.now) {
                     self.stage_at[agent] = None;
                 }
                 self.stage_step(agent);
             }
-            Ev::Lost { agent, peer, close } => {
-                let reason = format!("agent {peer} vanished");
-                if close {
-                    self.call(agent, peer, |core, io, now| {
-                        core.close(now, io, Failure::PeerLost { reason })
-                    });
-                } else {
-                    if let Some(c) = self.conns[agent][peer].as_mut() {
-                        c.core.closing(reason);
-                    }
-                    let d = self.us(100, 2000);
-                    self.at(
-                        d,
-                        Ev::Lost {
-                            agent,
-                            peer,
-                            close: true,
-                        },
-                    );
-                }
+            Ev::Lost { agent, peer, close } => self.on_lost(agent, peer, close),
+        }
+    }
+
+    /// The timer of `agent`'s connection to `peer`: the core's timeout, if it is due.
+    fn on_timer(&mut self, agent: usize, peer: usize) {
+        let due = self.conns[agent][peer]
+            .as_ref()
+            .is_some_and(|c| c.timer.is_some_and(|t| t <= self.now));
+        if due {
+            if self.verbose {
+                let dump = format!("{:#?}", self.conns[agent][peer].as_ref().map(|c| &c.core));
+                self.log(|| format!("timer {agent}->{peer}: {dump}"));
             }
+            if let Some(c) = self.conns[agent][peer].as_mut() {
+                c.timer = None;
+            }
+            self.call(agent, peer, |core, io, now| core.handle_timeout(now, io));
+        }
+    }
+
+    /// A control message from `from` arrives at `to`, through the real decoder.
+    fn on_control(&mut self, from: usize, to: usize, bytes: &[u8]) {
+        let msg = match Message::<SimCodec>::decode(&format!("agent {from}"), bytes)
+            .map(Message::into_control)
+        {
+            Ok(Ok(control)) => control,
+            other => {
+                panic!("agent {to} received a control message it cannot use: {other:?}")
+            }
+        };
+        self.log(|| format!("control {from}->{to} {msg:?}"));
+        self.call(to, from, |core, io, now| core.handle_control(now, io, msg));
+    }
+
+    /// The application cancels transfer `xfer`, if it is still live.
+    fn on_cancel(&mut self, xfer: usize) {
+        let (agent, peer, key, live) = {
+            let net = self.net.borrow();
+            let x = &net.xfers.list[xfer];
+            (x.agent, x.peer, x.key, x.state == XState::Live)
+        };
+        if let (Some(key), true) = (key, live) {
+            self.log(|| format!("cancel {xfer}"));
+            self.call(agent, peer, |core, io, now| {
+                core.cancel(now, io, key);
+            });
+        }
+    }
+
+    /// A queue pair in the ready state, drawn from the seed (none if there is none).
+    fn random_ready_qp(&mut self) -> Option<usize> {
+        let net = self.net.borrow();
+        let ready: Vec<usize> = (0..net.qps.len())
+            .filter(|&q| net.qps[q].state == QpState::Ready)
+            .collect();
+        drop(net);
+        (!ready.is_empty()).then(|| ready[self.rng.index(ready.len())])
+    }
+
+    /// `agent` deregisters segment `seg`: its keys change, and transfers using it as their
+    /// remote side may now fail (not innocent any more).
+    fn on_deregister(&mut self, agent: usize, seg: usize) {
+        let mut net = self.net.borrow_mut();
+        net.key_epoch[agent][seg] += 1;
+        for x in &mut net.xfers.list {
+            if x.peer == agent
+                && x.state == XState::Live
+                && x.runs.iter().any(|r| r.remote / SEG == seg)
+            {
+                x.innocent = false;
+            }
+        }
+        self.report.deregistrations += 1;
+    }
+
+    /// A copy into a bounce buffer (`commit`: out of one) of `agent`'s stager completed.
+    fn on_copy_done(&mut self, agent: usize, slot: usize, commit: bool) {
+        if self.net.borrow().alive[agent] {
+            let mut net = self.net.borrow_mut();
+            if commit {
+                self.stagers[agent].commit_done(&mut net, agent, slot);
+                self.stagers[agent].pump(&mut net, agent);
+            } else {
+                self.stagers[agent].copy_done(&mut net, agent, slot);
+            }
+            drop(net);
+            self.stage_soon(agent);
+        }
+    }
+
+    /// `agent` notices that `peer` vanished: first its connection is closing, a little later
+    /// (`close`) it is closed.
+    fn on_lost(&mut self, agent: usize, peer: usize, close: bool) {
+        let reason = format!("agent {peer} vanished");
+        if close {
+            self.call(agent, peer, |core, io, now| {
+                core.close(now, io, Failure::PeerLost { reason })
+            });
+        } else {
+            if let Some(c) = self.conns[agent][peer].as_mut() {
+                c.core.closing(reason);
+            }
+            let d = self.us(100, 2000);
+            self.at(
+                d,
+                Ev::Lost {
+                    agent,
+                    peer,
+                    close: true,
+                },
+            );
         }
     }
 
