@@ -129,6 +129,42 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// A local slice's region is registered with another protection domain than the queue
+    /// pair's: nothing was posted.
+    #[error("{call}: a local slice's region is registered with another protection domain{hint}")]
+    ForeignRegion {
+        /// The refused call, e.g. `post_send`.
+        call: &'static str,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// The NIC would write a local region registered without the access that needs: nothing
+    /// was posted.
+    #[error("{call}: the NIC writes this local region but it was registered without {needed:?} (it has {have:?}){hint}")]
+    MissingAccess {
+        /// The refused call, e.g. `post_send`.
+        call: &'static str,
+        /// The access the operation needs.
+        needed: crate::mr::AccessFlags,
+        /// The access the region was registered with.
+        have: crate::mr::AccessFlags,
+        /// How to fix it.
+        hint: Hint,
+    },
+
+    /// An address given as GPU memory is host memory (pinned or pageable), or no memory CUDA
+    /// knows: nothing was registered. Register host memory as host memory.
+    #[error("{address:#x} is {kind} memory, not GPU device memory (cuPointerGetAttributes){hint}")]
+    NotGpuMemory {
+        /// The address.
+        address: u64,
+        /// What CUDA says it is.
+        kind: crate::cuda::PointerType,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// The device, driver or kernel lacks a capability the operation needs.
     #[error("unsupported: {what}{hint}")]
     Unsupported {
@@ -371,6 +407,9 @@ impl Error {
             | Error::Protocol { hint, .. }
             | Error::PeerLost { hint, .. }
             | Error::CmEvent { hint, .. }
+            | Error::ForeignRegion { hint, .. }
+            | Error::MissingAccess { hint, .. }
+            | Error::NotGpuMemory { hint, .. }
             | Error::QueueFull { hint, .. }
             | Error::QpNotReady { hint, .. }
             | Error::DeviceEvent { hint, .. }

@@ -547,7 +547,9 @@ fn nic_dma_buf_probe_and_gpu_registration_without_cuda() {
     if unsafe { gdr_sys::cuda::is_culib_present() } {
         // A CUDA driver in the guest: the heap pointer must be refused as host memory.
         match r {
-            Err(Error::InvalidArgument { what, .. }) => assert!(what.contains("not GPU")),
+            Err(Error::NotGpuMemory { kind, .. }) => {
+                assert_ne!(kind, gdr::cuda::PointerType::Device)
+            }
             Err(Error::CudaUnavailable { .. }) => {}
             other => panic!("heap memory registered as GPU memory: {other:?}"),
         }

@@ -471,6 +471,10 @@ fn bad_ranges_are_errors_before_posting() {
             dst.remote().slice(..64).unwrap(),
         ))
         .unwrap_err();
+    assert!(
+        matches!(e, Error::MissingAccess { needed, .. } if needed == AccessFlags::LOCAL_WRITE),
+        "{e}"
+    );
     assert!(e.to_string().contains("without LOCAL_WRITE"), "{e}");
     let other_pd = ProtectionDomain::new(p.pd.context()).unwrap();
     let foreign = MemoryRegion::new(&other_pd, 64, AccessFlags::LOCAL_WRITE).unwrap();
@@ -480,6 +484,16 @@ fn bad_ranges_are_errors_before_posting() {
             dst.remote().slice(..64).unwrap(),
         ))
         .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ForeignRegion {
+                call: "post_send",
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("another protection domain"), "{e}");
     assert_eq!(p.a.send_outstanding(), 0, "nothing was posted");
     let mut buf = [Completion::default(); 4];

@@ -31,8 +31,9 @@ pub struct GpuRange {
 /// time of the call.
 ///
 /// # Errors
-/// [`Error::CudaUnavailable`] without a driver; [`Error::InvalidArgument`] for `len == 0`, host
-/// memory or an address CUDA does not know; [`Error::Unsupported`] for managed memory;
+/// [`Error::CudaUnavailable`] without a driver; [`Error::NotGpuMemory`] for host memory;
+/// [`Error::InvalidArgument`] for `len == 0` or an address CUDA does not know;
+/// [`Error::Unsupported`] for managed memory;
 /// [`Error::OutOfBounds`] when the range leaves the allocation.
 pub fn check_gpu_range(address: u64, len: usize) -> Result<GpuRange> {
     if len == 0 {
@@ -53,13 +54,11 @@ pub fn check_gpu_range(address: u64, len: usize) -> Result<GpuRange> {
             ))
         }
         PointerType::HostPinned | PointerType::PageableHost => {
-            return Err(Error::invalid(
-                format!(
-                    "{address:#x} is {} memory, not GPU device memory (cuPointerGetAttributes)",
-                    pointer.kind
-                ),
-                HINT_HOST_MEMORY,
-            ))
+            return Err(Error::NotGpuMemory {
+                address,
+                kind: pointer.kind,
+                hint: HINT_HOST_MEMORY.into(),
+            })
         }
         PointerType::Unknown => {
             return Err(Error::invalid(

@@ -46,7 +46,8 @@ impl QueuePair {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a piece outside `local`, an empty piece or one of 4 GiB or
-    /// more, a slice of another protection domain, a READ into a slice without LOCAL_WRITE, or
+    /// more; [`Error::ForeignRegion`] for a slice of another protection domain,
+    /// [`Error::MissingAccess`] for a READ into a slice without LOCAL_WRITE; or
     /// [`Error::QpNotReady`], [`Error::QueueFull`]; [`Error::Verbs`] when
     /// the provider refuses a request (those before it were posted and complete as usual; the
     /// error says how many).
@@ -57,16 +58,18 @@ impl QueuePair {
         pieces: &[RdmaPiece],
     ) -> Result<()> {
         if local.pd != std::sync::Arc::as_ptr(self.pd()) as usize {
-            return Err(Error::invalid(
-                "post_rdma_batch: the local slice's region is registered with another protection domain",
-                "register the memory with the queue pair's protection domain",
-            ));
+            return Err(Error::ForeignRegion {
+                call: "post_rdma_batch",
+                hint: "register the memory with the queue pair's protection domain".into(),
+            });
         }
         if op == BatchOp::Read && !local.access.contains(AccessFlags::LOCAL_WRITE) {
-            return Err(Error::invalid(
-                format!("post_rdma_batch: RDMA READ into a region registered without LOCAL_WRITE ({:?})", local.access),
-                "register it with AccessFlags::LOCAL_WRITE",
-            ));
+            return Err(Error::MissingAccess {
+                call: "post_rdma_batch",
+                needed: AccessFlags::LOCAL_WRITE,
+                have: local.access,
+                hint: "register it with AccessFlags::LOCAL_WRITE".into(),
+            });
         }
         for (i, p) in pieces.iter().enumerate() {
             let len = p.remote.len();

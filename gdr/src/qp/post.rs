@@ -20,7 +20,7 @@ use crate::wr::{Data, Operation, RecvRequest, SendRequest};
 impl QueuePair {
     fn check_slices(
         &self,
-        what: &str,
+        what: &'static str,
         slices: &[LocalSlice],
         max: u32,
         need_write: bool,
@@ -36,10 +36,10 @@ impl QueuePair {
         }
         for s in slices {
             if s.pd != Arc::as_ptr(&self.pd) as usize {
-                return Err(Error::invalid(
-                    format!("{what}: a local slice's region is registered with another protection domain"),
-                    "register the memory with the queue pair's protection domain",
-                ));
+                return Err(Error::ForeignRegion {
+                    call: what,
+                    hint: "register the memory with the queue pair's protection domain".into(),
+                });
             }
             if s.len > u32::MAX as usize {
                 return Err(Error::invalid(
@@ -48,10 +48,12 @@ impl QueuePair {
                 ));
             }
             if need_write && !s.access.contains(AccessFlags::LOCAL_WRITE) {
-                return Err(Error::invalid(
-                    format!("{what}: the NIC writes this local region but it was registered without LOCAL_WRITE ({:?})", s.access),
-                    "register it with AccessFlags::LOCAL_WRITE",
-                ));
+                return Err(Error::MissingAccess {
+                    call: what,
+                    needed: AccessFlags::LOCAL_WRITE,
+                    have: s.access,
+                    hint: "register it with AccessFlags::LOCAL_WRITE".into(),
+                });
             }
         }
         Ok(())
@@ -166,8 +168,9 @@ impl QueuePair {
     /// completion is reaped.
     ///
     /// # Errors
-    /// A check failure, [`Error::QpNotReady`] before `connect`, [`Error::QueueFull`]: nothing was
-    /// posted. [`Error::Verbs`] from `ibv_post_send`: the request was not posted if the provider
+    /// A check failure ([`Error::ForeignRegion`], [`Error::MissingAccess`],
+    /// [`Error::InvalidArgument`]), [`Error::QpNotReady`] before `connect`, [`Error::QueueFull`]:
+    /// nothing was posted. [`Error::Verbs`] from `ibv_post_send`: the request was not posted if the provider
     /// said so; otherwise (a failed doorbell) it counts as posted and its completion, if the
     /// device runs it, is reported as usual.
     pub fn post_send(&self, req: &SendRequest<'_>) -> Result<()> {
