@@ -5,7 +5,7 @@
 //! * `GDR_HOSTS`, `GDR_RAILS`: how many hosts and rails; `GDR_HOST_INDEX`: this host (from 1);
 //! * `GDR_RAIL<r>_DEVICE`, `GDR_RAIL<r>_GID_INDEX`: this host's RDMA device on rail `r` (from 0)
 //!   and its RoCE v2 GID;
-//! * `GDR_HOST<h>_RAIL<r>_ADDR`: host `h`'s address on rail `r` (10.78.<r>.<h>);
+//! * `GDR_HOST<h>_RAIL<r>_ADDR`: host `h`'s address on rail `r` (`10.78.<r>.<h>`);
 //! * `GDR_FAULT`: the `gdr-fault` command that cuts links and adds loss on the hosts' rails.
 
 /// The cluster variable `k`; a missing one is a failure.
