@@ -288,7 +288,17 @@ fn a_notification_longer_than_either_side_takes_is_refused_alone() {
                 &TransferOptions::new().notify(long.clone()),
             )
             .unwrap_err();
-        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::TooLarge {
+                    len: 1000,
+                    max: 64,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         println!("{e}");
         peer.write(
             &[Desc::new(local, 0, remote, 0, 4096)],

@@ -158,7 +158,13 @@ fn gpu_classify_pinned_host_memory() {
     assert_eq!(info.ordinal, Some(0));
     let e = gpu_mr::check_gpu_range(host.as_ptr() as u64, 4096).unwrap_err();
     println!("pinned host memory as GPU memory: {e}");
-    assert!(matches!(e, Error::InvalidArgument { .. }));
+    assert!(matches!(
+        e,
+        Error::NotGpuMemory {
+            kind: PointerType::HostPinned,
+            ..
+        }
+    ));
     assert_eq!(e.hint(), Some(gpu_mr::HINT_HOST_MEMORY));
 }
 
@@ -237,7 +243,13 @@ fn gpu_classify_heap_and_made_up_addresses() {
     assert_eq!(info.ordinal, None);
     let e = gpu_mr::check_gpu_range(heap.as_ptr() as u64, heap.len()).unwrap_err();
     println!("host pointer as GPU memory: {e}");
-    assert!(matches!(e, Error::InvalidArgument { .. }));
+    assert!(matches!(
+        e,
+        Error::NotGpuMemory {
+            kind: PointerType::PageableHost,
+            ..
+        }
+    ));
     assert_eq!(e.hint(), Some(gpu_mr::HINT_HOST_MEMORY));
 
     for addr in [0x10u64, 0x0000_7eee_dead_0000] {
