@@ -141,7 +141,7 @@ pub enum Error {
 
     /// The NIC would write a local region registered without the access that needs: nothing
     /// was posted.
-    #[error("{call}: the NIC writes this local region but it was registered without {needed:?} (it has {have:?}){hint}")]
+    #[error("{call}: the NIC writes this local region but it was registered without {} (it has {}){hint}", flag_names(*.needed), flag_names(*.have))]
     MissingAccess {
         /// The refused call, e.g. `post_send`.
         call: &'static str,
@@ -431,6 +431,16 @@ pub fn errno_text(errno: i32) -> String {
     s
 }
 
+/// Access flags by name, e.g. `LOCAL_WRITE | REMOTE_READ` (`none` for no flag).
+fn flag_names(flags: crate::mr::AccessFlags) -> String {
+    let names: Vec<&str> = flags.iter_names().map(|(name, _)| name).collect();
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(" | ")
+    }
+}
+
 /// An rdma_cm event's status as text: a negative errno's text, else `status N`.
 fn cm_status_text(status: i32) -> String {
     if status < 0 {
@@ -475,6 +485,20 @@ mod tests {
         assert!(
             e.to_string().ends_with("Invalid argument (errno 22)"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn missing_access_names_the_flags() {
+        let e = Error::MissingAccess {
+            call: "post_send",
+            needed: crate::mr::AccessFlags::LOCAL_WRITE,
+            have: crate::mr::AccessFlags::REMOTE_READ | crate::mr::AccessFlags::REMOTE_WRITE,
+            hint: Hint::NONE,
+        };
+        assert_eq!(
+            e.to_string(),
+            "post_send: the NIC writes this local region but it was registered without LOCAL_WRITE (it has REMOTE_WRITE | REMOTE_READ)"
         );
     }
 
