@@ -18,7 +18,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -371,25 +371,7 @@ fn boot_host(
         &format!("{nonce}-h{h}"),
         &format!("[host{h}] "),
     )));
-    let stdout = child.stdout.take().expect("piped stdout");
-    let c = Arc::clone(&console);
-    let reader = thread::spawn(move || {
-        let mut r = BufReader::new(stdout);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match r.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => c.lock().expect("console lock").line(&line),
-            }
-        }
-    });
-    let mut stderr = child.stderr.take().expect("piped stderr");
-    let err_reader = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
+    let (reader, err_reader) = vm::read_guest_output(&mut child, &console);
     Ok((
         child,
         HostIo {

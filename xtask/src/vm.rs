@@ -250,27 +250,7 @@ fn boot_in(
         .spawn()
         .map_err(|e| format!("cannot start qemu-system-x86_64: {e}"))?;
     let console = Arc::new(Mutex::new(Console::new(&nonce)));
-    let stdout = child.stdout.take().expect("piped stdout");
-    let reader = {
-        let console = Arc::clone(&console);
-        thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                match r.read_until(b'\n', &mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => console.lock().expect("console lock").line(&line),
-                }
-            }
-        })
-    };
-    let mut stderr = child.stderr.take().expect("piped stderr");
-    let err_reader = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
+    let (reader, err_reader) = read_guest_output(&mut child, &console);
 
     let timeout = Duration::from_secs(opts.timeout);
     let mut timed_out = false;
@@ -756,4 +736,32 @@ pub(crate) fn kernel_cmdline() -> String {
         Ok(extra) if !extra.trim().is_empty() => format!("{base} {}", extra.trim()),
         _ => base.to_string(),
     }
+}
+
+/// Starts the two threads that read a guest's QEMU: one feeds its stdout to `console` line by
+/// line, the other reads its stderr whole (returned when joined).
+pub fn read_guest_output(
+    child: &mut std::process::Child,
+    console: &Arc<Mutex<Console>>,
+) -> (thread::JoinHandle<()>, thread::JoinHandle<String>) {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let c = Arc::clone(console);
+    let reader = thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => c.lock().expect("console lock").line(&line),
+            }
+        }
+    });
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let err_reader = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    (reader, err_reader)
 }
