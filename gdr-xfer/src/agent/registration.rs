@@ -101,8 +101,11 @@ impl Agent {
     /// Without a GPUDirect path the registration fails with gdr's error and its hint: staging
     /// through bounce buffers needs gdr's own [`DeviceBuffer`] ([`Agent::register_gpu`]).
     ///
-    /// For an address from C or Python with no Rust owner, wrap it in a type whose `unsafe impl
-    /// DeviceMemory` states who keeps it allocated (see [`DeviceMemory`]'s safety section).
+    /// For an address from C or Python with no Rust owner, wrap it in
+    /// [`gdr::cuda::ForeignDeviceMemory`]: `unsafe` to make (its contract: the range stays
+    /// allocated until its `release` closure runs), and gdr calls `release` once the segment, the
+    /// cache and every request are done with it. Host memory from such a caller is
+    /// [`gdr::mr::ForeignHostMemory`], registered with [`Agent::register_host`].
     ///
     /// # Errors
     /// As [`Agent::register_gpu`]; [`Error::InvalidArgument`] for a bad range or name.

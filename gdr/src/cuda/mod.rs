@@ -39,12 +39,15 @@
 
 mod context;
 mod dma;
+mod foreign;
 mod memory;
 mod pointer;
 mod stream;
 
 pub use context::ContextGuard;
 pub use dma::{DmaHostBuffer, HostDmaMemory};
+pub(crate) use foreign::run_release;
+pub use foreign::ForeignDeviceMemory;
 pub use memory::{DeviceBuffer, DeviceMemory, ManagedBuffer, PinnedHostBuffer};
 pub use pointer::{classify, set_sync_memops, set_sync_memops_at, PointerInfo, PointerType};
 pub use stream::{AsyncCopy, Stream};

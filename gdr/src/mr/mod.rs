@@ -33,6 +33,7 @@
 
 mod access;
 mod atomic_bytes;
+mod foreign;
 mod host;
 mod range;
 mod region;
@@ -40,6 +41,7 @@ mod registered;
 mod remote;
 
 pub use access::{AccessFlags, MemoryKind};
+pub use foreign::ForeignHostMemory;
 pub use host::{page_size, AlignedBuffer, HostMemory};
 pub(crate) use range::resolve_range;
 pub use region::{memlock_limit_text, MemoryRegion, WatchedWord};
