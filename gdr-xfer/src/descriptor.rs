@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::{descriptor_prefix, Error, Result};
 use crate::segment::{Segment, SegmentInner};
 use gdr_xfer_proto::SegmentId;
 
@@ -151,7 +151,7 @@ impl LocalList {
     pub fn new(ranges: &[(&Segment, u64, u64)]) -> Result<LocalList> {
         let mut entries = Vec::with_capacity(ranges.len());
         for (i, &(seg, offset, len)) in ranges.iter().enumerate() {
-            check_local(i, seg, offset, len)?;
+            check_local(Some(i), seg, offset, len)?;
             entries.push((seg.inner.clone(), offset, len));
         }
         Ok(LocalList { entries })
@@ -191,11 +191,21 @@ impl RemoteList {
 }
 
 /// Checks one local range against its segment.
-pub(crate) fn check_local(index: usize, seg: &Segment, offset: u64, len: u64) -> Result<()> {
+/// Checks a local range (descriptor `index`, or no descriptor's: `None`) against its segment.
+pub(crate) fn check_local(
+    index: Option<usize>,
+    seg: &Segment,
+    offset: u64,
+    len: u64,
+) -> Result<()> {
     if len == 0 {
         return Err(Error::invalid(
-            format!("descriptor {index} is empty"),
-            "every descriptor moves at least one byte",
+            format!(
+                "{}an empty range of segment {}",
+                descriptor_prefix(index),
+                seg.id()
+            ),
+            "every range has at least one byte",
         ));
     }
     if offset.checked_add(len).is_none_or(|end| end > seg.len()) {

@@ -42,11 +42,13 @@ pub enum Error {
         hint: Hint,
     },
 
-    /// A descriptor does not lie inside its segment; nothing was posted.
-    #[error("descriptor {index}: {side} range {offset}..+{len} lies outside segment {segment} ({segment_len} bytes){hint}")]
+    /// A range (of a descriptor, a sub-segment, a read or write) does not lie inside its
+    /// segment; nothing was done.
+    #[error("{}{side} range {offset}..+{len} lies outside segment {segment} ({segment_len} bytes){hint}", descriptor_prefix(*.index))]
     OutOfSegment {
-        /// Position of the descriptor (or block) in the list.
-        index: usize,
+        /// Position of the descriptor in its list; `None` for a range that is no descriptor's
+        /// ([`crate::Agent::register_within`], [`crate::Segment::read`], [`crate::Segment::write`]).
+        index: Option<usize>,
         /// Which side's range or block.
         side: Side,
         /// The segment's id.
@@ -264,6 +266,11 @@ pub enum Error {
     },
 }
 
+/// `descriptor N: ` for a descriptor's error, nothing for another range's.
+pub(crate) fn descriptor_prefix(index: Option<usize>) -> String {
+    index.map_or_else(String::new, |i| format!("descriptor {i}: "))
+}
+
 /// The hint of [`Error::PeerLost`].
 pub(crate) const PEER_LOST_HINT: &str =
     "the peer's process exited, its link failed or its directory record went (its log says which); connect again once it is back (Agent::connect, wait_peer)";
@@ -335,6 +342,28 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A range's error names its descriptor only when there is one.
+    #[test]
+    fn out_of_segment_names_a_descriptor_only_for_one() {
+        let e = |index| Error::OutOfSegment {
+            index,
+            side: Side::Local,
+            segment: SegmentId::new(3),
+            offset: 4000,
+            len: 200,
+            segment_len: 4096,
+            hint: Hint::NONE,
+        };
+        assert_eq!(
+            e(None).to_string(),
+            "local range 4000..+200 lies outside segment 3 (4096 bytes)"
+        );
+        assert_eq!(
+            e(Some(2)).to_string(),
+            "descriptor 2: local range 4000..+200 lies outside segment 3 (4096 bytes)"
+        );
+    }
 
     /// The concepts both crates name arrive from gdr as gdr-xfer's variant of the same name,
     /// with every field and the same message; the others stay wrapped.

@@ -143,7 +143,7 @@ impl Peer {
             }
             if offset.checked_add(len).is_none_or(|e| e > s.len) {
                 return Err(Error::OutOfSegment {
-                    index: i,
+                    index: Some(i),
                     side: Side::Remote,
                     segment: id,
                     offset,

@@ -146,7 +146,7 @@ impl<'t> Planner<'t> {
     ) -> Result<()> {
         if offset.checked_add(len).is_none_or(|end| end > seg_len) {
             return Err(Error::OutOfSegment {
-                index,
+                index: Some(index),
                 side: Side::Remote,
                 segment,
                 offset,
@@ -185,7 +185,7 @@ impl<'t> Planner<'t> {
     /// Adds a descriptor list.
     pub(crate) fn descs(&mut self, descs: &[Desc<'_>]) -> Result<()> {
         for (i, d) in descs.iter().enumerate() {
-            check_local(i, d.local, d.local_offset, d.len)?;
+            check_local(Some(i), d.local, d.local_offset, d.len)?;
             let (addr, seg_len, remote) = self.remote(d.remote)?;
             Self::check_remote(i, d.remote, seg_len, d.remote_offset, d.len)?;
             let l = self.local(i, &d.local.inner)?;

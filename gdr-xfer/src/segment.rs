@@ -207,7 +207,7 @@ impl Segment {
             .filter(|&end| end <= self.len())
             .map(|_| self.inner.base + offset as usize)
             .ok_or_else(|| Error::OutOfSegment {
-                index: 0,
+                index: None,
                 side: crate::descriptor::Side::Local,
                 segment: self.id(),
                 offset,

@@ -364,7 +364,7 @@ fn bad_input_is_refused_before_anything_is_posted() {
             e,
             Error::OutOfSegment {
                 side: Side::Local,
-                index: 0,
+                index: Some(0),
                 ..
             }
         ),
@@ -382,7 +382,7 @@ fn bad_input_is_refused_before_anything_is_posted() {
             e,
             Error::OutOfSegment {
                 side: Side::Remote,
-                index: 1,
+                index: Some(1),
                 segment_len: 4096,
                 ..
             }
@@ -580,8 +580,15 @@ fn segments_within_one_registration_cost_no_registration() {
     assert!(parts.iter().all(|p| p.shares_registration_with(&pool)));
     assert!(matches!(
         a.register_within(&pool, total as u64 - 1, 2, "x"),
-        Err(Error::OutOfSegment { .. })
+        Err(Error::OutOfSegment { index: None, .. })
     ));
+    let e = a
+        .register_within(&pool, total as u64 - 1, 2, "x")
+        .unwrap_err();
+    assert!(
+        !e.to_string().contains("descriptor"),
+        "no descriptor here: {e}"
+    );
     assert_eq!(a.segments().len(), n as usize + 1);
     for p in &parts {
         a.deregister(p).unwrap();

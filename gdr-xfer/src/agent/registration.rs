@@ -191,7 +191,7 @@ impl Agent {
     ) -> Result<Segment> {
         self.shared.check_open()?;
         check_name(name)?;
-        crate::descriptor::check_local(0, parent, offset, len)?;
+        crate::descriptor::check_local(None, parent, offset, len)?;
         self.add_segment(
             name,
             parent.location(),
