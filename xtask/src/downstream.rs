@@ -1,9 +1,11 @@
 //! `cargo xtask downstream`: builds new crates from README.md alone, the way a user would start:
 //! for each section of [`SECTIONS`] ("## Using the library" for gdr, "## Transfers between
-//! machines: gdr-xfer" for gdr-xfer, "### gdr-xfer on tokio" for its async forms), the
-//! dependency line (the first `toml` block) and the
-//! example (the first `rust` block) become `target/downstream/<crate>/{Cargo.toml,src/main.rs}`,
-//! and the crate is compiled (not run: it needs an RDMA device and a peer).
+//! machines: gdr-xfer" for gdr-xfer, "### gdr-xfer on tokio" for its async forms, "### The whole
+//! hand-over, in one program" for a whole prefill-to-decode program), the dependency line (the
+//! first `toml` block) and the example (the first `rust` block) become
+//! `target/downstream/<crate>/{Cargo.toml,src/main.rs}`, and the crate is compiled. The crates
+//! of [`RUN_IN_VM`] are also run, by the VM tier of `cargo xtask test` (the others need a peer
+//! on another host).
 //!
 //! The README's line is used verbatim. It names a checkout called `gdr` next to the user's
 //! crate (`../gdr/gdr`); `target/downstream/gdr` is a link to this checkout, so the path resolves
@@ -21,7 +23,12 @@ pub const SECTIONS: &[(&str, &str)] = &[
     ("## Using the library", "hello"),
     ("## Transfers between machines: gdr-xfer", "hello-xfer"),
     ("### gdr-xfer on tokio", "hello-xfer-tokio"),
+    ("### The whole hand-over, in one program", "kv-handover"),
 ];
+
+/// The crates of [`SECTIONS`] that also run: whole programs on one host, run in the VM tier
+/// (`crate::test`) with `GDR_DEVICE` set to the VM's device.
+pub const RUN_IN_VM: &[&str] = &["kv-handover"];
 
 /// The first section (the tests use it).
 #[cfg(test)]
@@ -191,6 +198,18 @@ fn check_one(section: &str, name: &str) -> Result<bool> {
         start.elapsed().as_secs_f64()
     );
     Ok(ok)
+}
+
+/// Builds the crate `name` of [`SECTIONS`] (if it is not built yet) and returns its binary.
+pub fn binary(name: &str) -> Result<PathBuf> {
+    let (section, _) = SECTIONS
+        .iter()
+        .find(|(_, n)| *n == name)
+        .ok_or_else(|| format!("no README section makes the crate {name}"))?;
+    if !check_one(section, name)? {
+        return Err(format!("the README's crate {name} does not build"));
+    }
+    Ok(cargo::metadata()?.target_dir.join("debug").join(name))
 }
 
 /// `cargo xtask downstream`.

@@ -1,5 +1,6 @@
-//! `cargo xtask test`: all host tests and the README's downstream crate (`cargo xtask
-//! downstream`, counted as one test), the fuzz smoke run (`crate::fuzz::smoke`, one test per
+//! `cargo xtask test`: all host tests and the README's downstream crates (`cargo xtask
+//! downstream`, counted as one test; the whole programs among them also run in the VM, one test
+//! each), the fuzz smoke run (`crate::fuzz::smoke`, one test per
 //! target, skipped without nightly or cargo-fuzz), then every device test inside one VM boot, then
 //! the cluster tier (`cluster_*` test targets on a 2-host x 2-rail cluster, `cluster3_*` on 3 hosts; cluster.rs).
 //!
@@ -172,6 +173,24 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
         return Ok((true, Counts::default()));
     }
     let mut script = tier_script(&tests, &shell_words(&opts.test_args), "");
+    // The README's whole programs (built from the README alone, `cargo xtask downstream`), each
+    // counted as one test: it passes when it exits with 0.
+    if opts.test_args.is_empty() {
+        let end = script
+            .rfind("[ \"$failed\" -eq 0 ]")
+            .unwrap_or(script.len());
+        let mut programs = String::from("export GDR_DEVICE=\"$GDR_TEST_DEVICE\"\n");
+        for name in crate::downstream::RUN_IN_VM {
+            let exe = crate::downstream::binary(name)?;
+            programs.push_str(&format!(
+                "run_one {} {} {}\n[ \"$rc\" -eq 0 ] && echo 'test result: ok. 1 passed; 0 failed; (the README program {name})'\n",
+                shell_quote(&format!("README program {name} ({})", exe.display())),
+                shell_quote(&cargo::workspace_root().to_string_lossy()),
+                shell_quote(&exe.to_string_lossy()),
+            ));
+        }
+        script.insert_str(end, &programs);
+    }
     // The engine's tests (direct and staged, and the outcome regression about rails) once more
     // on two rails: a second rxe on the veth
     // pair's other end (its own subnet), so that both agents of a test stripe over rxe0 and rxe1.
@@ -206,8 +225,9 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
         script.insert_str(end, &more);
     }
     say!(
-        "device tests: {} test binaries in one VM boot (--ignored --test-threads=1; xfer_engine, two of xfer_staged and one of xfer_outcomes also on two rails)",
-        tests.len()
+        "device tests: {} test binaries in one VM boot (--ignored --test-threads=1; xfer_engine, two of xfer_staged and one of xfer_outcomes also on two rails), and the README's programs {:?}",
+        tests.len(),
+        crate::downstream::RUN_IN_VM
     );
     let outcome = vm::boot(&opts.vm, &script)?;
     let (counts, failed_bins) = summarize(&outcome.output);
