@@ -80,3 +80,50 @@ fn cudarc_memory_is_checked_and_exported_as_gdr_checks_its_own() {
     let words = stream.alloc_zeros::<u32>(1000).unwrap();
     assert_eq!(DeviceMemory::len(&words), 4000);
 }
+
+/// Memory a C or Python caller allocated (here: cuMemAlloc through cudarc's raw calls), handed
+/// over by address as `ForeignDeviceMemory`: checked and exported as gdr's own, and its release
+/// closure (which frees it, as the caller's would) runs once the last reference is gone.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn foreign_memory_by_address_is_checked_and_released_after_its_last_user() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use gdr::cuda::ForeignDeviceMemory;
+
+    let ctx = CudaContext::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: a plain cuMemAlloc of LEN bytes with the context bound; freed in `release`.
+    let ptr = unsafe { cudarc::driver::result::malloc_sync(LEN) }.unwrap();
+    let freed = Arc::new(AtomicBool::new(false));
+    let f = freed.clone();
+    let owner = ctx.clone();
+    let release = move || {
+        owner.bind_to_thread().unwrap();
+        // SAFETY: the pointer came from cuMemAlloc above; gdr is done with it.
+        unsafe { cudarc::driver::result::free_sync(ptr) }.unwrap();
+        f.store(true, Ordering::SeqCst);
+    };
+    // SAFETY: ptr..ptr+LEN stays allocated until `release` frees it.
+    let memory = Arc::new(unsafe { ForeignDeviceMemory::new(ptr, LEN, release) });
+    let range = gpu_mr::check_gpu_range(memory.device_ptr(), LEN)
+        .expect("foreign cuMemAlloc memory is checked like a DeviceBuffer");
+    assert_eq!(range.pointer.ordinal, Some(0));
+    let export = gpu_mr::export_dma_buf(&*memory, ..).expect("a dma-buf of foreign memory");
+    let user = memory.clone();
+    drop(memory);
+    assert!(
+        !freed.load(Ordering::SeqCst),
+        "freed while still referenced"
+    );
+    drop(export);
+    drop(user);
+    assert!(
+        freed.load(Ordering::SeqCst),
+        "released after the last reference"
+    );
+    println!(
+        "foreign memory {ptr:#x}+{LEN}: checked (GPU {:?}, GPUDirect capable {:?}), exported, released after its last user",
+        range.pointer.ordinal, range.pointer.gpu_direct_rdma_capable
+    );
+}
