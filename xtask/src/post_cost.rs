@@ -3,7 +3,8 @@
 //! 16 KiB blocks, nothing merges). The provider's `ibv_post_send` is subtracted: the inclusive
 //! cost of `librxe-rdmav34.so`'s entry (its own instructions and the `memcpy` it calls), and,
 //! for comparison with earlier runs, only librxe's own instructions. Counts are reported, never
-//! asserted (the target is 300 per block).
+//! asserted (the target is 300 per block). `--annotate N` also prints callgrind's N most
+//! expensive functions, own and inclusive, to show where the instructions go.
 
 use crate::vm::{self, shell_quote, VmOpts};
 use crate::{cargo, say, Result};
@@ -22,6 +23,10 @@ pub struct PostCostOpts {
     /// 2,000 blocks per pool).
     #[arg(long, default_value_t = 1)]
     pub pools: u64,
+    /// Also print where the instructions go: callgrind's N most expensive functions, by their
+    /// own (exclusive) and by their inclusive cost, for each count (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub annotate: usize,
 }
 
 /// Callgrind's toggles: the submission and wait, the progress thread's completion handling
@@ -59,6 +64,15 @@ pub fn post_cost(opts: &PostCostOpts) -> Result<i32> {
              incl=$(callgrind_annotate --inclusive=yes /tmp/cg.{n} | awk '/librxe-rdmav34/ {{gsub(\",\",\"\",$1); if ($1+0 > m) m=$1+0}} END {{print m+0}}')\n\
              echo \"post-cost blocks={n} total=$total provider_inclusive=$incl provider_own=$own\"\n"
         ));
+        if opts.annotate > 0 {
+            let lines = opts.annotate + 20;
+            script.push_str(&format!(
+                "echo '== {n} blocks: own cost by function =='\n\
+                 callgrind_annotate --inclusive=no /tmp/cg.{n} | head -n {lines}\n\
+                 echo '== {n} blocks: inclusive cost by function =='\n\
+                 callgrind_annotate --inclusive=yes /tmp/cg.{n} | head -n {lines}\n"
+            ));
+        }
     }
     let outcome = vm::boot(&opts.vm, &script)?;
     if outcome.code != 0 {
