@@ -71,3 +71,31 @@ fn foreign_host_memory_is_released_only_after_the_nic_is_done() {
     );
     println!("foreign host memory: 1 MiB written into it, released after deregister and drop");
 }
+
+/// A registration refused before the NIC saw the memory (a name over the bound) drops it at
+/// once: release has run when the error comes back, and nothing else was registered.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_refused_registration_releases_foreign_memory_at_once() {
+    let a = agent("foreign-refused");
+    let mut bytes = vec![0u8; 4096];
+    let released = Arc::new(AtomicBool::new(false));
+    let r = released.clone();
+    // SAFETY: `bytes` outlives the value and nothing else touches it meanwhile.
+    let memory = unsafe {
+        ForeignHostMemory::new(bytes.as_mut_ptr(), bytes.len(), move || {
+            r.store(true, Ordering::SeqCst)
+        })
+    }
+    .unwrap();
+    let e = a
+        .register_host(memory, &"n".repeat(65), Location::Cpu { numa: None })
+        .unwrap_err();
+    assert!(
+        matches!(e, gdr_xfer::Error::TooLarge { len: 65, .. }),
+        "{e}"
+    );
+    assert!(released.load(Ordering::SeqCst), "released with the error");
+    assert!(a.segments().is_empty());
+    drop(bytes);
+}

@@ -46,7 +46,10 @@ impl ForeignDeviceMemory {
     /// for reuse. gdr calls `release` once, from whichever thread drops the last reference
     /// (possibly a gdr progress thread); it must not block for long. If `release` panics, the
     /// panic is caught and logged. The registration checks (device memory, one allocation,
-    /// GPUDirect capable) still run when the memory is registered.
+    /// GPUDirect capable) still run when the memory is registered; a registration refused by
+    /// them drops its reference at once. Should a deregistration fail (the NIC may keep its
+    /// mapping), gdr leaks the value instead of dropping it, and `release` never runs: the
+    /// memory must then stay allocated for the rest of the process.
     pub unsafe fn new(ptr: u64, len: usize, release: impl FnOnce() + Send + 'static) -> Self {
         ForeignDeviceMemory {
             ptr,
@@ -126,5 +129,31 @@ mod tests {
         // SAFETY: as above.
         let panicking = unsafe { ForeignDeviceMemory::new(1, 1, || panic!("owner's bug")) };
         drop(panicking);
+    }
+
+    /// Clones dropped on many threads at once: release runs exactly once, after the last.
+    #[test]
+    fn racing_drops_release_exactly_once() {
+        for _ in 0..200 {
+            let released = Arc::new(AtomicUsize::new(0));
+            let r = released.clone();
+            // SAFETY: the memory is never used (no registration in this test).
+            let m = Arc::new(unsafe {
+                ForeignDeviceMemory::new(0x1000, 64, move || {
+                    r.fetch_add(1, Ordering::SeqCst);
+                })
+            });
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let c = m.clone();
+                    std::thread::spawn(move || drop(c))
+                })
+                .collect();
+            drop(m);
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert_eq!(released.load(Ordering::SeqCst), 1);
+        }
     }
 }

@@ -39,7 +39,10 @@ impl ForeignHostMemory {
     /// initialised, not moved or freed, and reached by nothing else: no other code reads or
     /// writes it or holds a reference to it, because the NIC and the region's copies write it
     /// (the [`HostMemory`] contract). gdr calls `release` once, from whichever thread drops the
-    /// region last (possibly a progress thread); a panic in it is caught and logged.
+    /// region last (possibly a progress thread); a panic in it is caught and logged. A
+    /// registration that fails drops the value, so `release` has run when the call returns the
+    /// error. Should a deregistration fail (the NIC may keep its mapping), gdr leaks the value
+    /// and `release` never runs: the memory must then stay as it is for the rest of the process.
     pub unsafe fn new(
         ptr: *mut u8,
         len: usize,
