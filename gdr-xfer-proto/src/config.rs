@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// Most requests per post (one doorbell), and between two signalled ones.
-pub const CHUNK: usize = 32;
+pub const CHUNK: usize = 64;
 
 /// A connection's settings.
 #[derive(Debug, Clone)]

@@ -97,6 +97,6 @@ mod tests {
     fn the_records_per_run_and_per_batch_are_the_documented_sizes() {
         assert_eq!(std::mem::size_of::<crate::run::Run>(), 32);
         assert_eq!(std::mem::size_of::<super::Posted>(), 72);
-        assert_eq!(crate::config::CHUNK, 32);
+        assert_eq!(crate::config::CHUNK, 64);
     }
 }

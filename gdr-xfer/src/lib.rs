@@ -153,7 +153,7 @@
 //! ## Progress
 //!
 //! Submitting posts at once, in the caller's thread, what the send queues have room for (one
-//! doorbell per 32 requests); each rail's progress thread reaps its completions, posts the rest
+//! doorbell per 32 requests, one signalled request per batch of up to 64); each rail's progress thread reaps its completions, posts the rest
 //! as room frees and delivers notifications; any of them (or a waiter past its transfer's
 //! deadline) runs the timers: deadlines, fences, renewals. It polls while completions come and
 //! sleeps on the completion channel otherwise. The caller never waits for another thread to
@@ -173,7 +173,7 @@
 //!
 //! Per transfer: one run record of 32 bytes per descriptor or block that did not merge
 //! ([`TransferStats::runs`]; runs contiguous on both sides are one), and one 72-byte record per
-//! batch of up to 32 posted requests (2.25 bytes a request when batches are full), kept until the
+//! batch of up to 64 posted requests (1.125 bytes a request when batches are full), kept until the
 //! batch completes (the core's host tests pin both sizes). Per request in flight: gdr's entry, a slot of the queue pair's ring (40 bytes,
 //! plus 16 for each memory region it holds), allocated once with the queue pair, so bounded by
 //! the queues' depth, not by the transfer. Nothing is allocated per block: a paged batch of

@@ -335,46 +335,52 @@ impl<'t> Planner<'t> {
         remote_blocks: &[u32],
     ) -> std::result::Result<(), (&'static str, u64, u64)> {
         self.runs.reserve(local_blocks.len());
-        // The run being extended, kept out of the vector while the blocks continue it. It
-        // starts as the last run of earlier descriptors when that one is of the same segment
-        // pair.
-        let mut cur = match self.runs.last() {
-            Some(last) if last.local == s.local && last.remote == s.remote => self.runs.pop(),
-            _ => None,
+        // The run being extended (start on each side and length), kept in registers, out of the
+        // vector, while the blocks continue it. It starts as the last run of earlier
+        // descriptors when that one is of the same segment pair.
+        let (mut open, mut at_local, mut at_remote, mut len) = match self.runs.last() {
+            Some(last) if last.local == s.local && last.remote == s.remote => {
+                let last = self.runs.pop().expect("there is a last run");
+                (true, last.local_offset, last.remote_addr, last.len)
+            }
+            _ => (false, 0, 0, 0),
         };
         for (&lb, &rb) in local_blocks.iter().zip(remote_blocks) {
             if u64::from(lb) >= s.local_fit {
+                self.close_run(s, open, at_local, at_remote, len);
                 return Err((LOCAL_BLOCKS, u64::from(lb), s.local_fit));
             }
             if u64::from(rb) >= s.remote_fit {
+                self.close_run(s, open, at_local, at_remote, len);
                 return Err((REMOTE_BLOCKS, u64::from(rb), s.remote_fit));
             }
             // In range, so neither sum overflows: both lie below the segments' ends.
             let local_offset = s.local_base + u64::from(lb) * s.local_stride;
             let remote_addr = s.remote_base + u64::from(rb) * s.remote_stride;
-            let next = Run {
+            if open && at_local + len == local_offset && at_remote + len == remote_addr {
+                len += s.len;
+                continue;
+            }
+            self.close_run(s, open, at_local, at_remote, len);
+            (open, at_local, at_remote, len) = (true, local_offset, remote_addr, s.len);
+        }
+        self.close_run(s, open, at_local, at_remote, len);
+        self.descriptors += local_blocks.len() as u64;
+        Ok(())
+    }
+
+    /// Appends the run [`Planner::push_blocks`] was extending, if any.
+    #[inline(always)]
+    fn close_run(&mut self, s: &Sides, open: bool, local_offset: u64, remote_addr: u64, len: u64) {
+        if open {
+            self.runs.push(Run {
                 local: s.local,
                 local_offset,
                 remote_addr,
                 remote: s.remote,
-                len: s.len,
-            };
-            match &mut cur {
-                Some(c)
-                    if c.local_offset + c.len == local_offset
-                        && c.remote_addr + c.len == remote_addr =>
-                {
-                    c.len += s.len;
-                }
-                Some(c) => self.runs.push(std::mem::replace(c, next)),
-                None => cur = Some(next),
-            }
+                len,
+            });
         }
-        if let Some(c) = cur {
-            self.runs.push(c);
-        }
-        self.descriptors += local_blocks.len() as u64;
-        Ok(())
     }
 
     /// Adds pairs of indices into prepared lists.

@@ -3,7 +3,7 @@
 //! 16 KiB blocks, nothing merges). The provider's `ibv_post_send` is subtracted: the inclusive
 //! cost of `librxe-rdmav34.so`'s entry (its own instructions and the `memcpy` it calls), and,
 //! for comparison with earlier runs, only librxe's own instructions. Counts are reported, never
-//! asserted (the target is 300 per block). `--annotate N` also prints callgrind's N most
+//! asserted (the target is 240 per block). `--annotate N` also prints callgrind's N most
 //! expensive functions, own and inclusive, to show where the instructions go.
 
 use crate::vm::{self, shell_quote, VmOpts};

@@ -8,8 +8,6 @@
 //! releases all. This is the per-request cost transfer engines need for block tables of 10^5
 //! entries.
 
-use std::mem::MaybeUninit;
-
 use gdr_sys::ibv;
 
 use super::{QueuePair, WorkQueue, LIST_CHUNK};
@@ -101,69 +99,69 @@ impl QueuePair {
         // Per batch, not per request: the signalling period and the incarnation's id bits.
         let signal_every = ring.signal_every();
         let id_base = ring.id_base();
+        // The list's requests and SGEs: the ring's, reused by every batch.
+        let mut list = ring.list.take().unwrap_or_else(ListScratch::new);
+        let wrs = list.wrs.as_mut_ptr();
+        let sges = list.sges.as_mut_ptr();
         let mut done = 0usize;
         while done < pieces.len() {
             let chunk = &pieces[done..(done + LIST_CHUNK).min(pieces.len())];
-            let last_of_batch = done + chunk.len() == pieces.len();
-            let mut wrs = [const { MaybeUninit::<ibv::ibv_send_wr>::uninit() }; LIST_CHUNK];
-            let mut sges = [const { MaybeUninit::<ibv::ibv_sge>::uninit() }; LIST_CHUNK];
-            let mut signaled = [false; LIST_CHUNK];
-            let mut since = ring.since_signal;
             let n = chunk.len();
+            let signals =
+                Signals::new(ring.since_signal, signal_every, n, done + n == pieces.len());
+            let head = ring.head;
+            ring.stage_ids(chunk, |p| p.wr_id);
+            // The region rides on the chunk's last request only (see the module docs).
+            ring.mark_last(head + n as u64 - 1, signals.user_last, &local.region);
             for (i, p) in chunk.iter().enumerate() {
-                let user_signaled = last_of_batch && i + 1 == n;
-                let sig = user_signaled || u64::from(since) + 1 >= signal_every;
-                since = if sig { 0 } else { since + 1 };
-                // The region rides on the chunk's last request only (see the module docs).
-                let holds = i + 1 == n;
-                let seq = ring.stage(
-                    i as u64,
-                    p.wr_id,
-                    user_signaled,
-                    holds.then_some(&local.region).into_iter(),
-                );
-                sges[i].write(ibv::ibv_sge {
-                    addr: local.addr + p.offset as u64,
-                    length: p.remote.len() as u32,
-                    lkey: local.lkey,
-                });
-                // Built in place (no 128-byte copy per request).
-                // SAFETY: plain old data (null `next`, zero flags).
-                let wr = wrs[i].write(unsafe { std::mem::zeroed::<ibv::ibv_send_wr>() });
-                wr.wr_id = id_base | (seq & crate::inflight::SEQ_MASK);
-                wr.sg_list = sges[i].as_mut_ptr();
-                wr.num_sge = 1;
-                wr.opcode = opcode;
-                wr.send_flags = if sig {
-                    ibv::ibv_send_flags::IBV_SEND_SIGNALED.0
-                } else {
-                    0
-                };
-                wr.wr.rdma.remote_addr = p.remote.addr();
-                wr.wr.rdma.rkey = p.remote.rkey();
-                signaled[i] = sig;
+                // SAFETY: `i < n <= LIST_CHUNK`: inside both arrays, which nothing else refers
+                // to while the ring is locked. Only the fields an RDMA request uses are written
+                // (the rest stay zero from `ListScratch::new`); `next` of the last one is one
+                // past the array here and set to null below.
+                unsafe {
+                    let sge = sges.add(i);
+                    *sge = ibv::ibv_sge {
+                        addr: local.addr + p.offset as u64,
+                        length: p.remote.len() as u32,
+                        lkey: local.lkey,
+                    };
+                    let wr = &mut *wrs.add(i);
+                    wr.wr_id = id_base | ((head + i as u64) & crate::inflight::SEQ_MASK);
+                    wr.next = wrs.add(i + 1);
+                    wr.sg_list = sge;
+                    wr.num_sge = 1;
+                    wr.opcode = opcode;
+                    wr.send_flags = 0;
+                    wr.wr.rdma.remote_addr = p.remote.addr();
+                    wr.wr.rdma.rkey = p.remote.rkey();
+                }
             }
-            for i in 1..n {
-                // SAFETY: entries 0..n were initialised above; `wrs` outlives the post below.
-                unsafe { (*wrs[i - 1].as_mut_ptr()).next = wrs[i].as_mut_ptr() };
+            // SAFETY: `n - 1` and the indexes `signals` yields are below `n` (as above).
+            unsafe {
+                (*wrs.add(n - 1)).next = std::ptr::null_mut();
+                for i in signals.iter() {
+                    (*wrs.add(i)).send_flags = ibv::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                }
             }
             let mut bad: *mut ibv::ibv_send_wr = std::ptr::null_mut();
             // SAFETY: the QP is valid; the n linked requests and their SGEs live across the
             // call; every SGE lies inside `local` (checked above), a region of our PD that the
             // chunk's last request keeps alive until it is retired, after every request before
             // it (in-order retirement), or until the ring is cleared when the NIC is done.
-            let rc = unsafe { ibv::ibv_post_send(self.qp.as_ptr(), wrs[0].as_mut_ptr(), &mut bad) };
+            let rc = unsafe { ibv::ibv_post_send(self.qp.as_ptr(), wrs, &mut bad) };
             if rc == 0 {
-                ring.commit_many(n, since);
+                ring.commit_many(n, signals.since_after());
                 done += n;
                 continue;
             }
             // The requests before `bad` were posted (a `bad` outside the chunk counts as all of
             // them: holding memory longer is always sound).
             let failed = (0..n)
-                .find(|&i| std::ptr::eq(wrs[i].as_ptr(), bad))
+                .find(|&i| std::ptr::eq(wrs.wrapping_add(i), bad))
                 .unwrap_or(n);
-            ring.settle(&signaled[..n], failed, Some(&local.region));
+            ring.list = Some(list);
+            let signaled: Vec<bool> = (0..n).map(|i| signals.signals(i)).collect();
+            ring.settle(&signaled, failed, Some(&local.region));
             drop(ring);
             let err = self.post_error(
                 match op {
@@ -179,6 +177,122 @@ impl QueuePair {
             );
             return Err(err);
         }
+        ring.list = Some(list);
         Ok(())
+    }
+}
+
+/// The requests and SGEs of one doorbell's list, kept by the send queue's ring between batches:
+/// allocated zeroed once, so a batch writes only the fields an RDMA request uses (no 128-byte
+/// clearing per request), and the fields it never writes stay zero for the provider to read.
+pub(crate) struct ListScratch {
+    wrs: [ibv::ibv_send_wr; LIST_CHUNK],
+    sges: [ibv::ibv_sge; LIST_CHUNK],
+}
+
+// SAFETY: the raw pointers in the requests point into the scratch itself; they are written
+// before each post and read only by that post, with the ring's lock held. Nothing in the
+// scratch is shared or owned elsewhere.
+unsafe impl Send for ListScratch {}
+
+impl ListScratch {
+    fn new() -> Box<ListScratch> {
+        // SAFETY: every field is plain data for which all-zero bytes are valid (null pointers,
+        // zero integers, unions of those).
+        Box::new(unsafe { std::mem::zeroed::<ListScratch>() })
+    }
+}
+
+/// Which requests of one doorbell's list are signalled: the batch's last one (the caller's), and
+/// every `every`-th since the queue's last signalled request (so that the send queue never holds
+/// more unsignalled requests than it can retire).
+#[derive(Debug, Clone, Copy)]
+struct Signals {
+    /// The index of the first periodic signal.
+    first: u64,
+    every: u64,
+    n: usize,
+    /// Whether the list's last request is the batch's last (signalled for the caller).
+    user_last: bool,
+    since: u32,
+}
+
+impl Signals {
+    /// For a list of `n` requests posted when `since` unsignalled requests follow the last
+    /// signalled one (`every >= 1`).
+    fn new(since: u32, every: u64, n: usize, user_last: bool) -> Signals {
+        let every = every.max(1);
+        Signals {
+            first: every.saturating_sub(u64::from(since) + 1),
+            every,
+            n,
+            user_last,
+            since,
+        }
+    }
+
+    /// Whether request `i` of the list is signalled (what [`Ring::signal_due`] says for each
+    /// request in turn).
+    ///
+    /// [`Ring::signal_due`]: crate::inflight::Ring::signal_due
+    fn signals(&self, i: usize) -> bool {
+        let i64 = i as u64;
+        (self.user_last && i + 1 == self.n)
+            || (i64 >= self.first && (i64 - self.first).is_multiple_of(self.every))
+    }
+
+    /// The signalled requests' indexes, in order.
+    fn iter(self) -> impl Iterator<Item = usize> {
+        let periodic = (self.first..self.n as u64)
+            .step_by(self.every.min(usize::MAX as u64) as usize)
+            .map(|i| i as usize);
+        let last = (self.user_last && self.n > 0).then(|| self.n - 1);
+        periodic.chain(last)
+    }
+
+    /// The unsignalled requests after the last signalled one once the list is posted.
+    fn since_after(&self) -> u32 {
+        match (0..self.n).rev().find(|&i| self.signals(i)) {
+            Some(last) => (self.n - 1 - last) as u32,
+            None => self.since + self.n as u32,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Signals;
+
+    /// The list's signals are exactly those of the rule applied request by request: a request
+    /// is signalled when `since + 1 >= every`, or when it is the batch's last.
+    #[test]
+    fn signals_match_the_per_request_rule() {
+        for every in 1..=9u64 {
+            for since in 0..every as u32 {
+                for n in 1..=20usize {
+                    for user_last in [false, true] {
+                        let s = Signals::new(since, every, n, user_last);
+                        let mut run = since;
+                        let mut want = Vec::new();
+                        for i in 0..n {
+                            let sig = (user_last && i + 1 == n) || u64::from(run) + 1 >= every;
+                            run = if sig { 0 } else { run + 1 };
+                            want.push(sig);
+                            assert_eq!(
+                                s.signals(i),
+                                sig,
+                                "every={every} since={since} n={n} i={i}"
+                            );
+                        }
+                        let got: Vec<usize> = s.iter().collect();
+                        let want_idx: Vec<usize> = (0..n).filter(|&i| want[i]).collect();
+                        let mut dedup = got.clone();
+                        dedup.dedup();
+                        assert_eq!(dedup, want_idx, "every={every} since={since} n={n}");
+                        assert_eq!(s.since_after(), run, "every={every} since={since} n={n}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -29,7 +29,7 @@ use crate::pd::ProtectionDomain;
 use crate::return_code;
 use state::random_psn;
 
-mod batch;
+pub(crate) mod batch;
 mod config;
 mod endpoint;
 mod post;
