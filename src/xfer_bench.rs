@@ -5,7 +5,9 @@
 //!
 //! The target registers one buffer and waits; the initiator connects, and each of its threads
 //! submits a batch of `batch` blocks (a block table: no descriptor per block), waits for it, and
-//! starts the next, until the duration is over, for each block size in turn. Blocks land at
+//! starts the next, until the duration is over, for each block size in turn; with `depth` D, each
+//! thread keeps D batches (of D disjoint block ranges) in flight and submits the next as the
+//! oldest completes. Blocks land at
 //! scattered positions by default (a permutation), as KV-cache blocks do, so nothing merges.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,11 +31,20 @@ pub enum Layout {
     Repeat,
 }
 
+fn one() -> usize {
+    1
+}
+
 /// What the initiator runs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchParams {
-    /// Threads, each with one batch in flight.
+    /// Threads, each with `depth` batches in flight.
     pub threads: usize,
+    /// Batches each thread keeps in flight (1: submit, wait, repeat, as Mooncake's and
+    /// nixlbench's loops; 2 or more keep the queue pairs busy while a finished batch is
+    /// reported and the next submitted, as perftest keeps its send queue full).
+    #[serde(default = "one")]
+    pub depth: usize,
     /// Blocks per batch.
     pub batch: usize,
     /// Block sizes, one row each.
@@ -178,6 +189,25 @@ fn scatter(i: usize, n: usize) -> usize {
     (i * stride + n / 3) % n
 }
 
+/// The local and remote blocks of a batch of `batch` blocks starting at block `first`.
+fn block_range(first: usize, batch: usize, layout: Layout) -> (Vec<u32>, Vec<u32>) {
+    let first = first as u32;
+    let lb = (0..batch as u32)
+        .map(|i| first + if layout == Layout::Repeat { 0 } else { i })
+        .collect();
+    let rb = (0..batch)
+        .map(|i| {
+            first
+                + match layout {
+                    Layout::Scattered => scatter(i, batch) as u32,
+                    Layout::Contiguous => i as u32,
+                    Layout::Repeat => 0,
+                }
+        })
+        .collect();
+    (lb, rb)
+}
+
 struct Sample {
     /// When the batch completed.
     done: Instant,
@@ -206,15 +236,15 @@ pub fn run_initiator(
     };
     let agent = Agent::new(cfg)?;
     let largest = params.block_sizes.iter().copied().max().unwrap_or(0);
-    let need = largest as usize * params.batch * params.threads;
+    let need = largest as usize * params.batch * params.threads * params.depth.max(1);
     let local = agent.alloc_host(need.max(1), "xfer-bench-local")?;
     let peer = agent.connect(addr)?;
     let remote = peer.wait_segment_named(TARGET_SEGMENT, Duration::from_secs(10))?;
     if (remote.len as usize) < need {
         return Err(gdr_xfer::Error::invalid(
             format!(
-                "the target's buffer has {} bytes; {} threads x {} blocks x {largest} bytes need {need}",
-                remote.len, params.threads, params.batch
+                "the target's buffer has {} bytes; {} threads x {} batches in flight x {} blocks x {largest} bytes need {need}",
+                remote.len, params.threads, params.depth.max(1), params.batch
             ),
             "start the target with a larger --buffer-size",
         ));
@@ -251,6 +281,7 @@ fn run_size(
 ) -> gdr_xfer::Result<BenchRow> {
     let threads = params.threads.max(1);
     let batch = params.batch.max(1);
+    let depth = params.depth.max(1);
     let rails_before = peer.rail_stats();
     let duration = Duration::from_secs_f64(params.duration_s.max(0.01));
     let stop = Arc::new(AtomicBool::new(false));
@@ -264,34 +295,39 @@ fn run_size(
         let layout = params.layout;
         handles.push(std::thread::spawn(
             move || -> gdr_xfer::Result<Vec<Sample>> {
-                let first = (t * batch) as u32;
-                let lb: Vec<u32> = (0..batch as u32)
-                    .map(|i| first + if layout == Layout::Repeat { 0 } else { i })
+                // One block range per batch in flight: thread t's d-th is range t x depth + d.
+                let sides: Vec<(Vec<u32>, Vec<u32>)> = (0..depth)
+                    .map(|d| block_range((t * depth + d) * batch, batch, layout))
                     .collect();
-                let rb: Vec<u32> = (0..batch)
-                    .map(|i| {
-                        first
-                            + match layout {
-                                Layout::Scattered => scatter(i, batch) as u32,
-                                Layout::Contiguous => i as u32,
-                                Layout::Repeat => 0,
-                            }
-                    })
+                let tables: Vec<BlockTable<'_>> = sides
+                    .iter()
+                    .map(|(lb, rb)| BlockTable::new(&local, lb, remote, rb, bs))
                     .collect();
-                let table = BlockTable::new(&local, &lb, remote, &rb, bs);
                 let opts = TransferOptions::new().timeout(Duration::from_secs(60));
                 // Warm-up batch, outside the measurement. Every thread reaches the start line, a
                 // failed one too (the others would wait for it forever).
                 let warm = peer
-                    .transfer_blocks(op, &table, &opts)
+                    .transfer_blocks(op, &tables[0], &opts)
                     .and_then(|t| t.wait(Duration::from_secs(60)));
                 start_line.wait();
                 warm?;
                 let mut samples = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let s = peer
-                        .transfer_blocks(op, &table, &opts)?
-                        .wait(Duration::from_secs(60))?;
+                let mut in_flight = std::collections::VecDeque::with_capacity(depth);
+                let mut next = 0usize;
+                loop {
+                    while in_flight.len() < depth && !stop.load(Ordering::Relaxed) {
+                        in_flight.push_back(peer.transfer_blocks(
+                            op,
+                            &tables[next % depth],
+                            &opts,
+                        )?);
+                        next += 1;
+                    }
+                    // Batches still in flight at the stop are waited for and counted.
+                    let Some(oldest) = in_flight.pop_front() else {
+                        break;
+                    };
+                    let s = oldest.wait(Duration::from_secs(60))?;
                     samples.push(Sample {
                         done: Instant::now(),
                         prep: s.plan_time.as_secs_f64() * 1e6,

@@ -6,10 +6,10 @@ use gdr_tools::xfer_bench::{self, BenchParams, Layout};
 use gdr_xfer::AgentConfig;
 
 const AFTER_HELP: &str = "\
-Start the target, then the initiator with the target's address. Each initiator thread keeps one
-batch in flight: a block table of --batch blocks of --block-size bytes (scattered on the target
-unless --layout contiguous), submitted, waited for, repeated for --duration seconds per block
-size. Columns as nixlbench: prepare = checking and merging, post = submission until the last
+Start the target, then the initiator with the target's address. Each initiator thread keeps
+--depth batches in flight (default one): block tables of --batch blocks of --block-size bytes
+(scattered on the target unless --layout contiguous), submitted, waited for, repeated for
+--duration seconds per block size. Columns as nixlbench: prepare = checking and merging, post = submission until the last
 request was posted, tx = submission until completion (microseconds).
 
 Exit status: 0 measured; 1 an error; 2 usage.
@@ -32,7 +32,7 @@ pub struct XferBenchArgs {
     /// Target: address to listen on.
     #[arg(long, default_value = "0.0.0.0:18700")]
     pub listen: String,
-    /// Target: bytes of its buffer (at least threads x batch x the largest block size).
+    /// Target: bytes of its buffer (at least threads x depth x batch x the largest block size).
     #[arg(long, default_value_t = 256 << 20)]
     pub buffer_size: usize,
     /// Target: keep serving after an initiator finished.
@@ -44,9 +44,13 @@ pub struct XferBenchArgs {
     /// GID index (default: the RoCE v2 IPv4 entry).
     #[arg(short = 'x', long)]
     pub gid_index: Option<u32>,
-    /// Threads, each with one batch in flight.
+    /// Threads, each with --depth batches in flight.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Batches each thread keeps in flight (1: submit, wait, repeat, as Mooncake's and
+    /// nixlbench's loops; 2 keeps the queue pairs busy between batches, as perftest does).
+    #[arg(long, default_value_t = 1)]
+    pub depth: usize,
     /// Blocks per batch.
     #[arg(long, default_value_t = 128)]
     pub batch: usize,
@@ -97,12 +101,15 @@ pub fn run(args: XferBenchArgs) -> u8 {
             eprintln!("gdr xfer-bench: give --target or the target's HOST:PORT");
             return 2;
         };
-        if args.threads == 0 || args.batch == 0 || args.block_size.contains(&0) {
-            eprintln!("gdr xfer-bench: --threads, --batch and --block-size must be positive");
+        if args.threads == 0 || args.depth == 0 || args.batch == 0 || args.block_size.contains(&0) {
+            eprintln!(
+                "gdr xfer-bench: --threads, --depth, --batch and --block-size must be positive"
+            );
             return 2;
         }
         let params = BenchParams {
             threads: args.threads,
+            depth: args.depth,
             batch: args.batch,
             block_sizes: args.block_size.clone(),
             op: args.op.clone(),

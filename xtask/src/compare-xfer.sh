@@ -3,17 +3,18 @@
 # ib_write_bw or ib_read_bw (messages of SIZE bytes; OP is write, the default, or read)
 # alternately on one RDMA device, both with QPS queue pairs and for SECONDS each, server/target
 # and client/initiator as two processes on this host, and prints each client's result between
-# markers that `cargo xtask compare-xfer` parses.
+# markers that `cargo xtask compare-xfer` parses. Each gdr-xfer thread keeps DEPTH batches in
+# flight (default 2).
 #
-# usage: compare-xfer.sh DEVICE GID_INDEX ADDR GDR_BINARY ROUNDS SIZE BATCH QPS SECONDS THREADS [OP]
+# usage: compare-xfer.sh DEVICE GID_INDEX ADDR GDR_BINARY ROUNDS SIZE BATCH QPS SECONDS THREADS [OP] [DEPTH]
 #   ADDR: this host's address on DEVICE (- takes $GDR_TEST_ADDR, as in the Soft-RoCE VM).
-# On real hardware: compare-xfer.sh mlx5_0 3 192.168.1.10 target/release/gdr 5 65536 128 2 5 1
+# On real hardware: compare-xfer.sh mlx5_0 3 192.168.1.10 target/release/gdr 5 65536 128 2 5 1 write 2
 set -u
 dev=$1 gid=$2 addr=$3 gdr=$4
 [ "$addr" = "-" ] && addr=${GDR_TEST_ADDR:?ADDR is - but GDR_TEST_ADDR is not set}
-rounds=$5 size=$6 batch=$7 qps=$8 secs=$9 threads=${10} op=${11:-write}
+rounds=$5 size=$6 batch=$7 qps=$8 secs=$9 threads=${10} op=${11:-write} depth=${12:-2}
 case "$op" in write | read) ;; *) echo "compare-xfer.sh: OP must be write or read, not $op" >&2; exit 2 ;; esac
-port=18720
+port=${PORT_BASE:-18720}
 
 # Stops a server that outlived its client by 10 s, and reports both exit codes.
 finish() {
@@ -41,7 +42,7 @@ xfer() {
     sleep 1
     echo "### xfer size=$size round=$r"
     "$gdr" xfer-bench "127.0.0.1:$port" -d "$dev" -x "$gid" --block-size "$size" --batch "$batch" \
-        -q "$qps" --duration "$secs" --threads "$threads" --op "$op" --csv 2>&1
+        -q "$qps" --duration "$secs" --threads "$threads" --depth "$depth" --op "$op" --csv 2>&1
     finish $spid $?
 }
 
