@@ -16,11 +16,16 @@ pub struct StagingConfig {
     pub chunks: usize,
     /// The most tickets (started, unfinished ranges) at once; more are refused.
     pub max_tickets: usize,
-    /// The smallest piece a range is cut into. A range shorter than `chunks * chunk_size` is cut
-    /// into `chunks` pieces of at least this size (rounded up to 64 KiB), so that even a range of
-    /// two chunk sizes keeps several copies and RDMA requests overlapping; see
-    /// [`piece_size`](Self::piece_size). Set it to `chunk_size` to always cut at `chunk_size`.
+    /// The smallest piece a range is cut into. A range is cut into [`Self::PIECES`] pieces of
+    /// at least this size (rounded up to 64 KiB) and at most `chunk_size`, so that even a short
+    /// range keeps copies and RDMA requests overlapping; see [`piece_size`](Self::piece_size).
+    /// Set it to `chunk_size` to always cut at `chunk_size`.
     pub min_piece: usize,
+    /// The size of a range's first piece, which doubles piece by piece up to the range's piece
+    /// size; the last pieces shrink the same way. The first RDMA request starts after a copy of
+    /// this size, not of a whole piece, and the last copy (after the last RDMA READ) is as short:
+    /// the pipeline's fill and drain. Set it to `chunk_size` for no ramp.
+    pub first_piece: usize,
 }
 
 impl Default for StagingConfig {
@@ -30,6 +35,7 @@ impl Default for StagingConfig {
             chunks: Self::DEFAULT_CHUNKS,
             max_tickets: Self::DEFAULT_MAX_TICKETS,
             min_piece: Self::DEFAULT_MIN_PIECE,
+            first_piece: Self::DEFAULT_FIRST_PIECE,
         }
     }
 }
@@ -43,6 +49,12 @@ impl StagingConfig {
     pub const DEFAULT_MAX_TICKETS: usize = 4096;
     /// 1 MiB: copies of that size still run at close to full copy-engine speed.
     pub const DEFAULT_MIN_PIECE: usize = 1 << 20;
+    /// 256 KiB: a copy that short takes about 5 us on a PCIe Gen5 GPU, so the first RDMA request
+    /// of a range starts that soon.
+    pub const DEFAULT_FIRST_PIECE: usize = 256 << 10;
+    /// A range is cut into this many pieces where `min_piece` and `chunk_size` allow: with
+    /// copies and RDMA overlapped, the fill and drain cost about one piece's time of the sixteen.
+    pub const PIECES: usize = 16;
     /// The largest bounce allocation accepted: 16 GiB of pinned memory.
     pub const MAX_TOTAL: usize = 16 << 30;
     /// The most chunks accepted.
@@ -57,12 +69,12 @@ impl StagingConfig {
         }
     }
 
-    /// The size of the pieces a range of `len` bytes is cut into: `chunk_size`, or for a range
-    /// shorter than `chunks * chunk_size`, `len / chunks` rounded up to 64 KiB, but never less
-    /// than `min_piece` (nor more than `chunk_size`).
+    /// The size of the pieces a range of `len` bytes is cut into (apart from the ramp at both
+    /// ends, see [`first_piece`](Self::first_piece)): `len / PIECES` rounded up to 64 KiB, but
+    /// never less than `min_piece` nor more than `chunk_size`.
     pub fn piece_size(&self, len: usize) -> usize {
         let size = self.chunk_size.max(1);
-        let per = len.div_ceil(self.chunks.max(1));
+        let per = len.div_ceil(Self::PIECES);
         let per = per.div_ceil(64 << 10).saturating_mul(64 << 10);
         per.max(self.min_piece).min(size)
     }
@@ -127,6 +139,12 @@ impl StagingConfig {
                 "use StagingConfig::DEFAULT_MIN_PIECE (1 MiB), or chunk_size to never cut smaller",
             );
         }
+        if self.first_piece == 0 {
+            return bad(
+                "staging config: first_piece=0".into(),
+                "use StagingConfig::DEFAULT_FIRST_PIECE (256 KiB), or chunk_size for no ramp",
+            );
+        }
         if self.max_tickets == 0 {
             return bad(
                 "staging config: max_tickets=0 admits no transfer".into(),
@@ -149,7 +167,7 @@ mod tests {
     }
 
     #[test]
-    fn short_ranges_are_cut_into_as_many_pieces_as_there_are_chunks() {
+    fn ranges_are_cut_into_sixteen_pieces_where_the_bounds_allow() {
         let c = StagingConfig::default(); // 4 x 8 MiB, pieces of at least 1 MiB
         const MIB: usize = 1 << 20;
         assert_eq!(
@@ -157,14 +175,15 @@ mod tests {
             8 * MIB,
             "long ranges: the chunk size"
         );
-        assert_eq!(c.piece_size(32 * MIB), 8 * MIB);
+        assert_eq!(c.piece_size(128 * MIB), 8 * MIB);
+        assert_eq!(c.piece_size(32 * MIB), 2 * MIB);
         assert_eq!(
             c.piece_size(16 * MIB),
-            4 * MIB,
-            "two chunk sizes: four pieces"
+            MIB,
+            "a layer's KV blocks: sixteen pieces"
         );
         assert_eq!(
-            c.piece_size(16 * MIB + 1),
+            c.piece_size(64 * MIB + 1),
             4 * MIB + (64 << 10),
             "rounded up to 64 KiB"
         );
@@ -202,6 +221,10 @@ mod tests {
             },
             StagingConfig {
                 min_piece: 0,
+                ..StagingConfig::default()
+            },
+            StagingConfig {
+                first_piece: 0,
                 ..StagingConfig::default()
             },
         ] {

@@ -225,7 +225,11 @@ impl<E: CopyEngine> Pipeline<E> {
             ticket,
             direction,
             dev,
-            plan: ChunkPlan::new(range.clone(), self.config.piece_size(range.len())),
+            plan: ChunkPlan::ramped(
+                range.clone(),
+                self.config.piece_size(range.len()),
+                self.config.first_piece,
+            ),
             in_flight: 0,
             lent: 0,
             bytes_done: 0,

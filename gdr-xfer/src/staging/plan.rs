@@ -1,9 +1,10 @@
-//! Cutting a byte range into chunks of at most the bounce buffer's size.
+//! Cutting a byte range into chunks of at most the bounce buffer's size, optionally ramped: short
+//! pieces first and last, so the pipeline fills and drains quickly.
 
 use std::ops::Range;
 
-/// The chunks of `range`, in order: each `chunk_size` bytes but the last, which holds the rest.
-/// An empty range has no chunks.
+/// The chunks of `range`, in order: each `chunk_size` bytes but the last, which holds the rest
+/// ([`ChunkPlan::new`]); or ramped ([`ChunkPlan::ramped`]). An empty range has no chunks.
 ///
 /// `chunk_size` must be non-zero ([`super::StagingConfig::validate`] guarantees it); a zero size is
 /// treated as 1 so the iterator still ends.
@@ -12,21 +13,41 @@ pub struct ChunkPlan {
     next: usize,
     end: usize,
     chunk_size: usize,
+    /// The next chunk's size limit on the way up (doubles per chunk up to `chunk_size`).
+    ramp: usize,
+    /// The smallest chunk of the ramps.
+    floor: usize,
 }
 
 impl ChunkPlan {
     /// The plan for `range` in chunks of `chunk_size` bytes.
     pub fn new(range: Range<usize>, chunk_size: usize) -> Self {
+        Self::ramped(range, chunk_size, chunk_size)
+    }
+
+    /// The plan for `range` in chunks of `chunk_size` bytes, ramped: the first is `first`
+    /// bytes, each next one twice the one before up to `chunk_size`; towards the end each
+    /// takes at most half of what remains (not less than `first`), and a remainder shorter than
+    /// `first` joins the chunk before it. `first >= chunk_size` is [`ChunkPlan::new`].
+    pub fn ramped(range: Range<usize>, chunk_size: usize, first: usize) -> Self {
+        let chunk_size = chunk_size.max(1);
+        let floor = first.clamp(1, chunk_size);
         ChunkPlan {
             next: range.start,
             end: range.end.max(range.start),
-            chunk_size: chunk_size.max(1),
+            chunk_size,
+            ramp: floor,
+            floor,
         }
     }
 
     /// The number of chunks not yet taken.
     pub fn remaining_chunks(&self) -> usize {
-        (self.end - self.next).div_ceil(self.chunk_size)
+        if self.floor == self.chunk_size {
+            (self.end - self.next).div_ceil(self.chunk_size)
+        } else {
+            self.clone().count()
+        }
     }
 
     /// The bytes not yet taken.
@@ -52,7 +73,15 @@ impl Iterator for ChunkPlan {
         if self.next >= self.end {
             return None;
         }
-        let len = self.chunk_size.min(self.end - self.next);
+        let rem = self.end - self.next;
+        // Up the ramp, then at most half of what remains (the ramp down), never below the floor.
+        let half = (rem / 2).max(self.floor);
+        let mut len = self.chunk_size.min(self.ramp).min(half).min(rem);
+        if rem - len < self.floor {
+            // No remainder shorter than the floor: it joins this chunk when that fits.
+            len = rem.min(self.chunk_size);
+        }
+        self.ramp = self.ramp.saturating_mul(2);
         let r = self.next..self.next + len;
         self.next += len;
         Some(r)
@@ -91,6 +120,53 @@ mod tests {
             }
             assert_eq!(at, range.end.max(range.start));
             assert!(chunks.iter().rev().skip(1).all(|c| c.len() == size));
+        }
+    }
+
+    #[test]
+    fn ramped_chunks_grow_from_the_first_and_shrink_towards_the_end() {
+        const K: usize = 1 << 10;
+        const M: usize = 1 << 20;
+        let sizes = |r: Range<usize>, size: usize, first: usize| -> Vec<usize> {
+            ChunkPlan::ramped(r, size, first).map(|c| c.len()).collect()
+        };
+        let s = sizes(0..16 * M, M, 256 * K);
+        assert_eq!(&s[..3], [256 * K, 512 * K, M], "up: {s:?}");
+        let top = s.iter().rposition(|&l| l == M).unwrap();
+        assert!(
+            s[top..].windows(2).all(|w| w[1] <= w[0]) && s.len() - top >= 3,
+            "down: {s:?}"
+        );
+        assert!(
+            *s.last().unwrap() < 2 * 256 * K,
+            "a short last chunk: {s:?}"
+        );
+        assert!(s.iter().all(|&l| (256 * K..=M).contains(&l)), "{s:?}");
+        // No ramp when first >= chunk_size: the fixed plan.
+        assert_eq!(sizes(0..10, 3, 3), [3, 3, 3, 1]);
+        assert_eq!(sizes(0..10, 3, 9), [3, 3, 3, 1]);
+        // Short ranges: one chunk, or the floor and the rest.
+        assert_eq!(sizes(0..100, 1000, 64), [100]);
+        assert_eq!(sizes(0..130, 1000, 64), [64, 66]);
+        // Every plan covers its range once, in order, within the bounds, for odd sizes too.
+        for (range, size, first) in [
+            (0..16 * M, M, 256 * K),
+            (3..(64 * M) + 5, 8 * M, 256 * K),
+            (0..12345, 4096, 1000),
+            (0..(8 * M) + 1, M, 1),
+            (usize::MAX - 100..usize::MAX, 16, 4),
+        ] {
+            let plan = ChunkPlan::ramped(range.clone(), size, first);
+            let n = plan.remaining_chunks();
+            let chunks: Vec<_> = plan.collect();
+            assert_eq!(chunks.len(), n);
+            let mut at = range.start;
+            for c in &chunks {
+                assert_eq!(c.start, at);
+                assert!(!c.is_empty() && c.len() <= size, "{range:?}: {c:?}");
+                at = c.end;
+            }
+            assert_eq!(at, range.end);
         }
     }
 

@@ -623,8 +623,8 @@ fn stagers_and_chunks_can_move_to_the_progress_thread() {
     send_sync::<gdr::cuda::DmaHostBuffer>();
 }
 
-/// A range of two chunk sizes is cut into as many pieces as there are bounce buffers, so its
-/// copies still overlap the caller's work.
+/// A range of two chunk sizes is cut into sixteen pieces where `min_piece` allows (here eight of
+/// 64 KiB), so its copies still overlap the caller's work on every bounce buffer.
 #[test]
 fn short_ranges_use_every_bounce_buffer() {
     let config = StagingConfig {
@@ -641,10 +641,10 @@ fn short_ranges_use_every_bounce_buffer() {
         Ok(())
     })
     .unwrap();
-    let piece = 128 << 10;
+    let piece = 64 << 10;
     assert_eq!(
         offsets,
-        (0..4).map(|k| (k * piece, piece)).collect::<Vec<_>>()
+        (0..8).map(|k| (k * piece, piece)).collect::<Vec<_>>()
     );
     assert_eq!(got, pattern(512 << 10, 6));
     assert_eq!(p.engine.log.borrow().max_in_flight, 4);
