@@ -25,13 +25,20 @@ finish() {
     echo "### end rc=$2 server_rc=$?"
 }
 
+# perftest's send queue depth: its default 128, but at most 16 MiB in flight per QP, so that a
+# timed run of large messages on a slow device (Soft-RoCE: about 70 MB/s) is not over before
+# the first of them completes (ib_write_bw -s 1048576 -q 2 -D 4 then reports 0).
+tx=$((16777216 / size))
+[ "$tx" -gt 128 ] && tx=128
+[ "$tx" -lt 1 ] && tx=1
+
 perftest() {
     port=$((port + 1))
-    "ib_${op}_bw" -d "$dev" -x "$gid" -s "$size" -q "$qps" -D "$secs" -p $port >/dev/null 2>&1 &
+    "ib_${op}_bw" -d "$dev" -x "$gid" -s "$size" -q "$qps" -t "$tx" -D "$secs" -p $port >/dev/null 2>&1 &
     spid=$!
     sleep 1
     echo "### perftest size=$size round=$r"
-    "ib_${op}_bw" "$addr" -d "$dev" -x "$gid" -s "$size" -q "$qps" -D "$secs" -p $port 2>&1
+    "ib_${op}_bw" "$addr" -d "$dev" -x "$gid" -s "$size" -q "$qps" -t "$tx" -D "$secs" -p $port 2>&1
     finish $spid $?
 }
 
