@@ -2,8 +2,15 @@
 
 use std::time::Duration;
 
-/// Most requests per post (one doorbell), and between two signalled ones.
+/// Most requests per post (one doorbell), and between two signalled ones, on a connection of one
+/// rail: fewer signalled requests, fewer completions to handle.
 pub const CHUNK: usize = 64;
+
+/// Most requests per post on a connection of several rails: the grain at which a transfer is
+/// spread over them (each batch goes to the rail that would finish it first), so smaller
+/// than [`CHUNK`], as a skewed estimate of one rail's throughput must not draw a whole
+/// transfer to it.
+pub const STRIPE_CHUNK: usize = 32;
 
 /// A connection's settings.
 #[derive(Debug, Clone)]

@@ -47,7 +47,7 @@ pub mod staged;
 mod transfer;
 pub mod wire;
 
-pub use config::{Config, CHUNK};
+pub use config::{Config, CHUNK, STRIPE_CHUNK};
 pub use connection::Connection;
 pub use control::Control;
 pub use io::{Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status};

@@ -2,7 +2,7 @@
 //! the active rails, as far as their send queues have room.
 //!
 //! Requests are cut from the front transfer (its retry ranges first), up to [`CHUNK`] per
-//! post, all of one local segment; only the last of a batch is signalled. Each batch goes to the
+//! post ([`STRIPE_CHUNK`] on several rails), all of one local segment; only the last of a batch is signalled. Each batch goes to the
 //! rail with the lowest cost (its queued bytes over its measured throughput) among the active
 //! rails with room, so a faster or emptier rail takes more; a transfer of at most `stripe_min`
 //! bytes keeps to the rail its first batch went to.
@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use super::Connection;
-use crate::config::CHUNK;
+use crate::config::{CHUNK, STRIPE_CHUNK};
 use crate::io::{Header, Io, LaneRef, Pieces, PostResult};
 use crate::lane::{Lane, Posted};
 use crate::rail::RailLink;
@@ -129,7 +129,8 @@ impl<I: Io> Connection<I> {
         let rails = self.cfg.rails;
         let w = self.cfg.lanes_per_rail;
         let slice = self.cfg.slice_size;
-        let end_hint = slice * CHUNK as u64;
+        let chunk = if rails > 1 { STRIPE_CHUNK } else { CHUNK } as u64;
+        let end_hint = slice * chunk;
         let Some(t) = self.transfers.get(key) else {
             return Next::Pop;
         };
@@ -149,7 +150,7 @@ impl<I: Io> Connection<I> {
                 break;
             };
             let rail = li / w;
-            let room = room.min(CHUNK as u64) as usize;
+            let room = room.min(chunk) as usize;
             let Some(lane) = self.lanes[li].current(li) else {
                 break;
             };
