@@ -153,7 +153,8 @@
 //! ## Progress
 //!
 //! Submitting posts at once, in the caller's thread, what the send queues have room for (one
-//! doorbell per 32 requests, one signalled request per batch of up to 64); each rail's progress thread reaps its completions, posts the rest
+//! doorbell per 32 requests, one signalled request per batch of up to 64, or of 32 where a
+//! transfer is spread over several rails); each rail's progress thread reaps its completions, posts the rest
 //! as room frees and delivers notifications; any of them (or a waiter past its transfer's
 //! deadline) runs the timers: deadlines, fences, renewals. It polls while completions come and
 //! sleeps on the completion channel otherwise. The caller never waits for another thread to

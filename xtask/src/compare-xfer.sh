@@ -4,7 +4,8 @@
 # alternately on one RDMA device, both with QPS queue pairs and for SECONDS each, server/target
 # and client/initiator as two processes on this host, and prints each client's result between
 # markers that `cargo xtask compare-xfer` parses. Each gdr-xfer thread keeps DEPTH batches in
-# flight (default 2).
+# flight (default 2); $XFER_ARGS, when set, adds options to the gdr-xfer initiator (split on
+# spaces: `--busy-poll-us 0`).
 #
 # usage: compare-xfer.sh DEVICE GID_INDEX ADDR GDR_BINARY ROUNDS SIZE BATCH QPS SECONDS THREADS [OP] [DEPTH]
 #   ADDR: this host's address on DEVICE (- takes $GDR_TEST_ADDR, as in the Soft-RoCE VM).
@@ -49,7 +50,8 @@ xfer() {
     sleep 1
     echo "### xfer size=$size round=$r"
     "$gdr" xfer-bench "127.0.0.1:$port" -d "$dev" -x "$gid" --block-size "$size" --batch "$batch" \
-        -q "$qps" --duration "$secs" --threads "$threads" --depth "$depth" --op "$op" --csv 2>&1
+        -q "$qps" --duration "$secs" --threads "$threads" --depth "$depth" --op "$op" --csv \
+        ${XFER_ARGS:-} 2>&1
     finish $spid $?
 }
 

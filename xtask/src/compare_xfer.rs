@@ -46,6 +46,10 @@ pub struct CompareXferOpts {
     /// The whole table: --op write,read --size 1024,4096,65536,1048576 --qps 1,2,4.
     #[arg(long)]
     pub sweep: bool,
+    /// More options for the gdr-xfer initiator, space-separated (`--xfer-args
+    /// '--busy-poll-us 0'`), to compare the engine's settings against the same perftest runs.
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub xfer_args: String,
     #[command(flatten)]
     pub host: LocalDevice,
 }
@@ -138,6 +142,7 @@ pub fn compare(opts: &CompareXferOpts) -> Result<i32> {
         for (i, c) in cases.iter().enumerate() {
             let out = Command::new("sh")
                 .env("PORT_BASE", (18720 + 100 * i).to_string())
+                .env("XFER_ARGS", &opts.xfer_args)
                 .arg(Path::new(SCRIPT))
                 .args([
                     opts.host.device.as_deref().unwrap_or_default(),
@@ -160,9 +165,10 @@ pub fn compare(opts: &CompareXferOpts) -> Result<i32> {
             // Ports of their own per case (no server waits for a port the last case left in
             // TIME_WAIT).
             script.push_str(&format!(
-                "echo '{}'\nPORT_BASE={} sh {SCRIPT} \"$GDR_TEST_DEVICE\" \"$GDR_TEST_GID_INDEX\" - {} {}\n",
+                "echo '{}'\nPORT_BASE={} XFER_ARGS={} sh {SCRIPT} \"$GDR_TEST_DEVICE\" \"$GDR_TEST_GID_INDEX\" - {} {}\n",
                 c.marker(),
                 18720 + 100 * i,
+                shell_quote(&opts.xfer_args),
                 shell_quote(&gdr.to_string_lossy()),
                 args(c).join(" ")
             ));
@@ -443,6 +449,7 @@ mod tests {
             depth: 2,
             op: vec!["write".into()],
             sweep: false,
+            xfer_args: String::new(),
             host: LocalDevice::default(),
         };
         let case = &cases(&opts)[0];
@@ -473,6 +480,7 @@ mod tests {
             depth: 2,
             op: vec!["read".into()],
             sweep,
+            xfer_args: String::new(),
             host: LocalDevice::default(),
         }
     }
