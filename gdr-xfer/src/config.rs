@@ -64,7 +64,11 @@ pub struct AgentConfig {
     /// Timeout of connection handshakes (default 10 s).
     pub connect_timeout: Duration,
     /// How long the progress thread keeps polling after the last completion before it sleeps on
-    /// the completion channel (default 200 us; zero sleeps at once).
+    /// the completion channel (default 200 us; zero sleeps at once). It polls only while
+    /// completions come that often (their average spacing, recent ones weighing most, is
+    /// shorter): a stream of
+    /// completions further apart gains nothing from polling, and on a host with few cores the
+    /// polling takes time from other work (a software NIC's protocol, for one).
     pub busy_poll: Duration,
     /// Whether the ranking of rails for a segment's memory takes this process's NCCL variables
     /// into account as `gdr doctor` does (`NCCL_IB_HCA` leaving a NIC out, a wrong
