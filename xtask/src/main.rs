@@ -25,6 +25,7 @@ mod downstream;
 mod fuzz;
 mod perftest;
 mod post_cost;
+mod py_test;
 mod setup;
 mod sim;
 mod test;
@@ -86,6 +87,8 @@ enum Command {
     Fuzz(fuzz::FuzzOpts),
     /// The deterministic simulation of gdr-xfer's core over many seeds (or one, or a mutant).
     Sim(sim::SimOpts),
+    /// The Python binding: build the abi3 wheel (maturin), host pytest, then VM pytest.
+    PyTest(py_test::PyTestOpts),
 }
 
 fn main() -> ExitCode {
@@ -105,6 +108,7 @@ fn main() -> ExitCode {
         Command::Downstream => downstream::downstream(),
         Command::Fuzz(opts) => fuzz::fuzz(&opts),
         Command::Sim(opts) => sim::sim(&opts),
+        Command::PyTest(opts) => py_test::py_test(&opts),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -36,6 +36,10 @@ pub const PACKAGES: &[&str] = &[
     "libprotobuf-dev",
     // gdr-xfer's etcd directory tests start a real etcd (v3 API, Debian 12: 3.4) on loopback.
     "etcd-server",
+    // The Python tier (`cargo xtask py-test`): a virtual environment for maturin, numpy and
+    // pytest (pip installs them from PyPI), in which the gdr-py wheel is built and tested.
+    "python3",
+    "python3-venv",
 ];
 
 static APT_UPDATED: AtomicBool = AtomicBool::new(false);

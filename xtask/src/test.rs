@@ -32,6 +32,10 @@ pub struct TestOpts {
     /// Only the cluster tier.
     #[arg(long, conflicts_with_all = ["host_only", "vm_only", "no_cluster"])]
     cluster_only: bool,
+    /// Skip the Python tier (`cargo xtask py-test`: the gdr-py wheel built and installed in a
+    /// virtual environment, pytest on the host and in the VM), which runs after the VM tier.
+    #[arg(long)]
+    no_python: bool,
     /// Arguments for every test binary, e.g. a test name filter.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     test_args: Vec<String>,
@@ -104,6 +108,19 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
         let (vm_ok, counts) = vm_tests(opts)?;
         say!("VM: {counts}");
         ok &= vm_ok;
+        total.add(counts);
+    }
+    if !(opts.no_python || opts.host_only || opts.cluster_only) {
+        let py = crate::py_test::PyTestOpts {
+            vm: opts.vm.clone(),
+            host_only: false,
+            python: "python3".into(),
+            pytest_args: Vec::new(),
+        };
+        let (py_ok, passed, failed) = crate::py_test::tier(&py)?;
+        let counts = Counts { passed, failed };
+        say!("python: {counts}");
+        ok &= py_ok;
         total.add(counts);
     }
     if opts.cluster_only || !(opts.no_cluster || opts.host_only || opts.vm_only) {

@@ -1,0 +1,209 @@
+"""Type stubs of the native module ``gdr._gdr`` (re-exported by ``gdr``)."""
+
+from typing import Any, Dict, Iterable, List, Literal, Optional, Tuple, Union, final
+
+__all__ = [
+    "Agent",
+    "Notification",
+    "Peer",
+    "READ",
+    "RemoteSegment",
+    "Segment",
+    "Transfer",
+    "WRITE",
+    "__version__",
+    "_at_exit",
+    "_error_for_test",
+    "_release_stats",
+]
+
+
+__version__: str
+WRITE: Literal["write"]
+READ: Literal["read"]
+
+_Op = Literal["write", "read"]
+_BlockIndices = Iterable[int]
+_BytesLike = Union[bytes, bytearray, memoryview, str]
+
+@final
+class Notification:
+    """A notification a peer sent (after a transfer's data, or alone)."""
+
+    @property
+    def peer(self) -> str:
+        """The sending agent's name."""
+    @property
+    def data(self) -> bytes:
+        """The bytes it carries."""
+
+@final
+class RemoteSegment:
+    """A segment a peer announced."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def location(self) -> str:
+        """``"cpu"``, ``"cpu:N"`` or ``"cuda:N"``."""
+    def __len__(self) -> int: ...
+
+@final
+class Segment:
+    """A registered segment of this agent's memory."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def location(self) -> str: ...
+    @property
+    def path(self) -> str:
+        """``"host"``, ``"gpudirect-dmabuf"``, ``"gpudirect-peermem"`` or ``"staged: why"``."""
+    def read(self, offset: int, length: int) -> bytes:
+        """Copies ``length`` bytes at ``offset`` out of the segment (``OutOfSegment``)."""
+    def write(self, offset: int, data: _BytesLike) -> None:
+        """Copies ``data`` into the segment at ``offset`` (``OutOfSegment``)."""
+    def __len__(self) -> int: ...
+
+_TransferStats = Dict[str, Union[int, float]]
+
+@final
+class Transfer:
+    """A submitted transfer. Its outcome comes only once its memory is quiet."""
+
+    def wait(self, timeout_s: Optional[float] = None) -> _TransferStats:
+        """Blocks (GIL released) until it finishes; returns ``bytes``, ``descriptors``,
+        ``runs``, ``slices``, ``qps_used``, ``rails_used``, ``retried_slices``,
+        ``time_to_post_s``, ``time_to_complete_s``, ``plan_time_s``, ``submit_time_s``.
+        Raises its failure, or ``Timeout`` when ``timeout_s`` passes first."""
+    def poll(self) -> Optional[_TransferStats]:
+        """Its statistics if it finished, ``None`` while pending; raises its failure."""
+    def cancel(self) -> None:
+        """Stops it; ``wait`` then raises ``Cancelled`` (or succeeds if all had landed)."""
+    @property
+    def status(self) -> Literal["pending", "done", "failed"]: ...
+    @property
+    def done(self) -> bool: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def op(self) -> _Op: ...
+    @property
+    def peer(self) -> str: ...
+    @property
+    def timeout_s(self) -> float: ...
+
+@final
+class Peer:
+    """A connected peer agent."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def is_connected(self) -> bool: ...
+    @property
+    def lost_reason(self) -> Optional[str]: ...
+    def segments(self) -> List[RemoteSegment]: ...
+    def segment(self, name: str) -> Optional[RemoteSegment]: ...
+    def wait_segment(self, name: str, timeout_s: Optional[float] = 5.0) -> RemoteSegment:
+        """Waits (GIL released) until the peer announced ``name`` (``Timeout``, ``PeerLost``)."""
+    def write(
+        self,
+        local_segment: Segment,
+        local_offset: int,
+        remote_segment: Union[RemoteSegment, int],
+        remote_offset: int,
+        length: int,
+        *,
+        notify: Optional[_BytesLike] = None,
+        timeout_s: Optional[float] = None,
+    ) -> Transfer:
+        """One range from ``local_segment`` into the peer's segment."""
+    def read(
+        self,
+        local_segment: Segment,
+        local_offset: int,
+        remote_segment: Union[RemoteSegment, int],
+        remote_offset: int,
+        length: int,
+        *,
+        notify: Optional[_BytesLike] = None,
+        timeout_s: Optional[float] = None,
+    ) -> Transfer:
+        """One range from the peer's segment into ``local_segment``."""
+    def transfer_blocks(
+        self,
+        op: _Op,
+        local_segment: Segment,
+        local_blocks: _BlockIndices,
+        remote_segment: Union[RemoteSegment, int],
+        remote_blocks: _BlockIndices,
+        block_len: int,
+        notify: Optional[_BytesLike] = None,
+        timeout_s: Optional[float] = None,
+        *,
+        local_base: Optional[int] = None,
+        remote_base: Optional[int] = None,
+    ) -> Transfer:
+        """Block ``local_blocks[i]`` to or from block ``remote_blocks[i]`` of the peer's
+        segment, blocks of ``block_len`` bytes from ``local_base`` / ``remote_base``."""
+    def send_notification(self, data: _BytesLike, *, timeout_s: Optional[float] = None) -> Transfer:
+        """A message without a transfer; the peer takes it with ``wait_notification``."""
+
+@final
+class Agent:
+    """A transfer agent: its rails, segments, peers and notifications."""
+
+    def __new__(
+        cls,
+        name: str,
+        device: Optional[str] = None,
+        gid_index: Optional[int] = None,
+        *,
+        qps_per_peer: Optional[int] = None,
+        connect_timeout_s: Optional[float] = None,
+        default_timeout_s: Optional[float] = None,
+    ) -> "Agent": ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def rails(self) -> List[Tuple[str, int]]: ...
+    @property
+    def pending_notifications(self) -> int: ...
+    def listen(self, addr: str) -> str:
+        """Accepts peers on ``addr`` (``"host:port"``); returns the address bound."""
+    def connect(self, addr: str) -> Peer:
+        """Connects (GIL released) to the agent listening at ``addr``."""
+    def wait_peer(self, name: str, timeout_s: Optional[float] = 10.0) -> Peer: ...
+    def peer(self, name: str) -> Optional[Peer]: ...
+    def peers(self) -> List[Peer]: ...
+    def disconnect(self, peer: Peer) -> None: ...
+    def register(self, obj: Any, name: str = "") -> Segment:
+        """Registers a writable, C-contiguous buffer (numpy array, bytearray, mmap); the
+        segment keeps ``obj`` alive until no request uses it (``NotABuffer``,
+        ``ReadOnlyBuffer``, ``NotContiguous``, ``TooLarge``)."""
+    def alloc(self, length: int, name: str = "") -> Segment:
+        """Allocates and registers ``length`` zeroed bytes."""
+    def deregister(self, segment: Segment) -> None: ...
+    def segments(self) -> List[Segment]: ...
+    def wait_notification(self, timeout_s: Optional[float] = None) -> Optional[Notification]:
+        """The next notification (GIL released); ``None`` when ``timeout_s`` passes first."""
+    def take_notifications(self) -> List[Notification]: ...
+    def shutdown(self, grace_s: float = 0.0) -> Dict[str, int]:
+        """Ends the agent; returns ``{"pending": n, "failed": m}``."""
+    def __enter__(self) -> "Agent": ...
+    def __exit__(self, *args: Any) -> bool: ...
+
+def _error_for_test(cls: str) -> Optional[BaseException]: ...
+def _at_exit() -> None: ...
+def _release_stats() -> Dict[str, int]: ...

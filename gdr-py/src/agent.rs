@@ -1,0 +1,369 @@
+//! `gdr.Agent`: one per process; its rails, segments, peers and notifications.
+
+use std::time::Duration;
+
+use gdr_xfer::gdr::mr::ForeignHostMemory;
+use gdr_xfer::{Agent, AgentConfig, Error, Location, Notification};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::args::{duration, timeout, wait_until};
+use crate::buffer::export;
+use crate::errors::{invalid, to_py};
+use crate::peer::PyPeer;
+use crate::release;
+use crate::segment::PySegment;
+
+/// A notification a peer sent: after the data of a transfer, or alone
+/// (`Peer.send_notification`).
+#[pyclass(module = "gdr._gdr", name = "Notification", frozen)]
+pub(crate) struct PyNotification {
+    /// The sending agent's name.
+    #[pyo3(get)]
+    peer: String,
+    data: Vec<u8>,
+}
+
+impl From<Notification> for PyNotification {
+    fn from(n: Notification) -> Self {
+        PyNotification {
+            peer: n.peer,
+            data: n.data,
+        }
+    }
+}
+
+#[pymethods]
+impl PyNotification {
+    /// The bytes it carries.
+    #[getter]
+    fn data<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.data)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Notification(peer={:?}, data={} bytes)",
+            self.peer,
+            self.data.len()
+        )
+    }
+}
+
+/// A transfer agent: one per process (or more, each with its own name). See the package
+/// documentation for an example.
+///
+/// `Agent(name, device=None, gid_index=None, *, qps_per_peer=None, connect_timeout_s=None,
+/// default_timeout_s=None)` opens the rails (`device`: an NCCL-style list such as
+/// `"mlx5_0:1,mlx5_1:1"` or `"rxe0"`; `None`: every device's active ports) and starts their
+/// progress threads. `shutdown()` (or leaving a `with` block) ends it; so does dropping it.
+#[pyclass(module = "gdr._gdr", name = "Agent", frozen)]
+pub(crate) struct PyAgent {
+    /// `None` only while it is dropped.
+    agent: Option<Agent>,
+}
+
+impl Drop for PyAgent {
+    fn drop(&mut self) {
+        if let Some(agent) = self.agent.take() {
+            // Closing connections and joining the progress threads takes a while: let other
+            // Python threads run meanwhile.
+            Python::with_gil(|py| py.allow_threads(move || drop(agent)));
+        }
+    }
+}
+
+/// An integer setting in `0..=max`.
+fn small(obj: &Bound<'_, PyAny>, what: &str, max: u64) -> PyResult<u64> {
+    match crate::args::u64_arg(obj, what)? {
+        v if v <= max => Ok(v),
+        v => Err(invalid(
+            "InvalidArgument",
+            format!("{what} = {v}"),
+            &format!("use 0..={max}"),
+        )),
+    }
+}
+
+impl PyAgent {
+    fn agent(&self) -> PyResult<&Agent> {
+        self.agent.as_ref().ok_or_else(|| to_py(Error::AgentClosed))
+    }
+}
+
+#[pymethods]
+impl PyAgent {
+    #[new]
+    #[pyo3(signature = (name, device=None, gid_index=None, *, qps_per_peer=None, connect_timeout_s=None, default_timeout_s=None))]
+    fn new(
+        py: Python<'_>,
+        name: String,
+        device: Option<String>,
+        gid_index: Option<&Bound<'_, PyAny>>,
+        qps_per_peer: Option<&Bound<'_, PyAny>>,
+        connect_timeout_s: Option<f64>,
+        default_timeout_s: Option<f64>,
+    ) -> PyResult<Self> {
+        let mut config = AgentConfig::new(name);
+        if let Some(d) = device {
+            config = config.device(d);
+        }
+        if let Some(g) = gid_index.filter(|g| !g.is_none()) {
+            config = config.gid_index(small(g, "gid_index", u32::MAX.into())? as u32);
+        }
+        if let Some(q) = qps_per_peer.filter(|q| !q.is_none()) {
+            config = config.qps_per_peer(small(q, "qps_per_peer", 16)? as u8);
+        }
+        if let Some(t) = connect_timeout_s {
+            config = config.connect_timeout(duration(t, "connect_timeout_s")?);
+        }
+        if let Some(t) = default_timeout_s {
+            config = config.default_timeout(duration(t, "default_timeout_s")?);
+        }
+        let agent = py.allow_threads(|| Agent::new(config)).map_err(to_py)?;
+        Ok(PyAgent { agent: Some(agent) })
+    }
+
+    /// The agent's name.
+    #[getter]
+    fn name(&self) -> PyResult<String> {
+        Ok(self.agent()?.name().to_owned())
+    }
+
+    /// The RDMA device of its first rail.
+    #[getter]
+    fn device(&self) -> PyResult<String> {
+        Ok(self.agent()?.device().to_owned())
+    }
+
+    /// Its rails: `(device, port)` pairs, rail 0 first.
+    #[getter]
+    fn rails(&self) -> PyResult<Vec<(String, u8)>> {
+        Ok(self.agent()?.rails())
+    }
+
+    /// Accepts connections from peers on `addr` (`"host:port"`, port 0 for any) in a
+    /// background thread; returns the address bound. Raises `IoError` when it cannot be bound.
+    fn listen(&self, py: Python<'_>, addr: String) -> PyResult<String> {
+        let agent = self.agent()?;
+        py.allow_threads(|| agent.listen(&addr))
+            .map(|a| a.to_string())
+            .map_err(to_py)
+    }
+
+    /// Connects to the agent listening at `addr` (`"host:port"`), the GIL released. A refused
+    /// connection is tried again until the agent's connect timeout (10 s by default).
+    ///
+    /// Raises `IoError` when nothing accepted in time, `ProtocolError` for a peer that is not a
+    /// compatible agent, `InvalidArgument` when a peer of that name is already connected.
+    fn connect(&self, py: Python<'_>, addr: String) -> PyResult<PyPeer> {
+        let agent = self.agent()?;
+        let peer = py.allow_threads(|| agent.connect(&addr)).map_err(to_py)?;
+        Ok(PyPeer { peer })
+    }
+
+    /// Waits (the GIL released) until a peer named `name` is connected (either way). Raises
+    /// `Timeout` after `timeout_s` (`None`: no limit).
+    #[pyo3(signature = (name, timeout_s=10.0))]
+    fn wait_peer(&self, py: Python<'_>, name: String, timeout_s: Option<f64>) -> PyResult<PyPeer> {
+        let agent = self.agent()?;
+        let limit = timeout(timeout_s, "timeout_s")?;
+        let found = wait_until(py, limit, |slice| match agent.wait_peer(&name, slice) {
+            Ok(p) => Some(Ok(p)),
+            Err(Error::Timeout { .. }) => None,
+            Err(e) => Some(Err(e)),
+        })?;
+        match found {
+            Some(Ok(peer)) => Ok(PyPeer { peer }),
+            Some(Err(e)) => Err(to_py(e)),
+            None => Err(to_py(Error::Timeout {
+                what: format!("waiting for peer {name:?} to connect"),
+                after: limit.unwrap_or(Duration::MAX),
+                hint: "is it running and connecting to this agent's listen address?".into(),
+            })),
+        }
+    }
+
+    /// The connected peer named `name`, or `None`.
+    fn peer(&self, name: String) -> PyResult<Option<PyPeer>> {
+        Ok(self.agent()?.peer(&name).map(|peer| PyPeer { peer }))
+    }
+
+    /// The connected peers, by name.
+    fn peers(&self) -> PyResult<Vec<PyPeer>> {
+        Ok(self
+            .agent()?
+            .peers()
+            .into_iter()
+            .map(|peer| PyPeer { peer })
+            .collect())
+    }
+
+    /// Closes the connection to `peer`: its pending transfers fail with `PeerLost`.
+    fn disconnect(&self, py: Python<'_>, peer: &Bound<'_, PyPeer>) -> PyResult<()> {
+        let agent = self.agent()?;
+        let peer = &peer.get().peer;
+        py.allow_threads(|| agent.disconnect(peer));
+        Ok(())
+    }
+
+    /// Registers the memory of `obj`, any object exporting a writable, C-contiguous buffer (a
+    /// numpy array, a bytearray, an mmap), as a segment named `name` that peers may read and
+    /// write.
+    ///
+    /// The segment holds a reference to `obj` and its buffer export: `del obj` is harmless, the
+    /// memory stays until the segment is deregistered, its handle is gone and no request in
+    /// flight uses it; then the reference is dropped (on gdr's release thread, under the GIL).
+    /// While registered, the object cannot be resized (`BufferError`). Python code may still
+    /// read and write it: bytes a transfer moves meanwhile may then be torn, as with any RDMA
+    /// memory.
+    ///
+    /// Raises `NotABuffer`, `ReadOnlyBuffer` (peers may write every segment, and READs write
+    /// into it), `NotContiguous`, `InvalidArgument` (empty), `TooLarge` (a name over 64 bytes)
+    /// or the device's `RdmaError` (locked-memory limit, ...).
+    #[pyo3(signature = (obj, name=String::new()), text_signature = "(self, obj, name='')")]
+    fn register(
+        &self,
+        py: Python<'_>,
+        obj: &Bound<'_, PyAny>,
+        name: String,
+    ) -> PyResult<PySegment> {
+        let agent = self.agent()?;
+        let exported = export(obj)?;
+        release::exported();
+        let view = exported.view;
+        // SAFETY: `ptr..ptr + len` is the buffer of a writable, C-contiguous export that
+        // `view` (a memoryview) holds: the buffer protocol (PEP 3118) binds the exporter to keep
+        // that memory allocated and in place until the export is released (a bytearray, numpy
+        // array or mmap refuses to resize or close meanwhile), and it lasts until the release
+        // closure has run:
+        // it moves `view` to the release thread, which releases it under the GIL. A failed
+        // registration drops the value, so the closure runs then too. The bytes were
+        // initialised by their Python owner. Python code can still reach the same bytes; Rust
+        // never makes a reference to them (gdr copies in and out through raw pointers, the NIC
+        // by DMA), so concurrent Python access can tear a transfer's bytes, as with the NIC's
+        // own concurrent writes, but cannot invalidate the memory gdr registered.
+        let memory = unsafe {
+            ForeignHostMemory::new(exported.ptr, exported.len, move || release::hand_back(view))
+        }
+        .map_err(|e| to_py(e.into()))?;
+        let seg = py
+            .allow_threads(|| agent.register_host(memory, &name, Location::Cpu { numa: None }))
+            .map_err(to_py)?;
+        Ok(PySegment { seg })
+    }
+
+    /// Allocates `length` zeroed, page-aligned bytes of host memory and registers them as a
+    /// segment named `name` (read and write them with `Segment.read` / `Segment.write`).
+    #[pyo3(signature = (length, name=String::new()), text_signature = "(self, length, name='')")]
+    fn alloc(
+        &self,
+        py: Python<'_>,
+        length: &Bound<'_, PyAny>,
+        name: String,
+    ) -> PyResult<PySegment> {
+        let agent = self.agent()?;
+        let length = crate::args::u64_arg(length, "length")?;
+        let len = usize::try_from(length).map_err(|_| {
+            invalid(
+                "InvalidArgument",
+                format!("length = {length}"),
+                "allocate less than the address space",
+            )
+        })?;
+        let seg = py
+            .allow_threads(|| agent.alloc_host(len, &name))
+            .map_err(to_py)?;
+        Ok(PySegment { seg })
+    }
+
+    /// Removes `segment` from the table peers see (their new transfers to it fail with
+    /// `UnknownSegment`) and from this agent's transfers. Its memory is released once no
+    /// handle and no request in flight uses it. Raises `UnknownSegment` when it is not (or no
+    /// longer) this agent's.
+    fn deregister(&self, py: Python<'_>, segment: &Bound<'_, PySegment>) -> PyResult<()> {
+        let agent = self.agent()?;
+        let seg = &segment.get().seg;
+        py.allow_threads(|| agent.deregister(seg)).map_err(to_py)
+    }
+
+    /// The registered segments, by id.
+    fn segments(&self) -> PyResult<Vec<PySegment>> {
+        Ok(self
+            .agent()?
+            .segments()
+            .into_iter()
+            .map(|seg| PySegment { seg })
+            .collect())
+    }
+
+    /// Waits (the GIL released) for the next notification; `None` when `timeout_s` passes
+    /// first (`None`: no limit).
+    #[pyo3(signature = (timeout_s=None))]
+    fn wait_notification(
+        &self,
+        py: Python<'_>,
+        timeout_s: Option<f64>,
+    ) -> PyResult<Option<PyNotification>> {
+        let agent = self.agent()?;
+        let limit = timeout(timeout_s, "timeout_s")?;
+        let got = wait_until(py, limit, |slice| match agent.wait_notification(slice) {
+            Ok(Some(n)) => Some(Ok(n)),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        })?;
+        match got {
+            Some(Ok(n)) => Ok(Some(n.into())),
+            Some(Err(e)) => Err(to_py(e)),
+            None => Ok(None),
+        }
+    }
+
+    /// Takes every notification received so far.
+    fn take_notifications(&self) -> PyResult<Vec<PyNotification>> {
+        Ok(self
+            .agent()?
+            .take_notifications()
+            .into_iter()
+            .map(Into::into)
+            .collect())
+    }
+
+    /// Notifications received and not taken yet.
+    #[getter]
+    fn pending_notifications(&self) -> PyResult<usize> {
+        Ok(self.agent()?.pending_notifications())
+    }
+
+    /// Ends the agent (the GIL released): new work is refused at once with `AgentClosed`,
+    /// pending transfers get up to `grace_s` seconds to end, then every connection closes and
+    /// the rest fail with `AgentClosed`. Returns `{"pending": n, "failed": m}`. Calling it
+    /// again does nothing more.
+    #[pyo3(signature = (grace_s=0.0))]
+    fn shutdown<'py>(&self, py: Python<'py>, grace_s: f64) -> PyResult<Bound<'py, PyDict>> {
+        let agent = self.agent()?;
+        let grace = timeout(Some(grace_s), "grace_s")?.unwrap_or(Duration::MAX);
+        let report = py.allow_threads(|| agent.shutdown(grace));
+        let d = PyDict::new(py);
+        d.set_item("pending", report.pending)?;
+        d.set_item("failed", report.failed)?;
+        Ok(d)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.shutdown(py, 0.0)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        match &self.agent {
+            Some(a) => format!("Agent(name={:?}, rails={:?})", a.name(), a.rails()),
+            None => "Agent(<dropped>)".into(),
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Python arguments checked and converted, with gdr's exceptions for bad values, and the loop
+//! every blocking call waits in (the GIL released, Ctrl-C honoured).
+
+use std::time::{Duration, Instant};
+
+use gdr_xfer::{Op, SegmentId, TransferOptions};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyString};
+
+use crate::buffer::type_name;
+use crate::errors::invalid;
+use crate::peer::PyRemoteSegment;
+
+/// How long one wait releases the GIL before it checks for signals (Ctrl-C) and its deadline.
+const TICK: Duration = Duration::from_millis(100);
+
+/// A timeout in seconds: `None` (and `inf`) for none, else a finite, non-negative number.
+///
+/// # Errors
+/// `InvalidArgument` for a negative number or NaN.
+pub(crate) fn timeout(secs: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+    let Some(s) = secs else {
+        return Ok(None);
+    };
+    if s.is_nan() || s < 0.0 {
+        return Err(invalid(
+            "InvalidArgument",
+            format!("{what} = {s}"),
+            "give a number of seconds >= 0, or None for no limit",
+        ));
+    }
+    // Past what a Duration holds (or infinite): no limit.
+    Ok(Duration::try_from_secs_f64(s).ok())
+}
+
+/// A timeout that must be given (a transfer's deadline, an agent setting).
+pub(crate) fn duration(secs: f64, what: &str) -> PyResult<Duration> {
+    match timeout(Some(secs), what)? {
+        Some(d) => Ok(d),
+        None => Err(invalid(
+            "InvalidArgument",
+            format!("{what} = {secs}"),
+            "give a finite number of seconds",
+        )),
+    }
+}
+
+/// A non-negative integer below 2^64 (an offset, a length).
+pub(crate) fn u64_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    obj.extract::<u64>().map_err(|_| {
+        let shown = obj
+            .repr()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|_| type_name(obj));
+        invalid(
+            "InvalidArgument",
+            format!("{what} = {shown} is not an integer in 0..2**64"),
+            "give a non-negative int",
+        )
+    })
+}
+
+/// Block indices: any iterable of integers in `0..2**32` (a list, a range, a numpy array).
+pub(crate) fn blocks(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
+    let not_iterable = || {
+        invalid(
+            "InvalidArgument",
+            format!("{what} is a {}, not a sequence of ints", type_name(obj)),
+            "give a list, range or numpy array of block indices",
+        )
+    };
+    let iter = obj.try_iter().map_err(|_| not_iterable())?;
+    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+    for (i, item) in iter.enumerate() {
+        let item = item?;
+        let v = item.extract::<u32>().map_err(|_| {
+            let shown = item
+                .repr()
+                .map(|r| r.to_string())
+                .unwrap_or_else(|_| type_name(&item));
+            invalid(
+                "InvalidArgument",
+                format!("{what}[{i}] = {shown} is not a block index (an int in 0..2**32)"),
+                "block indices are non-negative ints below 2**32",
+            )
+        })?;
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// Bytes from `bytes`, `bytearray`, `str` (UTF-8) or any object with the buffer protocol.
+pub(crate) fn bytes(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u8>> {
+    if let Ok(b) = obj.downcast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if let Ok(b) = obj.downcast::<PyByteArray>() {
+        return Ok(b.to_vec());
+    }
+    if let Ok(s) = obj.downcast::<PyString>() {
+        return Ok(s.to_cow()?.as_bytes().to_vec());
+    }
+    let copied = PyModule::import(obj.py(), "builtins")?
+        .getattr("memoryview")?
+        .call1((obj,))
+        .and_then(|v| v.call_method0("tobytes"));
+    match copied {
+        Ok(b) => Ok(b.downcast::<PyBytes>()?.as_bytes().to_vec()),
+        Err(_) => Err(invalid(
+            "NotABuffer",
+            format!("{what} is a {}, not bytes", type_name(obj)),
+            "give bytes, a bytearray, a str or another buffer",
+        )),
+    }
+}
+
+/// A direction: `"write"` or `"read"`.
+pub(crate) fn op(name: &str) -> PyResult<Op> {
+    match name {
+        "write" => Ok(Op::Write),
+        "read" => Ok(Op::Read),
+        other => Err(invalid(
+            "InvalidArgument",
+            format!("op = {other:?}"),
+            "use \"write\" (local to remote) or \"read\" (remote to local)",
+        )),
+    }
+}
+
+/// The name of a direction.
+pub(crate) fn op_name(op: Op) -> &'static str {
+    match op {
+        Op::Write => "write",
+        Op::Read => "read",
+    }
+}
+
+/// A peer's segment: a `RemoteSegment` or its id.
+pub(crate) fn remote(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<SegmentId> {
+    if let Ok(r) = obj.downcast::<PyRemoteSegment>() {
+        return Ok(SegmentId::new(r.get().id));
+    }
+    obj.extract::<u32>().map(SegmentId::new).map_err(|_| {
+        invalid(
+            "InvalidArgument",
+            format!(
+                "{what} is a {}, not a RemoteSegment or a segment id",
+                type_name(obj)
+            ),
+            "pass what Peer.wait_segment returned, or its id",
+        )
+    })
+}
+
+/// A transfer's options from its keyword arguments.
+pub(crate) fn options(
+    notify: Option<&Bound<'_, PyAny>>,
+    timeout_s: Option<f64>,
+) -> PyResult<TransferOptions> {
+    let mut opts = TransferOptions::new();
+    if let Some(n) = notify {
+        if !n.is_none() {
+            opts = opts.notify(bytes(n, "notify")?);
+        }
+    }
+    if let Some(t) = timeout_s {
+        opts = opts.timeout(duration(t, "timeout_s")?);
+    }
+    Ok(opts)
+}
+
+/// Calls `step` with slices of at most [`TICK`] until it returns `Some` or `limit` passes
+/// (`Ok(None)`), with the GIL released during each slice and Python's signal handlers run
+/// between them (Ctrl-C raises `KeyboardInterrupt`).
+pub(crate) fn wait_until<T: Send>(
+    py: Python<'_>,
+    limit: Option<Duration>,
+    mut step: impl FnMut(Duration) -> Option<T> + Send,
+) -> PyResult<Option<T>> {
+    let end = limit.and_then(|l| Instant::now().checked_add(l));
+    loop {
+        let slice = end.map_or(TICK, |e| {
+            e.saturating_duration_since(Instant::now()).min(TICK)
+        });
+        if let Some(v) = py.allow_threads(|| step(slice)) {
+            return Ok(Some(v));
+        }
+        py.check_signals()?;
+        if end.is_some_and(|e| Instant::now() >= e) {
+            return Ok(None);
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! # gdr-py: gdr's transfer engine for Python
+//!
+//! The native module `gdr._gdr` of the Python package `gdr` (built with maturin into one abi3
+//! wheel for CPython >= 3.9): [`gdr_xfer`]'s agents, peers, segments and transfers as Python
+//! classes. What it adds to the Rust API:
+//!
+//! * **Python memory, kept alive by its segment.** `Agent.register(obj, name)` takes any object
+//!   exporting a writable buffer (numpy arrays, bytearrays, mmaps); the segment holds the
+//!   object and its buffer export through gdr's [`ForeignHostMemory`], whose release closure
+//!   hands them back to Python only once the segment is deregistered, its handle is gone and no
+//!   request in flight uses it (`src/release.rs`). `del array` during a transfer is harmless.
+//! * **The GIL released** around every call into the engine; blocking waits (`Transfer.wait`,
+//!   `Agent.wait_notification`, `Peer.wait_segment`, `Agent.wait_peer`) wait in slices of
+//!   100 ms and run Python's signal handlers between them, so Ctrl-C interrupts them.
+//! * **Exceptions by variant**: every [`gdr_xfer::Error`] becomes the Python class of its
+//!   variant, with its fields as attributes (`src/errors.rs`, `gdr/_errors.py`).
+//!
+//! No engine thread ever takes the GIL: the only Python work they cause (dropping a registered
+//! object) is queued for this module's release thread.
+//!
+//! [`ForeignHostMemory`]: gdr_xfer::gdr::mr::ForeignHostMemory
+
+#![deny(missing_docs)]
+#![warn(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod agent;
+mod args;
+mod buffer;
+mod errors;
+mod peer;
+mod release;
+mod segment;
+mod transfer;
+
+use pyo3::prelude::*;
+
+/// The exception of variant `class` (a class name of `gdr._errors`), as the engine's error of
+/// that variant converts: for the host tests of the mapping. `None` for an unknown name.
+#[pyfunction]
+fn _error_for_test(py: Python<'_>, class: &str) -> Option<PyObject> {
+    errors::sample(py, class).map(|e| e.into_value(py).into_any())
+}
+
+/// The native module `gdr._gdr`; the package `gdr` re-exports it with the exception classes.
+#[pymodule]
+fn _gdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The engine logs through `log`: RUST_LOG=gdr_xfer=debug shows it on stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = env_logger::try_init();
+    }
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("WRITE", "write")?;
+    m.add("READ", "read")?;
+    m.add_class::<agent::PyAgent>()?;
+    m.add_class::<agent::PyNotification>()?;
+    m.add_class::<peer::PyPeer>()?;
+    m.add_class::<peer::PyRemoteSegment>()?;
+    m.add_class::<segment::PySegment>()?;
+    m.add_class::<transfer::PyTransfer>()?;
+    m.add_function(wrap_pyfunction!(_error_for_test, m)?)?;
+    m.add_function(wrap_pyfunction!(release::_at_exit, m)?)?;
+    m.add_function(wrap_pyfunction!(release::_release_stats, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,298 @@
+//! `gdr.Peer` (a connected agent, and the transfers to it) and `gdr.RemoteSegment` (a segment
+//! a peer announced).
+
+use std::time::Duration;
+
+use gdr_xfer::{BlockTable, Desc, Error, Op, Peer, SegmentInfo};
+use pyo3::prelude::*;
+
+use crate::args::{blocks, bytes, duration, op, options, remote, timeout, u64_arg, wait_until};
+use crate::errors::to_py;
+use crate::segment::PySegment;
+use crate::transfer::PyTransfer;
+
+/// A segment a peer announced: what a transfer needs to address it.
+#[pyclass(module = "gdr._gdr", name = "RemoteSegment", frozen)]
+pub(crate) struct PyRemoteSegment {
+    /// The id the peer gave it.
+    #[pyo3(get)]
+    pub(crate) id: u32,
+    /// Its name (may be empty).
+    #[pyo3(get)]
+    pub(crate) name: String,
+    /// Its length in bytes.
+    #[pyo3(get)]
+    pub(crate) length: u64,
+    /// Where its memory lives (`"cpu"`, `"cpu:N"`, `"cuda:N"`).
+    #[pyo3(get)]
+    pub(crate) location: String,
+}
+
+impl From<SegmentInfo> for PyRemoteSegment {
+    fn from(s: SegmentInfo) -> Self {
+        PyRemoteSegment {
+            id: s.id.get(),
+            name: s.name,
+            length: s.len,
+            location: s.location.to_string(),
+        }
+    }
+}
+
+#[pymethods]
+impl PyRemoteSegment {
+    fn __len__(&self) -> usize {
+        usize::try_from(self.length).unwrap_or(usize::MAX)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RemoteSegment(id={}, name={:?}, length={}, location={:?})",
+            self.id, self.name, self.length, self.location
+        )
+    }
+}
+
+/// A connected peer (from `Agent.connect`, `Agent.wait_peer` or `Agent.peers`). Transfers to it
+/// are one-sided: the peer's CPU takes no part.
+#[pyclass(module = "gdr._gdr", name = "Peer", frozen)]
+pub(crate) struct PyPeer {
+    pub(crate) peer: Peer,
+}
+
+impl PyPeer {
+    /// Submits one descriptor in direction `direction`.
+    #[allow(clippy::too_many_arguments)]
+    fn one(
+        &self,
+        py: Python<'_>,
+        direction: Op,
+        local_segment: &Bound<'_, PySegment>,
+        local_offset: &Bound<'_, PyAny>,
+        remote_segment: &Bound<'_, PyAny>,
+        remote_offset: &Bound<'_, PyAny>,
+        length: &Bound<'_, PyAny>,
+        notify: Option<&Bound<'_, PyAny>>,
+        timeout_s: Option<f64>,
+    ) -> PyResult<PyTransfer> {
+        let local_offset = u64_arg(local_offset, "local_offset")?;
+        let remote_id = remote(remote_segment, "remote_segment")?;
+        let remote_offset = u64_arg(remote_offset, "remote_offset")?;
+        let length = u64_arg(length, "length")?;
+        let opts = options(notify, timeout_s)?;
+        let seg = &local_segment.get().seg;
+        let peer = &self.peer;
+        let t = py
+            .allow_threads(|| {
+                let desc = Desc::new(seg, local_offset, remote_id, remote_offset, length);
+                peer.transfer(direction, &[desc], &opts)
+            })
+            .map_err(to_py)?;
+        Ok(PyTransfer { t })
+    }
+}
+
+#[pymethods]
+impl PyPeer {
+    /// The peer agent's name.
+    #[getter]
+    fn name(&self) -> String {
+        self.peer.name().to_owned()
+    }
+
+    /// Whether the connection works (`False` once it was lost).
+    #[getter]
+    fn is_connected(&self) -> bool {
+        self.peer.is_connected()
+    }
+
+    /// Why the connection was lost, once it was (else `None`).
+    #[getter]
+    fn lost_reason(&self) -> Option<String> {
+        self.peer.lost_reason()
+    }
+
+    /// The peer's segments, as it last announced them.
+    fn segments(&self) -> Vec<PyRemoteSegment> {
+        self.peer.segments().into_iter().map(Into::into).collect()
+    }
+
+    /// The peer's segment with this name (the lowest id if several share it), or `None`.
+    fn segment(&self, name: String) -> Option<PyRemoteSegment> {
+        self.peer.segment_named(&name).map(Into::into)
+    }
+
+    /// Waits (the GIL released) until the peer announced a segment named `name`.
+    ///
+    /// Raises `Timeout` after `timeout_s` (`None`: no limit), `PeerLost` when the connection
+    /// is lost meanwhile.
+    #[pyo3(signature = (name, timeout_s=5.0))]
+    fn wait_segment(
+        &self,
+        py: Python<'_>,
+        name: String,
+        timeout_s: Option<f64>,
+    ) -> PyResult<PyRemoteSegment> {
+        let limit = timeout(timeout_s, "timeout_s")?;
+        let peer = &self.peer;
+        let found = wait_until(py, limit, |slice| {
+            match peer.wait_segment_named(&name, slice) {
+                Ok(s) => Some(Ok(s)),
+                Err(Error::Timeout { .. }) => None,
+                Err(e) => Some(Err(e)),
+            }
+        })?;
+        match found {
+            Some(Ok(s)) => Ok(s.into()),
+            Some(Err(e)) => Err(to_py(e)),
+            None => Err(to_py(Error::Timeout {
+                what: format!("waiting for {}'s segment {name:?}", peer.name()),
+                after: limit.unwrap_or(Duration::MAX),
+                hint: "register it on the peer first".into(),
+            })),
+        }
+    }
+
+    /// Writes `length` bytes at `local_offset` of the local segment `local_segment` into the peer's
+    /// segment `remote_segment` (a `RemoteSegment` or its id) at `remote_offset`.
+    ///
+    /// `notify` (bytes or str) reaches the peer after every byte landed there; `timeout_s` is
+    /// the transfer's deadline (default: the agent's). Returns at once with the `Transfer`.
+    /// Raises, before anything is posted, `OutOfSegment`, `UnknownSegment`, `ForeignSegment`,
+    /// `InvalidArgument`, `TooLarge` (a notification over the bound) or `PeerLost`.
+    #[pyo3(signature = (local_segment, local_offset, remote_segment, remote_offset, length, *, notify=None, timeout_s=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        py: Python<'_>,
+        local_segment: &Bound<'_, PySegment>,
+        local_offset: &Bound<'_, PyAny>,
+        remote_segment: &Bound<'_, PyAny>,
+        remote_offset: &Bound<'_, PyAny>,
+        length: &Bound<'_, PyAny>,
+        notify: Option<&Bound<'_, PyAny>>,
+        timeout_s: Option<f64>,
+    ) -> PyResult<PyTransfer> {
+        self.one(
+            py,
+            Op::Write,
+            local_segment,
+            local_offset,
+            remote_segment,
+            remote_offset,
+            length,
+            notify,
+            timeout_s,
+        )
+    }
+
+    /// Reads `length` bytes at `remote_offset` of the peer's segment `remote_segment` into the
+    /// local segment `local_segment` at `local_offset` (as `write`, the other way).
+    #[pyo3(signature = (local_segment, local_offset, remote_segment, remote_offset, length, *, notify=None, timeout_s=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn read(
+        &self,
+        py: Python<'_>,
+        local_segment: &Bound<'_, PySegment>,
+        local_offset: &Bound<'_, PyAny>,
+        remote_segment: &Bound<'_, PyAny>,
+        remote_offset: &Bound<'_, PyAny>,
+        length: &Bound<'_, PyAny>,
+        notify: Option<&Bound<'_, PyAny>>,
+        timeout_s: Option<f64>,
+    ) -> PyResult<PyTransfer> {
+        self.one(
+            py,
+            Op::Read,
+            local_segment,
+            local_offset,
+            remote_segment,
+            remote_offset,
+            length,
+            notify,
+            timeout_s,
+        )
+    }
+
+    /// Moves blocks in direction `op` (`"write"` or `"read"`): block `local_blocks[i]` of the
+    /// local segment to or from block `remote_blocks[i]` of the peer's `remote_segment`. Block
+    /// `b` of a side starts at `base + b * block_len` (`local_base`, `remote_base`: 0 by
+    /// default). Runs contiguous on both sides are merged.
+    ///
+    /// The block lists are any iterables of ints (lists, ranges, numpy arrays). Returns at once
+    /// with the `Transfer`; raises, before anything is posted, `InvalidArgument`,
+    /// `IndexOutOfRange` or `BlockOutOfSegment` for a block outside its segment,
+    /// `UnknownSegment`, `ForeignSegment`, `PeerLost`.
+    #[pyo3(signature = (op, local_segment, local_blocks, remote_segment, remote_blocks, block_len, notify=None, timeout_s=None, *, local_base=None, remote_base=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_blocks(
+        &self,
+        py: Python<'_>,
+        op: String,
+        local_segment: &Bound<'_, PySegment>,
+        local_blocks: &Bound<'_, PyAny>,
+        remote_segment: &Bound<'_, PyAny>,
+        remote_blocks: &Bound<'_, PyAny>,
+        block_len: &Bound<'_, PyAny>,
+        notify: Option<&Bound<'_, PyAny>>,
+        timeout_s: Option<f64>,
+        local_base: Option<&Bound<'_, PyAny>>,
+        remote_base: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyTransfer> {
+        let direction = self::op(&op)?;
+        let local_blocks = blocks(local_blocks, "local_blocks")?;
+        let remote_id = remote(remote_segment, "remote_segment")?;
+        let remote_blocks = blocks(remote_blocks, "remote_blocks")?;
+        let block_len = u64_arg(block_len, "block_len")?;
+        let local_base = local_base.map_or(Ok(0), |b| u64_arg(b, "local_base"))?;
+        let remote_base = remote_base.map_or(Ok(0), |b| u64_arg(b, "remote_base"))?;
+        let opts = options(notify, timeout_s)?;
+        let seg = &local_segment.get().seg;
+        let peer = &self.peer;
+        let t = py
+            .allow_threads(|| {
+                let table =
+                    BlockTable::new(seg, &local_blocks, remote_id, &remote_blocks, block_len)
+                        .local_base(local_base)
+                        .remote_base(remote_base);
+                peer.transfer_blocks(direction, &table, &opts)
+            })
+            .map_err(to_py)?;
+        Ok(PyTransfer { t })
+    }
+
+    /// Sends `data` (bytes or str) to the peer as a notification without a transfer: the peer
+    /// takes it with `Agent.wait_notification`. The returned transfer is done once the peer's
+    /// NIC took it. Raises `InvalidArgument` for an empty message or one longer than the peer
+    /// takes (1 KiB by default), `PeerLost`, `AgentClosed`.
+    #[pyo3(signature = (data, *, timeout_s=None))]
+    fn send_notification(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        timeout_s: Option<f64>,
+    ) -> PyResult<PyTransfer> {
+        let data = bytes(data, "data")?;
+        let mut opts = gdr_xfer::TransferOptions::new();
+        if let Some(t) = timeout_s {
+            opts = opts.timeout(duration(t, "timeout_s")?);
+        }
+        let peer = &self.peer;
+        let t = py
+            .allow_threads(|| peer.send_notification(data, &opts))
+            .map_err(to_py)?;
+        Ok(PyTransfer { t })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Peer(name={:?}, connected={})",
+            self.peer.name(),
+            if self.peer.is_connected() {
+                "True"
+            } else {
+                "False"
+            }
+        )
+    }
+}

@@ -1,0 +1,140 @@
+//! `gdr.Transfer`: a submitted transfer, observed, waited for or cancelled.
+
+use std::time::Duration;
+
+use gdr_xfer::{Error, Status, Transfer, TransferStats};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::args::{op_name, timeout, wait_until};
+use crate::errors::to_py;
+
+/// A transfer submitted with `Peer.write`, `Peer.read`, `Peer.transfer_blocks` or
+/// `Peer.send_notification`.
+///
+/// Its outcome, whatever it is, comes only once none of its requests can touch its memory any
+/// more. Dropping this handle does not stop the transfer: the engine finishes it (or fails it at
+/// its deadline) and releases the memory once the NIC is done with it.
+#[pyclass(module = "gdr._gdr", name = "Transfer", frozen)]
+pub(crate) struct PyTransfer {
+    pub(crate) t: Transfer,
+}
+
+/// A transfer's statistics as a dict (times in seconds).
+fn stats<'py>(py: Python<'py>, s: &TransferStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bytes", s.bytes)?;
+    d.set_item("descriptors", s.descriptors)?;
+    d.set_item("runs", s.runs)?;
+    d.set_item("slices", s.slices)?;
+    d.set_item("qps_used", s.qps_used)?;
+    d.set_item("rails_used", s.rails_used)?;
+    d.set_item("retried_slices", s.retried_slices)?;
+    d.set_item("time_to_post_s", s.time_to_post.as_secs_f64())?;
+    d.set_item("time_to_complete_s", s.time_to_complete.as_secs_f64())?;
+    d.set_item("plan_time_s", s.plan_time.as_secs_f64())?;
+    d.set_item("submit_time_s", s.submit_time.as_secs_f64())?;
+    Ok(d)
+}
+
+#[pymethods]
+impl PyTransfer {
+    /// Blocks (the GIL released) until the transfer finishes, and returns its statistics:
+    /// `bytes`, `descriptors`, `runs`, `slices`, `qps_used`, `rails_used`, `retried_slices`,
+    /// and `time_to_post_s`, `time_to_complete_s`, `plan_time_s`, `submit_time_s`.
+    ///
+    /// Raises the transfer's failure (`Timeout` at its deadline, `PeerLost`, `Cancelled`,
+    /// `SliceFailed`, `NoRail`, `AgentClosed`, ...), or `Timeout` when `timeout_s` passes
+    /// first (the transfer goes on: wait again or cancel it). `timeout_s=None` waits as long as
+    /// the transfer takes (it has a deadline of its own).
+    #[pyo3(signature = (timeout_s=None))]
+    fn wait<'py>(&self, py: Python<'py>, timeout_s: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
+        let limit = timeout(timeout_s, "timeout_s")?;
+        let t = &self.t;
+        let outcome = wait_until(py, limit, |slice| {
+            if let Some(r) = t.poll_result() {
+                return Some(r);
+            }
+            let _ = t.wait(slice);
+            t.poll_result()
+        })?;
+        match outcome {
+            Some(Ok(s)) => stats(py, &s),
+            Some(Err(e)) => Err(to_py(e)),
+            None => Err(to_py(Error::Timeout {
+                what: format!("waiting for a transfer to {}", t.peer()),
+                after: limit.unwrap_or(Duration::MAX),
+                hint: "the transfer goes on until its own deadline: wait again, or cancel it"
+                    .into(),
+            })),
+        }
+    }
+
+    /// The outcome if the transfer finished, without blocking: its statistics, `None` while it
+    /// is pending; raises its failure.
+    fn poll<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match self.t.poll_result() {
+            None => Ok(None),
+            Some(Ok(s)) => stats(py, &s).map(Some),
+            Some(Err(e)) => Err(to_py(e)),
+        }
+    }
+
+    /// Stops the transfer: nothing more of it is posted, and it finishes with `Cancelled` once
+    /// its requests in flight are retired (or with success if everything had landed). Returns
+    /// at once; `wait` for the outcome.
+    fn cancel(&self, py: Python<'_>) {
+        let t = &self.t;
+        py.allow_threads(|| t.cancel());
+    }
+
+    /// `"pending"`, `"done"` or `"failed"`.
+    #[getter]
+    fn status(&self) -> &'static str {
+        match self.t.status() {
+            Status::Pending => "pending",
+            Status::Done => "done",
+            Status::Failed => "failed",
+        }
+    }
+
+    /// Whether it finished (done or failed).
+    #[getter]
+    fn done(&self) -> bool {
+        self.t.status() != Status::Pending
+    }
+
+    /// Bytes it moves.
+    #[getter]
+    fn bytes(&self) -> u64 {
+        self.t.bytes()
+    }
+
+    /// `"write"` or `"read"`.
+    #[getter]
+    fn op(&self) -> &'static str {
+        op_name(self.t.op())
+    }
+
+    /// The peer's name.
+    #[getter]
+    fn peer(&self) -> String {
+        self.t.peer().to_owned()
+    }
+
+    /// Its deadline in seconds from submission.
+    #[getter]
+    fn timeout_s(&self) -> f64 {
+        self.t.timeout().as_secs_f64()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Transfer(op={:?}, peer={:?}, bytes={}, status={:?})",
+            self.op(),
+            self.t.peer(),
+            self.t.bytes(),
+            self.status()
+        )
+    }
+}

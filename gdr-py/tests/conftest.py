@@ -1,0 +1,45 @@
+"""Shared fixtures of gdr's pytest suite.
+
+Tests marked ``device`` need the RDMA device named by ``GDR_TEST_DEVICE``: they run inside the
+Soft-RoCE VM (``cargo xtask py-test``, or ``cargo xtask vm -- <venv>/bin/python -m pytest ...``),
+and FAIL, never skip, when it is not set. On a host without one, deselect them explicitly with
+``-m "not device"``.
+"""
+
+import os
+
+import pytest
+
+import gdr
+
+
+def device_under_test() -> str:
+    """The device under test, or the test fails."""
+    dev = os.environ.get("GDR_TEST_DEVICE")
+    if not dev:
+        pytest.fail(
+            "GDR_TEST_DEVICE is not set: device tests run in the Soft-RoCE VM "
+            "(cargo xtask py-test); on a host without a device deselect them with -m 'not device'"
+        )
+    return dev
+
+
+def agent(name: str, **kwargs) -> gdr.Agent:
+    """An agent on the device under test (GID index from GDR_TEST_GID_INDEX when set)."""
+    gid = os.environ.get("GDR_TEST_GID_INDEX")
+    return gdr.Agent(
+        name, device=device_under_test(), gid_index=int(gid) if gid else None, **kwargs
+    )
+
+
+@pytest.fixture
+def pair():
+    """Two agents of this process, ``a`` connected to ``b``: (a, b, a's peer b, b's peer a)."""
+    a = agent("py-a")
+    b = agent("py-b")
+    addr = b.listen("127.0.0.1:0")
+    pb = a.connect(addr)
+    pa = b.wait_peer("py-a", timeout_s=10)
+    yield a, b, pb, pa
+    a.shutdown(1.0)
+    b.shutdown(1.0)
