@@ -78,7 +78,29 @@ fn a_shutdown_lets_pending_transfers_end_then_refuses_new_work() {
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn a_shutdown_without_grace_fails_what_is_pending_and_counts_it() {
-    let (a, b, pb, _pa) = connected(agent("za"), agent("zb"));
+    // Whether a transfer is still in flight when shutdown comes is a race with the NIC: on a
+    // loaded host Soft-RoCE may finish all 64 MiB before the shutdown. Every attempt checks
+    // the accounting; at least one of five must catch transfers in flight and fail them.
+    let mut closed_total = 0;
+    for attempt in 0..5 {
+        closed_total += shutdown_attempt(attempt);
+        if closed_total > 0 {
+            break;
+        }
+    }
+    assert!(
+        closed_total > 0,
+        "five shutdowns, none caught a transfer in flight"
+    );
+}
+
+/// One shutdown without grace while 256 writes are submitted; returns how many failed with
+/// [`Error::AgentClosed`].
+fn shutdown_attempt(attempt: u32) -> usize {
+    let (a, b, pb, _pa) = connected(
+        agent(&format!("za{attempt}")),
+        agent(&format!("zb{attempt}")),
+    );
     let len = 64usize << 20;
     let src = a.alloc_host(len, "src").unwrap();
     let _dst = b.alloc_host(len, "dst").unwrap();
@@ -94,11 +116,7 @@ fn a_shutdown_without_grace_fails_what_is_pending_and_counts_it() {
         })
         .collect();
     let report = a.shutdown(Duration::ZERO);
-    println!("shutdown without grace: {report:?}");
-    assert!(
-        report.pending > 0,
-        "64 MiB over Soft-RoCE take longer than submitting them"
-    );
+    println!("attempt {attempt}: shutdown without grace: {report:?}");
     let (mut ok, mut closed) = (0, 0);
     for t in transfers {
         // Every outcome is there when shutdown returns.
@@ -108,9 +126,8 @@ fn a_shutdown_without_grace_fails_what_is_pending_and_counts_it() {
             Err(e) => panic!("unexpected outcome {e}"),
         }
     }
-    println!("{ok} transfers done, {closed} failed with AgentClosed");
+    println!("attempt {attempt}: {ok} transfers done, {closed} failed with AgentClosed");
     assert_eq!(ok + closed, 256);
-    assert!(closed > 0);
     // Counted when the grace time ended: a transfer that finished during the teardown is
     // counted but done.
     assert!(closed <= report.failed, "{closed} > {report:?}");
@@ -118,4 +135,5 @@ fn a_shutdown_without_grace_fails_what_is_pending_and_counts_it() {
     // The source memory is the caller's again: the transfers' requests are gone with the
     // queue pairs; dropping it now is fine.
     drop(src);
+    closed
 }
