@@ -51,7 +51,14 @@ const STREAM_SYMBOLS: &[&str] = &[
 pub struct Stream {
     raw: sys::CUstream,
     ctx: PrimaryContext,
+    /// Events of completed copies, for the next copies to record (creating and destroying an
+    /// event per copy cost more than a small copy's transfer on the staging path). At most
+    /// [`EVENT_POOL`]; destroyed with the stream.
+    events: std::sync::Mutex<Vec<sys::CUevent>>,
 }
+
+/// The most idle events a stream keeps.
+const EVENT_POOL: usize = 64;
 
 // SAFETY: a CUstream is a driver handle usable from any thread (the driver API is thread-safe);
 // the context is retained by `ctx` and made current around every call.
@@ -87,7 +94,27 @@ impl Stream {
                 no_hint,
             )?;
         }
-        Ok(Stream { raw, ctx })
+        Ok(Stream {
+            raw,
+            ctx,
+            events: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// An idle event of the pool, if any.
+    fn pooled_event(&self) -> Option<sys::CUevent> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    /// Keeps `event` (whose copy completed, and which nothing refers to any more) for a later
+    /// copy; `Err(event)` when the pool is full.
+    fn pool_event(&self, event: sys::CUevent) -> std::result::Result<(), sys::CUevent> {
+        let mut pool = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() >= EVENT_POOL {
+            return Err(event);
+        }
+        pool.push(event);
+        Ok(())
     }
 
     /// The GPU whose primary context owns the stream.
@@ -246,15 +273,21 @@ impl Stream {
         }
         // SAFETY: the guard is dropped at the end of this function, before `self`.
         let _g = unsafe { self.ctx.make_current() }?;
-        let mut event: sys::CUevent = std::ptr::null_mut();
-        // SAFETY: a context is current; `event` is a valid out-pointer.
-        let rc = unsafe { sys::cuEventCreate(&mut event, EVENT_DISABLE_TIMING) };
-        check(
-            rc,
-            "cuEventCreate",
-            || "flags=DISABLE_TIMING".into(),
-            no_hint,
-        )?;
+        let event = match self.pooled_event() {
+            Some(e) => e,
+            None => {
+                let mut event: sys::CUevent = std::ptr::null_mut();
+                // SAFETY: a context is current; `event` is a valid out-pointer.
+                let rc = unsafe { sys::cuEventCreate(&mut event, EVENT_DISABLE_TIMING) };
+                check(
+                    rc,
+                    "cuEventCreate",
+                    || "flags=DISABLE_TIMING".into(),
+                    no_hint,
+                )?;
+                event
+            }
+        };
         // From here on the handle owns the event (destroyed in Drop).
         let mut copy = AsyncCopy {
             stream: self.clone(),
@@ -307,6 +340,15 @@ impl Drop for Stream {
     fn drop(&mut self) {
         // SAFETY: the guard is dropped at the end of this function, before the fields.
         let _g = unsafe { self.ctx.make_current() };
+        let pooled = std::mem::take(self.events.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for event in pooled {
+            // SAFETY: an idle event of ours (its copy completed and its handle is gone), destroyed
+            // once, here.
+            let rc = unsafe { sys::cuEventDestroy_v2(event) };
+            if rc != sys::CUresult::CUDA_SUCCESS {
+                log::warn!("cuEventDestroy failed: {}", result_name(rc));
+            }
+        }
         // SAFETY: our live stream; every copy on it held an Arc of the stream, so none is
         // pending a wait, but synchronise anyway before destroying it.
         unsafe {
@@ -449,6 +491,17 @@ impl Drop for AsyncCopy {
             }
         }
         if let Some(event) = self.event.take() {
+            // A completed copy's event goes back to its stream's pool (the copy was waited for
+            // or seen complete: `keep` is empty; on the leak path above it is not, and the
+            // event is destroyed, the driver deferring the release).
+            let event = if self.keep.is_none() {
+                match self.stream.pool_event(event) {
+                    Ok(()) => return,
+                    Err(e) => e,
+                }
+            } else {
+                event
+            };
             // SAFETY: the guard is dropped at the end of this block, before `self.stream`.
             let _g = unsafe { self.stream.ctx.make_current() };
             // SAFETY: our live event, destroyed once; the driver defers the release if it is
