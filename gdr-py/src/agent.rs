@@ -1,5 +1,6 @@
 //! `gdr.Agent`: one per process; its rails, segments, peers and notifications.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use gdr_xfer::gdr::mr::ForeignHostMemory;
@@ -7,6 +8,7 @@ use gdr_xfer::{Agent, AgentConfig, Error, Location, Notification};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use crate::aio::Backlog;
 use crate::args::{duration, timeout, wait_until};
 use crate::buffer::export;
 use crate::errors::{invalid, to_py};
@@ -22,6 +24,16 @@ pub(crate) struct PyNotification {
     #[pyo3(get)]
     peer: String,
     data: Vec<u8>,
+}
+
+impl PyNotification {
+    /// A copy.
+    pub(crate) fn clone_inner(&self) -> Self {
+        PyNotification {
+            peer: self.peer.clone(),
+            data: self.data.clone(),
+        }
+    }
 }
 
 impl From<Notification> for PyNotification {
@@ -59,8 +71,36 @@ impl PyNotification {
 /// progress threads. `shutdown()` (or leaving a `with` block) ends it; so does dropping it.
 #[pyclass(module = "gdr._gdr", name = "Agent", frozen)]
 pub(crate) struct PyAgent {
-    /// `None` only while it is dropped.
-    agent: Option<Agent>,
+    /// `None` only while it is dropped. Shared with gdr's asyncio thread while a future waits
+    /// for a notification.
+    agent: Option<Arc<Agent>>,
+    /// Notifications taken for an asyncio future that was cancelled first: taken before the
+    /// engine's queue.
+    backlog: Arc<Backlog>,
+}
+
+/// `Agent.notifications()`: an async iterator of the agent's notifications.
+#[pyclass(module = "gdr._gdr", name = "NotificationStream", frozen)]
+pub(crate) struct PyNotificationStream {
+    agent: Arc<Agent>,
+    backlog: Arc<Backlog>,
+}
+
+#[pymethods]
+impl PyNotificationStream {
+    fn __aiter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// An asyncio future of the next notification; `StopAsyncIteration` once the agent is
+    /// shut down and every notification received before was taken.
+    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        crate::aio::notification_future(py, &self.agent, &self.backlog)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("NotificationStream(agent={:?})", self.agent.name())
+    }
 }
 
 impl Drop for PyAgent {
@@ -68,7 +108,16 @@ impl Drop for PyAgent {
         if let Some(agent) = self.agent.take() {
             // Closing connections and joining the progress threads takes a while: let other
             // Python threads run meanwhile.
-            Python::with_gil(|py| py.allow_threads(move || drop(agent)));
+            // A stream of its notifications may share it: ending the agent ends the stream too
+            // (and the asyncio thread lets its share go), as dropping the last share would.
+            Python::with_gil(|py| {
+                py.allow_threads(move || {
+                    if Arc::strong_count(&agent) > 1 {
+                        agent.shutdown(Duration::ZERO);
+                    }
+                    drop(agent)
+                })
+            });
         }
     }
 }
@@ -87,7 +136,9 @@ fn small(obj: &Bound<'_, PyAny>, what: &str, max: u64) -> PyResult<u64> {
 
 impl PyAgent {
     fn agent(&self) -> PyResult<&Agent> {
-        self.agent.as_ref().ok_or_else(|| to_py(Error::AgentClosed))
+        self.agent
+            .as_deref()
+            .ok_or_else(|| to_py(Error::AgentClosed))
     }
 }
 
@@ -121,7 +172,10 @@ impl PyAgent {
             config = config.default_timeout(duration(t, "default_timeout_s")?);
         }
         let agent = py.allow_threads(|| Agent::new(config)).map_err(to_py)?;
-        Ok(PyAgent { agent: Some(agent) })
+        Ok(PyAgent {
+            agent: Some(Arc::new(agent)),
+            backlog: Arc::default(),
+        })
     }
 
     /// The agent's name.
@@ -297,6 +351,39 @@ impl PyAgent {
             .collect())
     }
 
+    /// What GPU staging holds and did, a dict: `gpus` (per GPU with bounce buffers, the line
+    /// that says how it is staged), `buffers`, `active_transfers`, `transfers`, `chunks`,
+    /// `bytes`, `waited_for_nic` (chunks whose buffer waited for the NIC to let go),
+    /// `waiting_now`, `chunks_in_use`. All zero on an agent that staged nothing.
+    fn staging_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let agent = self.agent()?;
+        let s = py.allow_threads(|| agent.staging_stats());
+        let d = PyDict::new(py);
+        d.set_item("gpus", &s.gpus)?;
+        d.set_item("buffers", s.buffers)?;
+        d.set_item("active_transfers", s.active_transfers)?;
+        d.set_item("transfers", s.transfers)?;
+        d.set_item("chunks", s.chunks)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("waited_for_nic", s.waited_for_nic)?;
+        d.set_item("waiting_now", s.waiting_now)?;
+        d.set_item("chunks_in_use", s.chunks_in_use)?;
+        Ok(d)
+    }
+
+    /// Counters of the GPU registration cache, a dict: `hits` (lookups answered by an existing
+    /// registration), `registrations` (verbs registrations made), `merged` (registrations made
+    /// as the union of overlapping or adjacent ones).
+    fn cache_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let agent = self.agent()?;
+        let s = py.allow_threads(|| agent.cache_stats());
+        let d = PyDict::new(py);
+        d.set_item("hits", s.hits)?;
+        d.set_item("registrations", s.registrations)?;
+        d.set_item("merged", s.merged)?;
+        Ok(d)
+    }
+
     /// Waits (the GIL released) for the next notification; `None` when `timeout_s` passes
     /// first (`None`: no limit).
     #[pyo3(signature = (timeout_s=None))]
@@ -307,6 +394,9 @@ impl PyAgent {
     ) -> PyResult<Option<PyNotification>> {
         let agent = self.agent()?;
         let limit = timeout(timeout_s, "timeout_s")?;
+        if let Some(n) = self.backlog.pop() {
+            return Ok(Some(n.get().clone_inner()));
+        }
         let got = wait_until(py, limit, |slice| match agent.wait_notification(slice) {
             Ok(Some(n)) => Some(Ok(n)),
             Ok(None) => None,
@@ -321,18 +411,37 @@ impl PyAgent {
 
     /// Takes every notification received so far.
     fn take_notifications(&self) -> PyResult<Vec<PyNotification>> {
-        Ok(self
-            .agent()?
-            .take_notifications()
-            .into_iter()
-            .map(Into::into)
-            .collect())
+        let agent = self.agent()?;
+        let mut out: Vec<PyNotification> = self
+            .backlog
+            .take()
+            .iter()
+            .map(|n| n.get().clone_inner())
+            .collect();
+        out.extend(agent.take_notifications().into_iter().map(Into::into));
+        Ok(out)
     }
 
     /// Notifications received and not taken yet.
     #[getter]
     fn pending_notifications(&self) -> PyResult<usize> {
-        Ok(self.agent()?.pending_notifications())
+        Ok(self.agent()?.pending_notifications() + self.backlog.len())
+    }
+
+    /// The notifications as an async iterator: `async for note in agent.notifications():`
+    /// waits without blocking the event loop (gdr's asyncio thread completes each step through
+    /// `loop.call_soon_threadsafe`), and ends once the agent is shut down and every
+    /// notification received before was taken. Cancelling a step loses nothing: a
+    /// notification taken for it meanwhile is the next one any wait gets.
+    fn notifications(&self) -> PyResult<PyNotificationStream> {
+        let agent = self
+            .agent
+            .as_ref()
+            .ok_or_else(|| to_py(Error::AgentClosed))?;
+        Ok(PyNotificationStream {
+            agent: agent.clone(),
+            backlog: self.backlog.clone(),
+        })
     }
 
     /// Ends the agent (the GIL released): new work is refused at once with `AgentClosed`,

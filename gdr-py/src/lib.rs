@@ -12,11 +12,14 @@
 //! * **The GIL released** around every call into the engine; blocking waits (`Transfer.wait`,
 //!   `Agent.wait_notification`, `Peer.wait_segment`, `Agent.wait_peer`) wait in slices of
 //!   100 ms and run Python's signal handlers between them, so Ctrl-C interrupts them.
+//! * **asyncio**: `await transfer` and `async for note in agent.notifications()`, completed
+//!   by one thread of this module that polls the engine's futures (`src/aio.rs`): the event
+//!   loop never blocks, no thread waits per transfer, and no engine thread takes the GIL.
 //! * **Exceptions by variant**: every [`gdr_xfer::Error`] becomes the Python class of its
 //!   variant, with its fields as attributes (`src/errors.rs`, `gdr/_errors.py`).
 //!
 //! No engine thread ever takes the GIL: the only Python work they cause (dropping a registered
-//! object) is queued for this module's release thread.
+//! object, completing an asyncio future) is queued for this module's own threads.
 //!
 //! [`ForeignHostMemory`]: gdr_xfer::gdr::mr::ForeignHostMemory
 
@@ -25,6 +28,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod agent;
+mod aio;
 mod args;
 mod buffer;
 mod errors;
@@ -54,6 +58,7 @@ fn _gdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("READ", "read")?;
     m.add_class::<agent::PyAgent>()?;
     m.add_class::<agent::PyNotification>()?;
+    m.add_class::<agent::PyNotificationStream>()?;
     m.add_class::<peer::PyPeer>()?;
     m.add_class::<peer::PyRemoteSegment>()?;
     m.add_class::<segment::PySegment>()?;

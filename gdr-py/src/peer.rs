@@ -3,11 +3,13 @@
 
 use std::time::Duration;
 
-use gdr_xfer::{BlockTable, Desc, Error, Op, Peer, SegmentInfo};
+use gdr_xfer::{BlockTable, Desc, Error, Op, Peer, PoolTable, SegmentId, SegmentInfo};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::args::{blocks, bytes, duration, op, options, remote, timeout, u64_arg, wait_until};
-use crate::errors::to_py;
+use crate::buffer::type_name;
+use crate::errors::{invalid, to_py};
 use crate::segment::PySegment;
 use crate::transfer::PyTransfer;
 
@@ -88,8 +90,51 @@ impl PyPeer {
                 peer.transfer(direction, &[desc], &opts)
             })
             .map_err(to_py)?;
-        Ok(PyTransfer { t })
+        Ok(PyTransfer::new(t))
     }
+}
+
+/// One pool of `Peer.transfer_pools`: the local segment, its base, the peer's segment, its
+/// base.
+type PoolLine<'py> = (Bound<'py, PySegment>, u64, SegmentId, u64);
+
+/// The pools of `Peer.transfer_pools`: `(local_segment, local_base, remote_segment,
+/// remote_base)` tuples.
+fn pool_lines<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<PoolLine<'py>>> {
+    let bad = |what: String| {
+        invalid(
+            "InvalidArgument",
+            what,
+            "give a list of (Segment, local_base, RemoteSegment or id, remote_base) tuples",
+        )
+    };
+    let iter = obj
+        .try_iter()
+        .map_err(|_| bad(format!("pools is a {}, not a list", type_name(obj))))?;
+    let mut out = Vec::new();
+    for (i, item) in iter.enumerate() {
+        let item = item?;
+        let fields: Vec<Bound<'py, PyAny>> = match item.try_iter() {
+            Ok(it) => it.collect::<PyResult<_>>()?,
+            Err(_) => return Err(bad(format!("pools[{i}] is a {}", type_name(&item)))),
+        };
+        let [seg, local_base, remote_seg, remote_base] = fields.as_slice() else {
+            return Err(bad(format!("pools[{i}] has {} items, not 4", fields.len())));
+        };
+        let seg = seg.downcast::<PySegment>().map_err(|_| {
+            bad(format!(
+                "pools[{i}][0] is a {}, not a Segment",
+                type_name(seg)
+            ))
+        })?;
+        out.push((
+            seg.clone(),
+            u64_arg(local_base, &format!("pools[{i}][1] (local_base)"))?,
+            remote(remote_seg, &format!("pools[{i}][2] (remote_segment)"))?,
+            u64_arg(remote_base, &format!("pools[{i}][3] (remote_base)"))?,
+        ));
+    }
+    Ok(out)
 }
 
 #[pymethods]
@@ -110,6 +155,40 @@ impl PyPeer {
     #[getter]
     fn lost_reason(&self) -> Option<String> {
         self.peer.lost_reason()
+    }
+
+    /// Per rail shared with the peer, a dict: `rail` (its index in the agent's rails),
+    /// `device`, `port`, `state` (`"active"`, `"paused"` after a failure, `"renewing"`,
+    /// `"probing"`), `bytes` and `slices` completed on it, `errors`, `retries` (slices failed
+    /// over from it), `renewals`, `readmissions`, `fences`, `inflight_bytes`, `throughput`
+    /// (bytes per second, a moving average; 0 until measured), `last_error` (a str or `None`)
+    /// and `last_failover_s` (seconds from its last failure until its slices were posted again,
+    /// or `None`).
+    fn rail_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let peer = &self.peer;
+        let rails = py.allow_threads(|| peer.rail_stats());
+        rails
+            .iter()
+            .map(|r| {
+                let d = PyDict::new(py);
+                d.set_item("rail", r.rail)?;
+                d.set_item("device", &r.device)?;
+                d.set_item("port", r.port)?;
+                d.set_item("state", format!("{:?}", r.state).to_lowercase())?;
+                d.set_item("bytes", r.bytes)?;
+                d.set_item("slices", r.slices)?;
+                d.set_item("errors", r.errors)?;
+                d.set_item("retries", r.retries)?;
+                d.set_item("renewals", r.renewals)?;
+                d.set_item("readmissions", r.readmissions)?;
+                d.set_item("fences", r.fences)?;
+                d.set_item("inflight_bytes", r.inflight_bytes)?;
+                d.set_item("throughput", r.throughput)?;
+                d.set_item("last_error", r.last_error.as_deref())?;
+                d.set_item("last_failover_s", r.last_failover.map(|t| t.as_secs_f64()))?;
+                Ok(d)
+            })
+            .collect()
     }
 
     /// The peer's segments, as it last announced them.
@@ -258,7 +337,63 @@ impl PyPeer {
                 peer.transfer_blocks(direction, &table, &opts)
             })
             .map_err(to_py)?;
-        Ok(PyTransfer { t })
+        Ok(PyTransfer::new(t))
+    }
+
+    /// Moves the same blocks in every pool of a layered KV cache (layers x {K, V}) in direction
+    /// `op`, as one transfer with one outcome: block `local_blocks[i]` of every local pool to
+    /// or from block `remote_blocks[i]` of the matching pool of the peer.
+    ///
+    /// `pools` lists one `(local_segment, local_base, remote_segment, remote_base)` tuple per
+    /// pool: the local `Segment` and the offset of its block 0, the peer's segment (a
+    /// `RemoteSegment` or its id) and the offset of its block 0. Block `b` of a pool starts at
+    /// its base plus `b` times the side's stride (`local_stride`, `remote_stride`: `block_len`
+    /// by default; larger for padding between blocks). Runs continuing on both sides are
+    /// merged. When the transfer fails, any of its blocks may or may not have landed.
+    ///
+    /// Returns at once with the `Transfer`; raises, before anything is posted,
+    /// `InvalidArgument` (a malformed pool, index lists of different lengths, a zero block
+    /// length, a stride shorter than a block, no pool), `BlockOutOfSegment` (naming the pool),
+    /// `UnknownSegment`, `ForeignSegment`, `PeerLost`.
+    #[pyo3(signature = (op, pools, local_blocks, remote_blocks, block_len, notify=None, timeout_s=None, *, local_stride=None, remote_stride=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_pools(
+        &self,
+        py: Python<'_>,
+        op: String,
+        pools: &Bound<'_, PyAny>,
+        local_blocks: &Bound<'_, PyAny>,
+        remote_blocks: &Bound<'_, PyAny>,
+        block_len: &Bound<'_, PyAny>,
+        notify: Option<&Bound<'_, PyAny>>,
+        timeout_s: Option<f64>,
+        local_stride: Option<&Bound<'_, PyAny>>,
+        remote_stride: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyTransfer> {
+        let direction = self::op(&op)?;
+        let lines = pool_lines(pools)?;
+        let local_blocks = blocks(local_blocks, "local_blocks")?;
+        let remote_blocks = blocks(remote_blocks, "remote_blocks")?;
+        let block_len = u64_arg(block_len, "block_len")?;
+        let local_stride = local_stride.map_or(Ok(block_len), |s| u64_arg(s, "local_stride"))?;
+        let remote_stride = remote_stride.map_or(Ok(block_len), |s| u64_arg(s, "remote_stride"))?;
+        let opts = options(notify, timeout_s)?;
+        let lines: Vec<_> = lines
+            .iter()
+            .map(|(seg, lb, rs, rb)| (&seg.get().seg, *lb, *rs, *rb))
+            .collect();
+        let peer = &self.peer;
+        let t = py
+            .allow_threads(|| {
+                let mut table = PoolTable::new(block_len, &local_blocks, &remote_blocks)
+                    .strides(local_stride, remote_stride);
+                for &(seg, lb, rs, rb) in &lines {
+                    table = table.pool(seg, lb, rs, rb);
+                }
+                peer.transfer_pools(direction, &table, &opts)
+            })
+            .map_err(to_py)?;
+        Ok(PyTransfer::new(t))
     }
 
     /// Sends `data` (bytes or str) to the peer as a notification without a transfer: the peer
@@ -281,7 +416,7 @@ impl PyPeer {
         let t = py
             .allow_threads(|| peer.send_notification(data, &opts))
             .map_err(to_py)?;
-        Ok(PyTransfer { t })
+        Ok(PyTransfer::new(t))
     }
 
     fn __repr__(&self) -> String {

@@ -60,6 +60,18 @@ pub(crate) fn hand_back(held: Py<PyAny>) {
     }
 }
 
+/// Runs `f` under the GIL from one of this module's own threads (never an engine thread),
+/// unless the interpreter is finalizing: then `f` does not run and `None` comes back (what it
+/// would have touched is left to leak). Serialised with the `atexit` handler like the release
+/// thread, so no thread of this module asks for the GIL once finalization began.
+pub(crate) fn with_python<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
+    let _releasing = RELEASING.lock().unwrap_or_else(|p| p.into_inner());
+    if FINALIZING.load(Ordering::Acquire) {
+        return None;
+    }
+    Some(Python::with_gil(f))
+}
+
 /// Keeps the object (and its memory) for the rest of the process, without touching Python.
 fn leak(held: Py<PyAny>) {
     LEAKED.fetch_add(1, Ordering::Relaxed);

@@ -1,11 +1,13 @@
 //! `gdr.Transfer`: a submitted transfer, observed, waited for or cancelled.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use gdr_xfer::{Error, Status, Transfer, TransferStats};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::aio::SharedTransfer;
 use crate::args::{op_name, timeout, wait_until};
 use crate::errors::to_py;
 
@@ -15,13 +17,26 @@ use crate::errors::to_py;
 /// Its outcome, whatever it is, comes only once none of its requests can touch its memory any
 /// more. Dropping this handle does not stop the transfer: the engine finishes it (or fails it at
 /// its deadline) and releases the memory once the NIC is done with it.
+///
+/// `await transfer` (or `await transfer.wait_async()`) waits without blocking the event loop.
 #[pyclass(module = "gdr._gdr", name = "Transfer", frozen)]
 pub(crate) struct PyTransfer {
-    pub(crate) t: Transfer,
+    /// Shared with the asyncio thread while a future awaits it. No lock guard of it is ever
+    /// held while the GIL is being acquired (the asyncio thread write-locks it without the GIL).
+    shared: Arc<SharedTransfer>,
+}
+
+impl PyTransfer {
+    /// The handle of a submitted transfer.
+    pub(crate) fn new(t: Transfer) -> Self {
+        PyTransfer {
+            shared: SharedTransfer::new(t),
+        }
+    }
 }
 
 /// A transfer's statistics as a dict (times in seconds).
-fn stats<'py>(py: Python<'py>, s: &TransferStats) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn stats<'py>(py: Python<'py>, s: &TransferStats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("bytes", s.bytes)?;
     d.set_item("descriptors", s.descriptors)?;
@@ -50,8 +65,10 @@ impl PyTransfer {
     #[pyo3(signature = (timeout_s=None))]
     fn wait<'py>(&self, py: Python<'py>, timeout_s: Option<f64>) -> PyResult<Bound<'py, PyDict>> {
         let limit = timeout(timeout_s, "timeout_s")?;
-        let t = &self.t;
+        let shared = &self.shared;
+        // The read lock is taken and dropped inside each slice, without the GIL.
         let outcome = wait_until(py, limit, |slice| {
+            let t = shared.get();
             if let Some(r) = t.poll_result() {
                 return Some(r);
             }
@@ -62,7 +79,7 @@ impl PyTransfer {
             Some(Ok(s)) => stats(py, &s),
             Some(Err(e)) => Err(to_py(e)),
             None => Err(to_py(Error::Timeout {
-                what: format!("waiting for a transfer to {}", t.peer()),
+                what: format!("waiting for a transfer to {}", self.peer()),
                 after: limit.unwrap_or(Duration::MAX),
                 hint: "the transfer goes on until its own deadline: wait again, or cancel it"
                     .into(),
@@ -73,7 +90,8 @@ impl PyTransfer {
     /// The outcome if the transfer finished, without blocking: its statistics, `None` while it
     /// is pending; raises its failure.
     fn poll<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        match self.t.poll_result() {
+        let outcome = self.shared.get().poll_result();
+        match outcome {
             None => Ok(None),
             Some(Ok(s)) => stats(py, &s).map(Some),
             Some(Err(e)) => Err(to_py(e)),
@@ -84,14 +102,28 @@ impl PyTransfer {
     /// its requests in flight are retired (or with success if everything had landed). Returns
     /// at once; `wait` for the outcome.
     fn cancel(&self, py: Python<'_>) {
-        let t = &self.t;
-        py.allow_threads(|| t.cancel());
+        let shared = &self.shared;
+        py.allow_threads(|| shared.get().cancel());
+    }
+
+    /// An asyncio future (of the running event loop) of the outcome: `wait`'s statistics, or
+    /// its failure raised. The loop is never blocked: gdr's asyncio thread completes the future
+    /// through `loop.call_soon_threadsafe`. Cancelling the future (or the task awaiting it)
+    /// cancels the transfer; wrap it in `asyncio.shield` to let the transfer go on. Raises
+    /// `RuntimeError` outside a running loop.
+    fn wait_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        crate::aio::transfer_future(py, &self.shared)
+    }
+
+    /// `await transfer`: as `await transfer.wait_async()`.
+    fn __await__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.wait_async(py)?.call_method0("__await__")
     }
 
     /// `"pending"`, `"done"` or `"failed"`.
     #[getter]
     fn status(&self) -> &'static str {
-        match self.t.status() {
+        match self.shared.get().status() {
             Status::Pending => "pending",
             Status::Done => "done",
             Status::Failed => "failed",
@@ -101,39 +133,39 @@ impl PyTransfer {
     /// Whether it finished (done or failed).
     #[getter]
     fn done(&self) -> bool {
-        self.t.status() != Status::Pending
+        self.shared.get().status() != Status::Pending
     }
 
     /// Bytes it moves.
     #[getter]
     fn bytes(&self) -> u64 {
-        self.t.bytes()
+        self.shared.get().bytes()
     }
 
     /// `"write"` or `"read"`.
     #[getter]
     fn op(&self) -> &'static str {
-        op_name(self.t.op())
+        op_name(self.shared.get().op())
     }
 
     /// The peer's name.
     #[getter]
     fn peer(&self) -> String {
-        self.t.peer().to_owned()
+        self.shared.get().peer().to_owned()
     }
 
     /// Its deadline in seconds from submission.
     #[getter]
     fn timeout_s(&self) -> f64 {
-        self.t.timeout().as_secs_f64()
+        self.shared.get().timeout().as_secs_f64()
     }
 
     fn __repr__(&self) -> String {
         format!(
             "Transfer(op={:?}, peer={:?}, bytes={}, status={:?})",
             self.op(),
-            self.t.peer(),
-            self.t.bytes(),
+            self.peer(),
+            self.shared.get().bytes(),
             self.status()
         )
     }

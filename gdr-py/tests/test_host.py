@@ -174,3 +174,28 @@ def test_stubtest_finds_the_stubs_exact(tmp_path):
     )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Success" in p.stdout, p.stdout
+
+
+def test_the_asyncio_resolver_sets_once_and_requeues_what_a_cancelled_future_missed():
+    import asyncio
+
+    from gdr import _aio
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        ok, err, end, cancelled = (loop.create_future() for _ in range(4))
+        _aio._resolve(ok, True, {"bytes": 1})
+        _aio._resolve(err, False, gdr.Cancelled("x"))
+        _aio._resolve(end, None, None)
+        cancelled.cancel()
+        requeued = []
+        _aio._resolve(cancelled, True, "note", requeued.append)
+        _aio._resolve(ok, True, "ignored: already done", requeued.append)
+        assert await ok == {"bytes": 1}
+        with pytest.raises(gdr.Cancelled):
+            await err
+        with pytest.raises(StopAsyncIteration):
+            await end
+        return requeued
+
+    assert asyncio.run(main()) == ["note", "ignored: already done"]

@@ -36,7 +36,7 @@ def test_junk_arguments_raise_exceptions_never_panics(pair):
         (a.register, 2), (a.alloc, 2), (a.wait_peer, 2), (a.peer, 1), (a.deregister, 1),
         (a.wait_notification, 1), (pb.wait_segment, 2), (pb.segment, 1),
         (pb.send_notification, 1), (pb.write, 5), (pb.read, 5), (pb.transfer_blocks, 6),
-        (seg.read, 2), (seg.write, 2),
+        (seg.read, 2), (seg.write, 2), (pb.transfer_pools, 5),
     ]
     tried = 0
     for method, arity in methods:

@@ -30,6 +30,9 @@ The initiator (prefill side), in another process::
                              notify=b"req-42", timeout_s=5)
     stats = t.wait()          # {"bytes": 8388608, "slices": ..., ...}
 
+With asyncio, ``await t`` (or ``await t.wait_async()``) and
+``async for note in agent.notifications()`` wait without blocking the event loop.
+
 Every blocking call releases the GIL. Errors are the classes of :mod:`gdr._errors`, one per
 variant of the engine's error, all derived from :class:`GdrError`.
 """
@@ -70,6 +73,7 @@ from ._gdr import (
     WRITE,
     Agent,
     Notification,
+    NotificationStream,
     Peer,
     RemoteSegment,
     Segment,
@@ -89,6 +93,7 @@ __all__ = [
     "RemoteSegment",
     "Transfer",
     "Notification",
+    "NotificationStream",
     "READ",
     "WRITE",
     "__version__",

@@ -1,10 +1,12 @@
 """Type stubs of the native module ``gdr._gdr`` (re-exported by ``gdr``)."""
 
-from typing import Any, Dict, Iterable, List, Literal, Optional, Tuple, Union, final
+import asyncio
+from typing import Any, Dict, Generator, Iterable, List, Literal, Optional, Tuple, Union, final
 
 __all__ = [
     "Agent",
     "Notification",
+    "NotificationStream",
     "Peer",
     "READ",
     "RemoteSegment",
@@ -88,6 +90,11 @@ class Transfer:
         """Its statistics if it finished, ``None`` while pending; raises its failure."""
     def cancel(self) -> None:
         """Stops it; ``wait`` then raises ``Cancelled`` (or succeeds if all had landed)."""
+    def wait_async(self) -> "asyncio.Future[_TransferStats]":
+        """A future of the running loop with ``wait``'s outcome, completed by gdr's asyncio
+        thread (the loop never blocks). Cancelling it cancels the transfer."""
+    def __await__(self) -> Generator[Any, None, _TransferStats]:
+        """``await transfer``: as ``await transfer.wait_async()``."""
     @property
     def status(self) -> Literal["pending", "done", "failed"]: ...
     @property
@@ -101,6 +108,17 @@ class Transfer:
     @property
     def timeout_s(self) -> float: ...
 
+_RailStats = Dict[str, Any]
+
+@final
+class NotificationStream:
+    """``Agent.notifications()``: ``async for note in agent.notifications():``."""
+
+    def __aiter__(self) -> "NotificationStream": ...
+    def __anext__(self) -> "asyncio.Future[Notification]":
+        """The next notification; ``StopAsyncIteration`` once the agent is shut down and
+        every notification was taken."""
+
 @final
 class Peer:
     """A connected peer agent."""
@@ -111,6 +129,10 @@ class Peer:
     def is_connected(self) -> bool: ...
     @property
     def lost_reason(self) -> Optional[str]: ...
+    def rail_stats(self) -> List[_RailStats]:
+        """Per rail: ``rail``, ``device``, ``port``, ``state``, ``bytes``, ``slices``,
+        ``errors``, ``retries``, ``renewals``, ``readmissions``, ``fences``,
+        ``inflight_bytes``, ``throughput``, ``last_error``, ``last_failover_s``."""
     def segments(self) -> List[RemoteSegment]: ...
     def segment(self, name: str) -> Optional[RemoteSegment]: ...
     def wait_segment(self, name: str, timeout_s: Optional[float] = 5.0) -> RemoteSegment:
@@ -155,6 +177,23 @@ class Peer:
     ) -> Transfer:
         """Block ``local_blocks[i]`` to or from block ``remote_blocks[i]`` of the peer's
         segment, blocks of ``block_len`` bytes from ``local_base`` / ``remote_base``."""
+    def transfer_pools(
+        self,
+        op: _Op,
+        pools: Iterable[Tuple[Segment, int, Union[RemoteSegment, int], int]],
+        local_blocks: _BlockIndices,
+        remote_blocks: _BlockIndices,
+        block_len: int,
+        notify: Optional[_BytesLike] = None,
+        timeout_s: Optional[float] = None,
+        *,
+        local_stride: Optional[int] = None,
+        remote_stride: Optional[int] = None,
+    ) -> Transfer:
+        """The same blocks in every pool of a layered KV cache, one transfer: block
+        ``local_blocks[i]`` of each ``(local_segment, local_base, remote_segment,
+        remote_base)`` pool to or from block ``remote_blocks[i]`` of the peer's; block ``b``
+        of a pool at its base plus ``b`` times the side's stride (``block_len`` by default)."""
     def send_notification(self, data: _BytesLike, *, timeout_s: Optional[float] = None) -> Transfer:
         """A message without a transfer; the peer takes it with ``wait_notification``."""
 
@@ -199,6 +238,13 @@ class Agent:
     def wait_notification(self, timeout_s: Optional[float] = None) -> Optional[Notification]:
         """The next notification (GIL released); ``None`` when ``timeout_s`` passes first."""
     def take_notifications(self) -> List[Notification]: ...
+    def notifications(self) -> NotificationStream:
+        """The notifications as an async iterator (ends once the agent is shut down)."""
+    def staging_stats(self) -> Dict[str, Any]:
+        """``gpus``, ``buffers``, ``active_transfers``, ``transfers``, ``chunks``, ``bytes``,
+        ``waited_for_nic``, ``waiting_now``, ``chunks_in_use``."""
+    def cache_stats(self) -> Dict[str, int]:
+        """``hits``, ``registrations``, ``merged``."""
     def shutdown(self, grace_s: float = 0.0) -> Dict[str, int]:
         """Ends the agent; returns ``{"pending": n, "failed": m}``."""
     def __enter__(self) -> "Agent": ...

@@ -1,0 +1,391 @@
+//! asyncio: `await transfer`, `Transfer.wait_async()` and `async for note in
+//! agent.notifications()`, without blocking the event loop and without a thread per wait.
+//!
+//! One thread of this module (the *hub*, `gdr-py-async`) polls the engine's futures
+//! ([`gdr_xfer::Transfer`] and [`gdr_xfer::Agent::wait_notification_async`] are `Future`s) with
+//! wakers of its own. A waker, called on an engine thread, only queues the key of what it
+//! watches for the hub: no engine thread takes the GIL. Once something is ready, the hub takes
+//! the GIL and hands the outcome to each waiting asyncio future through
+//! `loop.call_soon_threadsafe(gdr._aio._resolve, fut, ...)`, which sets it on the loop's own
+//! thread unless the future was cancelled meanwhile.
+//!
+//! Cancelling the awaiting task cancels the asyncio future: for a transfer, its done callback
+//! cancels the transfer too (the transfer then ends as usual and the hub forgets it); for a
+//! notification, the hub drops the watch. Nothing stays behind either way.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::task::{Context, Poll, Wake, Waker};
+
+use gdr_xfer::{Agent, Notification, Result, Transfer, TransferStats};
+use pyo3::prelude::*;
+
+use crate::agent::PyNotification;
+use crate::errors::to_py;
+
+/// A transfer shared by its Python handle and the hub while one awaits it.
+pub(crate) struct SharedTransfer {
+    /// The hub's key for it.
+    key: u64,
+    /// Read-locked by the blocking calls (several at once); write-locked only by the hub, for
+    /// the moment of a `poll` (which needs `&mut`).
+    pub(crate) t: RwLock<Transfer>,
+}
+
+impl SharedTransfer {
+    /// Wraps a submitted transfer.
+    pub(crate) fn new(t: Transfer) -> Arc<Self> {
+        Arc::new(SharedTransfer {
+            key: next_key(),
+            t: RwLock::new(t),
+        })
+    }
+
+    /// Read access (a poisoned lock still holds a valid transfer).
+    pub(crate) fn get(&self) -> std::sync::RwLockReadGuard<'_, Transfer> {
+        self.t.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Notifications the hub took for a future that was cancelled before it got them: the agent's
+/// next waits take them first, so cancelling never loses one.
+#[derive(Default)]
+pub(crate) struct Backlog(Mutex<VecDeque<Py<PyNotification>>>);
+
+impl Backlog {
+    /// The oldest notification put back, if any.
+    pub(crate) fn pop(&self) -> Option<Py<PyNotification>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).pop_front()
+    }
+
+    /// Takes every notification put back.
+    pub(crate) fn take(&self) -> Vec<Py<PyNotification>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect()
+    }
+
+    /// How many were put back.
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// Puts a notification whose future was cancelled back into its agent's backlog (called by
+/// `gdr._aio._resolve` on the loop's thread).
+#[pyclass(module = "gdr._gdr", name = "_Requeue", frozen)]
+struct Requeue {
+    backlog: Arc<Backlog>,
+}
+
+#[pymethods]
+impl Requeue {
+    fn __call__(&self, note: Py<PyNotification>) {
+        self.backlog
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(note);
+    }
+}
+
+/// A fresh key.
+fn next_key() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// What the hub watches.
+enum What {
+    Transfer(Arc<SharedTransfer>),
+    Notification(Arc<Agent>, Arc<Backlog>),
+}
+
+/// What became ready.
+enum Outcome {
+    Transfer(Result<TransferStats>),
+    Notification(Option<Notification>),
+}
+
+/// A watch: what, its waker, and the asyncio futures (with their loops) waiting for it.
+struct Entry {
+    what: What,
+    waker: Waker,
+    waiters: Vec<(Py<PyAny>, Py<PyAny>)>,
+}
+
+enum Job {
+    /// Watch `what` under `key` for the future `fut` of loop `lp` (joining the watch of the
+    /// same key if there is one).
+    Watch {
+        key: u64,
+        what: What,
+        lp: Py<PyAny>,
+        fut: Py<PyAny>,
+    },
+    /// Poll the watch again.
+    Wake(u64),
+    /// Drop the watch (its future was cancelled).
+    Forget(u64),
+}
+
+/// The waker of one watch: queues its key for the hub, nothing else.
+struct KeyWaker {
+    key: u64,
+    tx: Mutex<Sender<Job>>,
+}
+
+impl Wake for KeyWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = tx.send(Job::Wake(self.key));
+    }
+}
+
+/// The hub's queue, started on first use; `None` when its thread could not be started.
+static HUB: OnceLock<Option<Mutex<Sender<Job>>>> = OnceLock::new();
+
+/// A sender to the hub, whose thread starts on first use. A transfer awaited while a Python
+/// thread blocks in `Transfer.wait` on the same transfer delays the hub by at most one wait
+/// slice (100 ms): its poll needs the write lock.
+fn hub() -> PyResult<Sender<Job>> {
+    let hub = HUB.get_or_init(|| {
+        let (tx, rx) = channel();
+        let keep = tx.clone();
+        match std::thread::Builder::new()
+            .name("gdr-py-async".into())
+            .spawn(move || run(keep, rx))
+        {
+            Ok(_) => Some(Mutex::new(tx)),
+            Err(e) => {
+                log::error!("gdr-py: cannot start the asyncio thread ({e})");
+                None
+            }
+        }
+    });
+    match hub {
+        Some(tx) => Ok(tx.lock().unwrap_or_else(|p| p.into_inner()).clone()),
+        None => Err(pyo3::exceptions::PyRuntimeError::new_err(
+            "gdr: the asyncio thread could not be started",
+        )),
+    }
+}
+
+/// The hub thread.
+fn run(tx: Sender<Job>, rx: Receiver<Job>) {
+    let mut watches: HashMap<u64, Entry> = HashMap::new();
+    while let Ok(job) = rx.recv() {
+        let key = match job {
+            Job::Watch { key, what, lp, fut } => {
+                if let Some(e) = watches.get_mut(&key) {
+                    e.waiters.push((lp, fut));
+                    continue;
+                }
+                let waker = Waker::from(Arc::new(KeyWaker {
+                    key,
+                    tx: Mutex::new(tx.clone()),
+                }));
+                watches.insert(
+                    key,
+                    Entry {
+                        what,
+                        waker,
+                        waiters: vec![(lp, fut)],
+                    },
+                );
+                key
+            }
+            Job::Wake(key) => key,
+            Job::Forget(key) => {
+                if let Some(Entry { what, waiters, .. }) = watches.remove(&key) {
+                    // The Python objects under the GIL; the agent (maybe its last share, whose
+                    // drop joins threads) without it.
+                    let _ = crate::release::with_python(move |_| drop(waiters));
+                    drop(what);
+                }
+                continue;
+            }
+        };
+        let Some(entry) = watches.get(&key) else {
+            continue;
+        };
+        if let Some(outcome) = poll(entry) {
+            if let Some(entry) = watches.remove(&key) {
+                resolve(entry, outcome);
+            }
+        }
+    }
+}
+
+/// Polls a watch once with its waker (registering it again).
+fn poll(entry: &Entry) -> Option<Outcome> {
+    let mut cx = Context::from_waker(&entry.waker);
+    match &entry.what {
+        What::Transfer(shared) => {
+            let mut t = shared.t.write().unwrap_or_else(|p| p.into_inner());
+            match Pin::new(&mut *t).poll(&mut cx) {
+                Poll::Ready(r) => Some(Outcome::Transfer(r)),
+                Poll::Pending => None,
+            }
+        }
+        What::Notification(agent, _) => {
+            // A fresh future each time: it holds no state, and its waker stays registered.
+            let mut next = agent.wait_notification_async();
+            match Pin::new(&mut next).poll(&mut cx) {
+                Poll::Ready(Ok(n)) => Some(Outcome::Notification(Some(n))),
+                // Only `AgentClosed`: shut down, and every notification taken.
+                Poll::Ready(Err(_)) => Some(Outcome::Notification(None)),
+                Poll::Pending => None,
+            }
+        }
+    }
+}
+
+/// Hands the outcome to every waiting future, on its loop's thread.
+fn resolve(entry: Entry, outcome: Outcome) {
+    let Entry { what, waiters, .. } = entry;
+    let _ = crate::release::with_python(|py| {
+        // ok: True (a result), False (an exception), None (the end of the stream).
+        let (ok, value): (Option<bool>, PyObject) = match outcome {
+            Outcome::Transfer(Ok(s)) => match crate::transfer::stats(py, &s) {
+                Ok(d) => (Some(true), d.into_any().unbind()),
+                Err(e) => (Some(false), e.into_value(py).into_any()),
+            },
+            Outcome::Transfer(Err(e)) => (Some(false), to_py(e).into_value(py).into_any()),
+            Outcome::Notification(Some(n)) => match Py::new(py, PyNotification::from(n)) {
+                Ok(n) => (Some(true), n.into_any()),
+                Err(e) => (Some(false), e.into_value(py).into_any()),
+            },
+            Outcome::Notification(None) => (None, py.None()),
+        };
+        let requeue = match &what {
+            What::Notification(_, backlog) => Py::new(
+                py,
+                Requeue {
+                    backlog: backlog.clone(),
+                },
+            )
+            .map(Py::into_any)
+            .unwrap_or_else(|_| py.None()),
+            What::Transfer(_) => py.None(),
+        };
+        let resolver = py.import("gdr._aio").and_then(|m| m.getattr("_resolve"));
+        for (lp, fut) in waiters {
+            let done = resolver
+                .as_ref()
+                .map_err(|e| e.clone_ref(py))
+                .and_then(|r| {
+                    lp.call_method1(py, "call_soon_threadsafe", (r, &fut, ok, &value, &requeue))
+                });
+            // A closed loop refuses the call: nobody awaits the future any more.
+            if let Err(e) = done {
+                log::debug!("gdr-py: an asyncio future was not resolved: {e}");
+            }
+        }
+    });
+    // Outside the GIL: the last share of an agent ends it (joining its threads).
+    drop(what);
+}
+
+/// A new future of the running loop, and the loop.
+fn new_future(py: Python<'_>) -> PyResult<(Bound<'_, PyAny>, Bound<'_, PyAny>)> {
+    let lp = py.import("asyncio")?.call_method0("get_running_loop")?;
+    let fut = lp.call_method0("create_future")?;
+    Ok((lp, fut))
+}
+
+/// The done callback of a transfer's future: a cancelled future cancels the transfer.
+#[pyclass(module = "gdr._gdr", name = "_CancelTransfer", frozen)]
+struct CancelTransfer {
+    shared: Arc<SharedTransfer>,
+}
+
+#[pymethods]
+impl CancelTransfer {
+    fn __call__(&self, py: Python<'_>, fut: &Bound<'_, PyAny>) -> PyResult<()> {
+        if fut.call_method0("cancelled")?.is_truthy()? {
+            let shared = &self.shared;
+            py.allow_threads(|| shared.get().cancel());
+        }
+        Ok(())
+    }
+}
+
+/// The done callback of a notification's future: a cancelled future drops the watch.
+#[pyclass(module = "gdr._gdr", name = "_ForgetWatch", frozen)]
+struct ForgetWatch {
+    key: u64,
+}
+
+#[pymethods]
+impl ForgetWatch {
+    fn __call__(&self, fut: &Bound<'_, PyAny>) -> PyResult<()> {
+        if fut.call_method0("cancelled")?.is_truthy()? {
+            if let Ok(tx) = hub() {
+                let _ = tx.send(Job::Forget(self.key));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An asyncio future (of the running loop) of the transfer's outcome: its statistics, or its
+/// failure raised. Cancelling the future cancels the transfer.
+pub(crate) fn transfer_future<'py>(
+    py: Python<'py>,
+    shared: &Arc<SharedTransfer>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (lp, fut) = new_future(py)?;
+    let cb = Py::new(
+        py,
+        CancelTransfer {
+            shared: shared.clone(),
+        },
+    )?;
+    fut.call_method1("add_done_callback", (cb,))?;
+    hub()?
+        .send(Job::Watch {
+            key: shared.key,
+            what: What::Transfer(shared.clone()),
+            lp: lp.unbind(),
+            fut: fut.clone().unbind(),
+        })
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("gdr: the asyncio thread ended"))?;
+    Ok(fut)
+}
+
+/// An asyncio future of the agent's next notification; it raises `StopAsyncIteration` once the
+/// agent is shut down and every notification was taken. Cancelling it drops the watch; a
+/// notification taken for it meanwhile goes to the agent's backlog.
+pub(crate) fn notification_future<'py>(
+    py: Python<'py>,
+    agent: &Arc<Agent>,
+    backlog: &Arc<Backlog>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (lp, fut) = new_future(py)?;
+    if let Some(n) = backlog.pop() {
+        fut.call_method1("set_result", (n,))?;
+        return Ok(fut);
+    }
+    let key = next_key();
+    fut.call_method1("add_done_callback", (Py::new(py, ForgetWatch { key })?,))?;
+    hub()?
+        .send(Job::Watch {
+            key,
+            what: What::Notification(agent.clone(), backlog.clone()),
+            lp: lp.unbind(),
+            fut: fut.clone().unbind(),
+        })
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("gdr: the asyncio thread ended"))?;
+    Ok(fut)
+}
