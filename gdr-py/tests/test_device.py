@@ -82,6 +82,29 @@ def test_transfer_blocks_scatters_blocks_by_index(pair):
     assert np.array_equal(back, kv)
 
 
+def test_numpy_index_arrays_of_any_integer_type_are_read_whole(pair):
+    """A 1-D numpy array of block indices is read in one piece (its bytes), whatever its integer
+    type and byte order; a value outside 0..2**32 is a typed error naming its position."""
+    a, b, pb, pa = pair
+    block = 4096
+    kv = pattern(5, (8, block))
+    pool = np.zeros((64, block), np.uint8)
+    local = a.register(kv, "kv")
+    b.register(pool, "pool")
+    remote = pb.wait_segment("pool")
+    targets = [3, 9, 12, 20, 33, 40, 50, 63]
+    for dtype in (np.int64, np.uint16, np.int8, np.dtype(">i4"), np.dtype("<u8")):
+        pool[:] = 0
+        lb = np.arange(8, dtype=dtype)
+        rb = np.array(targets, dtype=dtype)
+        pb.transfer_blocks("write", local, lb, remote, rb, block).wait(WAIT)
+        assert np.array_equal(pool[targets], kv), dtype
+    with pytest.raises(gdr.InvalidArgument, match=r"remote_blocks\[1\] = -1 "):
+        pb.transfer_blocks("write", local, np.arange(2), remote, np.array([0, -1], np.int64), block)
+    with pytest.raises(gdr.InvalidArgument, match=r"local_blocks\[1\] = 4294967296 "):
+        pb.transfer_blocks("write", local, np.array([0, 2**32], np.int64), remote, [0, 1], block)
+
+
 def test_source_deleted_mid_transfer_is_released_only_after_the_nic_is_done(pair):
     a, b, pb, pa = pair
     # Large enough that the submitting call cannot post all of it (rxe moves what it posts
