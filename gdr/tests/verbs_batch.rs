@@ -141,3 +141,72 @@ fn bad_pieces_are_refused_before_anything_is_posted() {
         .result()
         .unwrap();
 }
+
+/// The request list a queue pair keeps between batches leaks nothing from one batch into the
+/// next: a 40-piece WRITE (two lists, the periodic and the caller's signal set), then a 3-piece
+/// READ on the same queue pair. A stale link after the READ's last entry would post the WRITE's
+/// requests again (overwriting the target after the caller changed it), a stale flag would add
+/// a completion, a stale opcode would write instead of read.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_short_batch_after_a_long_one_posts_exactly_its_own_requests() {
+    let p = verbs::pair_of(true, |b| b.max_send_wr(64));
+    let piece = 256usize;
+    let n = 40usize;
+    let src = MemoryRegion::new(&p.pd, n * piece, AccessFlags::LOCAL_WRITE).unwrap();
+    src.write(0, &vec![0xAA; n * piece]).unwrap();
+    let dst = MemoryRegion::new(&p.pd, n * piece, AccessFlags::remote_rw()).unwrap();
+    let r = dst.remote();
+    let at = |i: usize, len: usize| {
+        RemoteSlice::new(r.addr + (i * piece) as u64, len as u64, r.rkey).unwrap()
+    };
+    let pieces: Vec<RdmaPiece> = (0..n)
+        .map(|i| RdmaPiece {
+            offset: i * piece,
+            remote: at(i, piece),
+            wr_id: i as u64,
+        })
+        .collect();
+    let local = src.slice(..).unwrap();
+    p.a.post_rdma_batch(BatchOp::Write, &local, &pieces)
+        .unwrap();
+    let done = p.cq_a.wait_for(1, Duration::from_secs(30)).unwrap();
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0].wr_id, n as u64 - 1);
+    done[0].result().unwrap();
+    assert_eq!(p.a.send_outstanding(), 0);
+    // The target changes; then three READs of its first blocks into the source.
+    dst.write(0, &vec![0x55; n * piece]).unwrap();
+    let back: Vec<RdmaPiece> = (0..3)
+        .map(|i| RdmaPiece {
+            offset: i * piece,
+            remote: at(i, piece),
+            wr_id: 100 + i as u64,
+        })
+        .collect();
+    p.a.post_rdma_batch(BatchOp::Read, &local, &back).unwrap();
+    let done = p.cq_a.wait_for(1, Duration::from_secs(30)).unwrap();
+    assert_eq!(done.len(), 1, "one signalled completion: {done:?}");
+    assert_eq!(done[0].wr_id, 102);
+    done[0].result().unwrap();
+    let more = p.cq_a.wait_for(1, Duration::from_millis(300));
+    assert!(
+        matches!(more, Err(Error::Timeout { .. })),
+        "no completion beyond the READ's own: {more:?}"
+    );
+    assert_eq!(p.a.send_outstanding(), 0);
+    let got = src.to_vec();
+    assert!(
+        got[..3 * piece].iter().all(|&b| b == 0x55),
+        "the READs read"
+    );
+    assert!(
+        got[3 * piece..].iter().all(|&b| b == 0xAA),
+        "nothing else moved"
+    );
+    assert!(
+        dst.to_vec().iter().all(|&b| b == 0x55),
+        "no WRITE of the first batch was posted again"
+    );
+    println!("40-piece WRITE then 3-piece READ on one queue pair: exactly the READ's requests ran");
+}
