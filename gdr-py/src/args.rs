@@ -131,6 +131,20 @@ fn integer_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Vec<u32>
     }
     let raw = obj.call_method0("tobytes")?;
     let raw = raw.downcast::<pyo3::types::PyBytes>()?.as_bytes();
+    // An object that only looks like an array may hand back bytes that disagree with its own
+    // item size or length: refused, not decoded into other indices.
+    let len = obj.len().ok();
+    if raw.len() % size != 0 || len.is_some_and(|n| n.checked_mul(size) != Some(raw.len())) {
+        return Err(invalid(
+            "InvalidArgument",
+            format!(
+                "{what}: tobytes() gave {} bytes for {} items of {size} bytes",
+                raw.len(),
+                len.map_or_else(|| "?".to_string(), |n| n.to_string())
+            ),
+            "give a list, range or numpy array of block indices",
+        ));
+    }
     let mut out = Vec::with_capacity(raw.len() / size);
     for (i, b) in raw.chunks_exact(size).enumerate() {
         let mut word = [0u8; 8];

@@ -99,10 +99,31 @@ def test_numpy_index_arrays_of_any_integer_type_are_read_whole(pair):
         rb = np.array(targets, dtype=dtype)
         pb.transfer_blocks("write", local, lb, remote, rb, block).wait(WAIT)
         assert np.array_equal(pool[targets], kv), dtype
+    pool[:] = 7
+    before = pool.copy()
     with pytest.raises(gdr.InvalidArgument, match=r"remote_blocks\[1\] = -1 "):
         pb.transfer_blocks("write", local, np.arange(2), remote, np.array([0, -1], np.int64), block)
     with pytest.raises(gdr.InvalidArgument, match=r"local_blocks\[1\] = 4294967296 "):
         pb.transfer_blocks("write", local, np.array([0, 2**32], np.int64), remote, [0, 1], block)
+
+    class Lying:
+        """Looks like a 1-D uint32 array of 4 items, but its bytes hold 3 and a half."""
+
+        dtype = np.dtype(np.uint32)
+        ndim = 1
+
+        def __len__(self):
+            return 4
+
+        def __iter__(self):
+            return iter([0, 1, 2, 3])
+
+        def tobytes(self):
+            return b"\x00" * 14
+
+    with pytest.raises(gdr.InvalidArgument, match=r"tobytes\(\) gave 14 bytes for 4 items"):
+        pb.transfer_blocks("write", local, Lying(), remote, [0, 1, 2, 3], block)
+    assert np.array_equal(pool, before), "nothing was posted for a refused table"
 
 
 def test_source_deleted_mid_transfer_is_released_only_after_the_nic_is_done(pair):
