@@ -98,8 +98,12 @@ impl Agent {
     /// the NIC's use of it. Sub-ranges of one owner share registrations as for
     /// [`Agent::register_gpu`].
     ///
-    /// Without a GPUDirect path the registration fails with gdr's error and its hint: staging
-    /// through bounce buffers needs gdr's own [`DeviceBuffer`] ([`Agent::register_gpu`]).
+    /// gdr's pointer checks run first (`cuPointerGetAttributes`: device memory, not managed
+    /// or host memory, the range inside one allocation). Then, as for
+    /// [`Agent::register_gpu`], when gdr finds no direct path and
+    /// [`AgentConfig::gpu_staging`] allows it, the segment is staged through bounce buffers
+    /// (copies with the memory's GPU's primary context, the one PyTorch and the CUDA runtime
+    /// use) and [`Segment::path`] says why.
     ///
     /// For an address from C or Python with no Rust owner, wrap it in
     /// [`gdr::cuda::ForeignDeviceMemory`]: `unsafe` to make (its contract: the range stays
@@ -108,7 +112,9 @@ impl Agent {
     /// [`gdr::mr::ForeignHostMemory`], registered with [`Agent::register_host`].
     ///
     /// # Errors
-    /// As [`Agent::register_gpu`]; [`Error::InvalidArgument`] for a bad range or name.
+    /// gdr's pointer checks ([`gdr::Error::NotGpuMemory`], [`gdr::Error::Unsupported`] for
+    /// managed memory, [`gdr::Error::OutOfBounds`]); as [`Agent::register_gpu`];
+    /// [`Error::InvalidArgument`] for a bad range or name.
     pub fn register_gpu_memory<M: DeviceMemory + Send + Sync + 'static>(
         &self,
         memory: Arc<M>,
@@ -118,19 +124,49 @@ impl Agent {
         self.shared.check_open()?;
         check_name(name)?;
         let (offset, len) = resolve(range, memory.len())?;
+        let start = memory
+            .device_ptr()
+            .checked_add(offset as u64)
+            .ok_or_else(|| {
+                Error::invalid(
+                    format!(
+                        "device range {:#x} + {offset} overflows",
+                        memory.device_ptr()
+                    ),
+                    "pass the memory's real address and length",
+                )
+            })?;
+        let checked = gdr::gpu_mr::check_gpu_range(start, len)?;
+        let ordinal = checked.gpu.ordinal;
+        let location = Location::Cuda {
+            ordinal: ordinal.max(0) as u32,
+        };
+        let staged = || StagedDevice::CudaForeign {
+            memory: memory.clone(),
+            ordinal,
+        };
+        if self.shared.config.gpu_staging == GpuStaging::Always {
+            return self.add_staged(name, location, staged(), offset, len, "staging is forced");
+        }
         let pds: Vec<_> = self.shared.rails.iter().map(|r| r.pd.clone()).collect();
-        let (mr, base) = self.lock_cache().register_gpu(
+        let registered = self.lock_cache().register_gpu(
             &pds,
             &memory,
             offset,
             len,
             SEGMENT_ACCESS,
             RegistrationPath::Auto,
-        )?;
-        let location = Location::Cuda {
-            ordinal: mr[0].ordinal().max(0) as u32,
-        };
-        self.add_segment(name, location, Backing::Gpu(mr), base, len as u64)
+        );
+        match registered {
+            Ok((mr, base)) => self.add_segment(name, location, Backing::Gpu(mr), base, len as u64),
+            Err(e)
+                if self.shared.config.gpu_staging == GpuStaging::Fallback && no_direct_path(&e) =>
+            {
+                let why = e.to_string();
+                self.add_staged(name, location, staged(), offset, len, &why)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Registers `range` of an emulated GPU's memory as a staged segment (feature

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use gdr::cuda::DeviceBuffer;
+use gdr::cuda::{DeviceBuffer, DeviceMemory};
 use gdr::gpu_mr::RegistrationPath;
 
 use crate::error::Result;
@@ -24,15 +24,32 @@ pub enum SegmentPath {
 #[derive(Clone)]
 pub(crate) enum StagedDevice {
     Cuda(Arc<DeviceBuffer>),
+    /// GPU memory the application allocated ([`gdr::cuda::ForeignDeviceMemory`], a cudarc
+    /// slice), on GPU `ordinal`.
+    CudaForeign {
+        memory: Arc<dyn DeviceMemory + Send + Sync>,
+        ordinal: i32,
+    },
     #[cfg(feature = "emulated-gpu")]
     Emulated(Arc<super::EmulatedGpu>),
 }
 
 impl StagedDevice {
+    /// The CUDA memory, for the stager's copies (`None` for an emulated GPU).
+    pub(crate) fn cuda(&self) -> Option<Arc<dyn DeviceMemory + Send + Sync>> {
+        match self {
+            StagedDevice::Cuda(b) => Some(b.clone()),
+            StagedDevice::CudaForeign { memory, .. } => Some(memory.clone()),
+            #[cfg(feature = "emulated-gpu")]
+            StagedDevice::Emulated(_) => None,
+        }
+    }
+
     /// Which GPU: the key of its bounce buffers (emulated GPUs have their own keys).
     pub(crate) fn key(&self) -> (bool, i32) {
         match self {
             StagedDevice::Cuda(b) => (false, b.ordinal()),
+            StagedDevice::CudaForeign { ordinal, .. } => (false, *ordinal),
             #[cfg(feature = "emulated-gpu")]
             StagedDevice::Emulated(g) => (true, g.ordinal() as i32),
         }
@@ -40,7 +57,8 @@ impl StagedDevice {
 
     pub(crate) fn len(&self) -> usize {
         match self {
-            StagedDevice::Cuda(b) => gdr::cuda::DeviceMemory::len(&**b),
+            StagedDevice::Cuda(b) => DeviceMemory::len(&**b),
+            StagedDevice::CudaForeign { memory, .. } => memory.len(),
             #[cfg(feature = "emulated-gpu")]
             StagedDevice::Emulated(g) => g.len(),
         }
@@ -50,6 +68,9 @@ impl StagedDevice {
     pub(crate) fn read(&self, at: usize, out: &mut [u8]) -> Result<()> {
         match self {
             StagedDevice::Cuda(b) => Ok(b.copy_to_host(at, out)?),
+            StagedDevice::CudaForeign { memory, ordinal } => {
+                Ok(gdr::cuda::copy_to_host_from(&**memory, *ordinal, at, out)?)
+            }
             #[cfg(feature = "emulated-gpu")]
             StagedDevice::Emulated(g) => g.read(at, out),
         }
@@ -59,6 +80,9 @@ impl StagedDevice {
     pub(crate) fn write(&self, at: usize, data: &[u8]) -> Result<()> {
         match self {
             StagedDevice::Cuda(b) => Ok(b.copy_from_host(at, data)?),
+            StagedDevice::CudaForeign { memory, ordinal } => Ok(gdr::cuda::copy_from_host_into(
+                &**memory, *ordinal, at, data,
+            )?),
             #[cfg(feature = "emulated-gpu")]
             StagedDevice::Emulated(g) => g.write(at, data),
         }

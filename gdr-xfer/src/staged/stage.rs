@@ -33,11 +33,9 @@ fn wrong_device() -> Error {
 
 impl Stage for Stager {
     fn start(&mut self, dir: Direction, dev: &StagedDevice, range: Range<usize>) -> Result<Ticket> {
-        #[allow(unreachable_patterns)]
-        match (dir, dev) {
-            (Direction::DeviceToHost, StagedDevice::Cuda(b)) => self.start_d2h(b, range),
-            (Direction::HostToDevice, StagedDevice::Cuda(b)) => self.start_h2d(b, range),
-            _ => Err(wrong_device()),
+        match dev.cuda() {
+            Some(memory) => self.start_device(dir, memory, range),
+            None => Err(wrong_device()),
         }
     }
     fn poll(&mut self, out: &mut Vec<StagingEvent>) {
@@ -61,7 +59,7 @@ impl Stage for crate::staging::pipeline::Pipeline<super::emulated::HostCopies> {
             StagedDevice::Emulated(g) => {
                 crate::staging::pipeline::Pipeline::start(self, dir, g.clone(), range)
             }
-            StagedDevice::Cuda(_) => Err(wrong_device()),
+            StagedDevice::Cuda(_) | StagedDevice::CudaForeign { .. } => Err(wrong_device()),
         }
     }
     fn poll(&mut self, out: &mut Vec<StagingEvent>) {
@@ -98,8 +96,8 @@ impl Bounce {
         config.validate()?;
         let key = dev.key();
         match dev {
-            StagedDevice::Cuda(b) => {
-                let ordinal = b.ordinal();
+            StagedDevice::Cuda(_) | StagedDevice::CudaForeign { .. } => {
+                let (_, ordinal) = key;
                 let (slots, segments) = Self::slots(pds, config, |len| {
                     Ok(Box::new(gdr::cuda::DmaHostBuffer::alloc(ordinal, len)?))
                 })?;

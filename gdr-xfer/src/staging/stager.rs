@@ -325,6 +325,17 @@ impl Stager {
         self.core.start(Direction::DeviceToHost, dev, range)
     }
 
+    /// [`start_d2h`](Self::start_d2h) or [`start_h2d`](Self::start_h2d) for memory already
+    /// behind a trait object (the agent's staged segments, whatever their owner).
+    pub(crate) fn start_device(
+        &mut self,
+        dir: Direction,
+        dev: Device,
+        range: Range<usize>,
+    ) -> Result<Ticket> {
+        self.core.start(dir, dev, range)
+    }
+
     /// Starts moving bytes the caller provides (in [`StagingEvent::Fill`] chunks) to `range` of
     /// `dev`. The stager keeps an `Arc` of `dev` until the ticket is finished.
     ///

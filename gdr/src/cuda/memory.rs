@@ -5,7 +5,7 @@ use std::borrow::Cow;
 
 use gdr_sys::cuda as sys;
 
-use super::context::PrimaryContext;
+use super::context::{ContextGuard, PrimaryContext};
 use super::{check, has_symbol, no_hint};
 use crate::error::{Error, Hint, Result};
 
@@ -25,6 +25,82 @@ fn oom_hint(rc: sys::CUresult) -> Hint {
     } else {
         Hint::NONE
     }
+}
+
+/// `cuMemcpyHtoD` of `src` to `base + offset`.
+///
+/// # Safety
+/// A context is current, and `base + offset..+src.len()` lies in a live device allocation.
+unsafe fn htod(base: u64, offset: usize, src: &[u8]) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let dst = base + offset as u64;
+    // SAFETY: the caller's contract for the device range; `src` is a valid host slice.
+    let rc = unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) };
+    check(
+        rc,
+        "cuMemcpyHtoD",
+        || format!("dst={dst:#x}, bytes={}", src.len()),
+        no_hint,
+    )
+}
+
+/// `cuMemcpyDtoH` of `base + offset..+dst.len()` into `dst`.
+///
+/// # Safety
+/// As [`htod`].
+unsafe fn dtoh(base: u64, offset: usize, dst: &mut [u8]) -> Result<()> {
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let src = base + offset as u64;
+    // SAFETY: the caller's contract for the device range; `dst` is a valid mutable slice.
+    let rc = unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) };
+    check(
+        rc,
+        "cuMemcpyDtoH",
+        || format!("src={src:#x}, bytes={}", dst.len()),
+        no_hint,
+    )
+}
+
+/// Copies `src` into any device memory at byte `offset` (`cuMemcpyHtoD`, synchronous), with GPU
+/// `ordinal`'s primary context current: for memory gdr did not allocate
+/// ([`super::ForeignDeviceMemory`], a cudarc slice), as [`DeviceBuffer::copy_from_host`] does for
+/// its own.
+///
+/// # Errors
+/// [`Error::OutOfBounds`] when `offset + src.len()` exceeds the memory's length;
+/// [`Error::InvalidArgument`] for a GPU that does not exist; [`Error::Cuda`] from the driver.
+pub fn copy_from_host_into(
+    memory: &(impl DeviceMemory + ?Sized),
+    ordinal: i32,
+    offset: usize,
+    src: &[u8],
+) -> Result<()> {
+    check_range("copy_from_host_into", offset, src.len(), memory.len())?;
+    let _g = ContextGuard::primary(ordinal)?;
+    // SAFETY: in bounds of `memory` (checked), which DeviceMemory's contract keeps allocated
+    // while it is borrowed; a context is current (the guard).
+    unsafe { htod(memory.device_ptr(), offset, src) }
+}
+
+/// Copies any device memory's bytes at `offset` into `dst` (`cuMemcpyDtoH`, synchronous), as
+/// [`copy_from_host_into`] the other way.
+///
+/// # Errors
+/// As [`copy_from_host_into`].
+pub fn copy_to_host_from(
+    memory: &(impl DeviceMemory + ?Sized),
+    ordinal: i32,
+    offset: usize,
+    dst: &mut [u8],
+) -> Result<()> {
+    check_range("copy_to_host_from", offset, dst.len(), memory.len())?;
+    let _g = ContextGuard::primary(ordinal)?;
+    // SAFETY: as in copy_from_host_into.
+    unsafe { dtoh(memory.device_ptr(), offset, dst) }
 }
 
 /// Checks `offset..offset+len` against a buffer of `limit` bytes.
@@ -302,20 +378,11 @@ impl DeviceBuffer {
     /// [`Error::Cuda`] from the driver.
     pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
         check_range("DeviceBuffer::copy_from_host", offset, src.len(), self.len)?;
-        if src.is_empty() {
-            return Ok(());
-        }
         // SAFETY: the guard is dropped at the end of this function, before `self.ctx`.
         let _g = unsafe { self.ctx.make_current() }?;
-        let dst = self.ptr + offset as u64;
-        // SAFETY: dst..dst+len lies in our allocation (checked); `src` is a valid host slice.
-        let rc = unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) };
-        check(
-            rc,
-            "cuMemcpyHtoD",
-            || format!("dst={dst:#x}, bytes={}", src.len()),
-            no_hint,
-        )
+        // SAFETY: offset..offset+len lies in our allocation (checked), which lives while `self`
+        // is borrowed.
+        unsafe { htod(self.ptr, offset, src) }
     }
 
     /// Copies from the device at byte `offset` into `dst` (`cuMemcpyDtoH`, synchronous).
@@ -325,20 +392,10 @@ impl DeviceBuffer {
     /// [`Error::Cuda`] from the driver.
     pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         check_range("DeviceBuffer::copy_to_host", offset, dst.len(), self.len)?;
-        if dst.is_empty() {
-            return Ok(());
-        }
         // SAFETY: the guard is dropped at the end of this function, before `self.ctx`.
         let _g = unsafe { self.ctx.make_current() }?;
-        let src = self.ptr + offset as u64;
-        // SAFETY: src..src+len lies in our allocation (checked); `dst` is a valid mutable slice.
-        let rc = unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) };
-        check(
-            rc,
-            "cuMemcpyDtoH",
-            || format!("src={src:#x}, bytes={}", dst.len()),
-            no_hint,
-        )
+        // SAFETY: as in copy_from_host.
+        unsafe { dtoh(self.ptr, offset, dst) }
     }
 
     /// Copies the whole buffer into a new `Vec`.

@@ -48,7 +48,10 @@ pub use context::ContextGuard;
 pub use dma::{DmaHostBuffer, HostDmaMemory};
 pub(crate) use foreign::run_release;
 pub use foreign::ForeignDeviceMemory;
-pub use memory::{DeviceBuffer, DeviceMemory, ManagedBuffer, PinnedHostBuffer};
+pub use memory::{
+    copy_from_host_into, copy_to_host_from, DeviceBuffer, DeviceMemory, ManagedBuffer,
+    PinnedHostBuffer,
+};
 pub use pointer::{classify, set_sync_memops, set_sync_memops_at, PointerInfo, PointerType};
 pub use stream::{AsyncCopy, Stream};
 
