@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use gdr_xfer::gdr::cuda::ForeignDeviceMemory;
 use gdr_xfer::gdr::mr::ForeignHostMemory;
 use gdr_xfer::{Agent, AgentConfig, Error, Location, Notification};
 use pyo3::prelude::*;
@@ -10,8 +11,8 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::aio::Backlog;
 use crate::args::{duration, timeout, wait_until};
-use crate::buffer::export;
 use crate::errors::{invalid, to_py};
+use crate::memory::{self, Kind};
 use crate::peer::PyPeer;
 use crate::release;
 use crate::segment::PySegment;
@@ -261,20 +262,29 @@ impl PyAgent {
         Ok(())
     }
 
-    /// Registers the memory of `obj`, any object exporting a writable, C-contiguous buffer (a
-    /// numpy array, a bytearray, an mmap), as a segment named `name` that peers may read and
-    /// write.
+    /// Registers the memory of `obj` as a segment named `name` that peers may read and write:
+    /// a CUDA tensor through DLPack (torch, cupy, jax: `__dlpack__`), host memory through the
+    /// buffer protocol (numpy arrays, bytearrays, mmaps) or DLPack (torch CPU tensors). It must
+    /// be writable and C-contiguous.
     ///
-    /// The segment holds a reference to `obj` and its buffer export: `del obj` is harmless, the
-    /// memory stays until the segment is deregistered, its handle is gone and no request in
-    /// flight uses it; then the reference is dropped (on gdr's release thread, under the GIL).
-    /// While registered, the object cannot be resized (`BufferError`). Python code may still
-    /// read and write it: bytes a transfer moves meanwhile may then be torn, as with any RDMA
-    /// memory.
+    /// The segment holds a reference to `obj` and its export (the buffer export, or the DLPack
+    /// capsule's tensor): `del obj` is harmless, the memory stays until the segment is
+    /// deregistered, its handle is gone and no request in flight uses it; then the export is
+    /// given back (on gdr's release thread, under the GIL). While registered, a buffer cannot
+    /// be resized (`BufferError`); a tensor's memory stays allocated as DLPack promises (do not
+    /// `resize_` it in place). Python code may still read and write it: bytes a transfer moves
+    /// meanwhile may then be torn, as with any RDMA memory. CUDA data must be ready (the
+    /// producing stream synchronized) before a transfer reads it.
+    ///
+    /// CUDA memory goes through gdr's pointer checks (`cuPointerGetAttributes`: device memory,
+    /// one allocation, GPUDirect-capable), then GPUDirect registration (dma-buf, else peer
+    /// memory) or, without a direct path, staging through pinned bounce buffers:
+    /// `Segment.path` says which and why.
     ///
     /// Raises `NotABuffer`, `ReadOnlyBuffer` (peers may write every segment, and READs write
-    /// into it), `NotContiguous`, `InvalidArgument` (empty), `TooLarge` (a name over 64 bytes)
-    /// or the device's `RdmaError` (locked-memory limit, ...).
+    /// into it), `NotContiguous`, `InvalidArgument` (empty), `TooLarge` (a name over 64 bytes),
+    /// `Unsupported` (managed memory), `NotGpuMemory`, or the device's `RdmaError`
+    /// (locked-memory limit, ...).
     #[pyo3(signature = (obj, name=String::new()), text_signature = "(self, obj, name='')")]
     fn register(
         &self,
@@ -283,28 +293,44 @@ impl PyAgent {
         name: String,
     ) -> PyResult<PySegment> {
         let agent = self.agent()?;
-        let exported = export(obj)?;
+        let taken = memory::take(obj)?;
         release::exported();
-        let view = exported.view;
-        // SAFETY: `ptr..ptr + len` is the buffer of a writable, C-contiguous export that
-        // `view` (a memoryview) holds: the buffer protocol (PEP 3118) binds the exporter to keep
-        // that memory allocated and in place until the export is released (a bytearray, numpy
-        // array or mmap refuses to resize or close meanwhile), and it lasts until the release
-        // closure has run:
-        // it moves `view` to the release thread, which releases it under the GIL. A failed
-        // registration drops the value, so the closure runs then too. The bytes were
-        // initialised by their Python owner. Python code can still reach the same bytes; Rust
-        // never makes a reference to them (gdr copies in and out through raw pointers, the NIC
-        // by DMA), so concurrent Python access can tear a transfer's bytes, as with the NIC's
-        // own concurrent writes, but cannot invalidate the memory gdr registered.
-        let memory = unsafe {
-            ForeignHostMemory::new(exported.ptr, exported.len, move || release::hand_back(view))
-        }
-        .map_err(|e| to_py(e.into()))?;
-        let seg = py
-            .allow_threads(|| agent.register_host(memory, &name, Location::Cpu { numa: None }))
-            .map_err(to_py)?;
-        Ok(PySegment { seg })
+        let (addr, len, held) = (taken.addr, taken.len, taken.held);
+        let release = move || release::hand_back(held);
+        let seg = match taken.kind {
+            Kind::Host => {
+                // SAFETY: `addr..addr + len` is host memory of a writable, C-contiguous export
+                // that `held` keeps: a buffer export (PEP 3118 binds the exporter to keep the
+                // memory allocated and in place until the export is released; a bytearray,
+                // numpy array or mmap refuses to resize or close meanwhile) or a DLPack tensor
+                // (the exporter keeps its memory until the deleter runs). It lasts until the
+                // release closure has run: the closure moves `held` to the release thread,
+                // which gives it back under the GIL; a failed registration drops the value, so
+                // the closure runs then too. The bytes were initialised by their Python owner.
+                // Python code can still reach the same bytes; Rust never makes a reference to
+                // them (gdr copies in and out through raw pointers, the NIC by DMA), so
+                // concurrent Python access can tear a transfer's bytes, as with the NIC's own
+                // concurrent writes, but cannot invalidate the memory gdr registered.
+                let memory = unsafe { ForeignHostMemory::new(addr as *mut u8, len, release) }
+                    .map_err(|e| to_py(e.into()))?;
+                py.allow_threads(|| {
+                    agent.register_host(memory, &name, Location::Cpu { numa: None })
+                })
+            }
+            Kind::Cuda => {
+                // SAFETY: `addr..addr + len` is the CUDA memory of a DLPack tensor whose
+                // exporter keeps it allocated, at that address, until the managed tensor's
+                // deleter runs; `held` owns the managed tensor and runs the deleter only when
+                // the release closure gives it back, after the segment, the registration cache
+                // and every request are done with the memory. gdr's pointer checks still run
+                // before any registration (a range CUDA does not know is refused).
+                let memory = unsafe { ForeignDeviceMemory::new(addr, len, release) };
+                py.allow_threads(|| agent.register_gpu_memory(Arc::new(memory), .., &name))
+            }
+        };
+        Ok(PySegment {
+            seg: seg.map_err(to_py)?,
+        })
     }
 
     /// Allocates `length` zeroed, page-aligned bytes of host memory and registers them as a

@@ -13,6 +13,21 @@ use pyo3::prelude::*;
 use pyo3::types::PyModule;
 
 use crate::errors::invalid;
+use crate::release::Held;
+
+/// A `memoryview` holding a registered object's buffer export (and a reference to it).
+pub(crate) struct HeldView(pub(crate) Py<PyAny>);
+
+impl Held for HeldView {
+    fn release(self: Box<Self>, py: Python<'_>) {
+        let view = self.0.into_bound(py);
+        // `memoryview.release()` gives the export back at once (a bytearray may be resized
+        // again); then the reference goes, and with the last one the object and its memory.
+        if let Err(e) = view.call_method0("release") {
+            e.write_unraisable(py, Some(&view));
+        }
+    }
+}
 
 /// A writable, C-contiguous buffer export of a Python object.
 pub(crate) struct Exported {
@@ -24,40 +39,44 @@ pub(crate) struct Exported {
     pub(crate) view: Py<PyAny>,
 }
 
-/// Exports `obj`'s buffer for registration.
+/// Exports `obj`'s buffer for registration: `None` when `obj` does not export the buffer
+/// protocol at all.
 ///
 /// # Errors
-/// `NotABuffer` for an object without the buffer protocol, `ReadOnlyBuffer`, `NotContiguous`,
-/// `InvalidArgument` for an empty buffer; Python's own errors from `memoryview` and `ctypes`.
-pub(crate) fn export(obj: &Bound<'_, PyAny>) -> PyResult<Exported> {
+/// `ReadOnlyBuffer`, `NotContiguous`, `InvalidArgument` for an empty buffer; Python's own
+/// errors from `memoryview` and `ctypes`.
+pub(crate) fn try_export(obj: &Bound<'_, PyAny>) -> PyResult<Option<Exported>> {
     let py = obj.py();
     let builtins = PyModule::import(py, "builtins")?;
     let view = match builtins.getattr("memoryview")?.call1((obj,)) {
         Ok(v) => v,
-        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
-            return Err(invalid(
-                "NotABuffer",
-                format!(
-                    "a {} object does not export the buffer protocol",
-                    type_name(obj)
-                ),
-                "register a numpy array, a bytearray, an mmap or another writable buffer",
-            ))
-        }
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => return Ok(None),
         Err(e) => return Err(e),
     };
     match checked(py, &view, obj) {
-        Ok((ptr, len)) => Ok(Exported {
+        Ok((ptr, len)) => Ok(Some(Exported {
             ptr,
             len,
             view: view.unbind(),
-        }),
+        })),
         Err(e) => {
             // Give the export back now rather than whenever the view is collected.
             let _ = view.call_method0("release");
             Err(e)
         }
     }
+}
+
+/// The error for an object that exports neither the buffer protocol nor DLPack.
+pub(crate) fn not_a_buffer(obj: &Bound<'_, PyAny>) -> PyErr {
+    invalid(
+        "NotABuffer",
+        format!(
+            "a {} object exports neither the buffer protocol nor DLPack",
+            type_name(obj)
+        ),
+        "register a torch tensor, a numpy or cupy array, a bytearray, an mmap or another writable buffer",
+    )
 }
 
 /// The address and length of `view`'s buffer, once it is known to be writable, C-contiguous

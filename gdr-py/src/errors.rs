@@ -307,6 +307,14 @@ fn convert_gdr(py: Python<'_>, g: &gdr::Error, message: String) -> PyErr {
         gdr::Error::Unsupported { what, .. } => {
             ("Unsupported", vec![("what", obj(py, what.as_str())), errno])
         }
+        gdr::Error::NotGpuMemory { address, kind, .. } => (
+            "NotGpuMemory",
+            vec![
+                ("address", obj(py, *address)),
+                ("kind", obj(py, kind.as_str())),
+                errno,
+            ],
+        ),
         _ => ("RdmaError", vec![errno]),
     };
     exception(py, class, message, g.hint(), attrs)
@@ -432,6 +440,11 @@ pub(crate) fn sample(py: Python<'_>, class: &str) -> Option<PyErr> {
             hint: hint(),
         }),
         "Unsupported" => Error::Gdr(gdr::Error::unsupported("dma-buf", "use a newer driver")),
+        "NotGpuMemory" => Error::Gdr(gdr::Error::NotGpuMemory {
+            address: 0x7f00_0000_1000,
+            kind: gdr::cuda::PointerType::PageableHost,
+            hint: hint(),
+        }),
         _ => return None,
     };
     Some(convert(py, e))

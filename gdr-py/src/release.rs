@@ -33,18 +33,25 @@ static RELEASED: AtomicU64 = AtomicU64::new(0);
 /// Buffers leaked at interpreter exit.
 static LEAKED: AtomicU64 = AtomicU64::new(0);
 
+/// What a registration holds of a Python object: given back under the GIL, on the release
+/// thread.
+pub(crate) trait Held: Send {
+    /// Gives the memory back to its owner (the GIL is held).
+    fn release(self: Box<Self>, py: Python<'_>);
+}
+
 /// The release thread's queue; `None` when the thread could not be started.
-static QUEUE: OnceLock<Option<Sender<Py<PyAny>>>> = OnceLock::new();
+static QUEUE: OnceLock<Option<Sender<Box<dyn Held>>>> = OnceLock::new();
 
 /// Counts a buffer export taken for a registration.
 pub(crate) fn exported() {
     EXPORTED.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Hands `held` (a `memoryview` holding the registered object's buffer export) back to Python:
-/// queued for the release thread, which releases the export and drops the reference under the
-/// GIL. Never blocks and never takes the GIL itself; callable from any thread.
-pub(crate) fn hand_back(held: Py<PyAny>) {
+/// Hands `held` (a buffer export or a DLPack tensor, with the registered object) back to
+/// Python: queued for the release thread, which releases it under the GIL. Never blocks and
+/// never takes the GIL itself; callable from any thread.
+pub(crate) fn hand_back(held: Box<dyn Held>) {
     HANDED_BACK.fetch_add(1, Ordering::Relaxed);
     if FINALIZING.load(Ordering::Acquire) {
         leak(held);
@@ -73,12 +80,12 @@ pub(crate) fn with_python<T>(f: impl FnOnce(Python<'_>) -> T) -> Option<T> {
 }
 
 /// Keeps the object (and its memory) for the rest of the process, without touching Python.
-fn leak(held: Py<PyAny>) {
+fn leak(held: Box<dyn Held>) {
     LEAKED.fetch_add(1, Ordering::Relaxed);
     std::mem::forget(held);
 }
 
-fn start() -> Option<Sender<Py<PyAny>>> {
+fn start() -> Option<Sender<Box<dyn Held>>> {
     let (tx, rx) = channel();
     match std::thread::Builder::new()
         .name("gdr-py-release".into())
@@ -92,9 +99,9 @@ fn start() -> Option<Sender<Py<PyAny>>> {
     }
 }
 
-/// The release thread: each queued object's buffer export is released and its reference
-/// dropped, under the GIL.
-fn run(rx: Receiver<Py<PyAny>>) {
+/// The release thread: each queued object's export is released and its reference dropped,
+/// under the GIL.
+fn run(rx: Receiver<Box<dyn Held>>) {
     while let Ok(held) = rx.recv() {
         let _releasing = RELEASING.lock().unwrap_or_else(|p| p.into_inner());
         if FINALIZING.load(Ordering::Acquire) {
@@ -102,13 +109,7 @@ fn run(rx: Receiver<Py<PyAny>>) {
             continue;
         }
         Python::with_gil(|py| {
-            let view = held.into_bound(py);
-            // `memoryview.release()` gives the export back at once (a bytearray may be resized
-            // again); then the reference goes, and with the last one the object and its memory.
-            if let Err(e) = view.call_method0("release") {
-                e.write_unraisable(py, Some(&view));
-            }
-            drop(view);
+            held.release(py);
             // Counted before the GIL goes: Python code that saw the object die sees it counted.
             RELEASED.fetch_add(1, Ordering::Release);
         });

@@ -44,6 +44,7 @@ VARIANTS = {
     "RdmaError": ({"errno": 12}, None),
     "DeviceNotFound": ({"wanted": "mlx5_9", "available": ["rxe0"]}, None),
     "Unsupported": ({"what": "dma-buf"}, None),
+    "NotGpuMemory": ({"address": 0x7F0000001000, "kind": "pageable-host"}, ValueError),
 }
 
 

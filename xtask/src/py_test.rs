@@ -2,7 +2,7 @@
 //! `target/py/venv` with maturin, numpy, pytest and mypy (its stubtest checks the type stubs;
 //! pip, created once), the abi3 wheel built
 //! with `maturin build --release` into `target/py/wheels` and installed there, the host pytest
-//! (`-m "not device"`: no RDMA device needed), then the device pytest inside the Soft-RoCE VM
+//! (`-m "not device and not gpu"`: no RDMA device or GPU needed), then the device pytest inside the Soft-RoCE VM
 //! (which sees the host's files read-only: pytest runs there with `-p no:cacheprovider` and no
 //! bytecode written). Prints the wheel's size and build time.
 
@@ -89,9 +89,21 @@ pub fn counts(summary: &str) -> (u64, u64) {
     (passed, failed)
 }
 
-/// The Python tier, as `cargo xtask test` runs it: whether it passed, and the tests passed and
-/// failed (host and VM pytest together; a build or setup failure counts as one failed test).
-pub fn tier(opts: &PyTestOpts) -> Result<(bool, u64, u64)> {
+/// The built wheel and the virtual environment it is installed in.
+pub struct Wheel {
+    /// The venv's Python.
+    pub python: PathBuf,
+    /// The `.whl` file.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub size: u64,
+    /// How long `maturin build --release` took.
+    pub build_time: std::time::Duration,
+}
+
+/// Creates the venv under `target/py` (maturin, numpy, pytest, mypy) when needed, builds the
+/// abi3 wheel into `target/py/wheels` and installs it there. Runs from the workspace root.
+pub fn build_wheel(base_python: &str) -> Result<Wheel> {
     let meta = cargo::metadata()?;
     let root = meta.root.clone();
     std::env::set_current_dir(&root).map_err(|e| e.to_string())?;
@@ -102,10 +114,10 @@ pub fn tier(opts: &PyTestOpts) -> Result<(bool, u64, u64)> {
     let maturin = venv.join("bin/maturin");
 
     if !python.exists() {
-        say!("creating {} ({} -m venv)", venv.display(), opts.python);
+        say!("creating {} ({base_python} -m venv)", venv.display());
         run(
             "python -m venv",
-            Command::new(&opts.python).args(["-m", "venv"]).arg(&venv),
+            Command::new(base_python).args(["-m", "venv"]).arg(&venv),
         )?;
     }
     let ready = works(Command::new(&maturin).arg("--version"))
@@ -167,7 +179,25 @@ pub fn tier(opts: &PyTestOpts) -> Result<(bool, u64, u64)> {
             .arg(&wheel),
     )?;
 
-    say!("host pytest (-m \"not device\")");
+    Ok(Wheel {
+        python,
+        path: wheel,
+        size,
+        build_time,
+    })
+}
+
+/// The Python tier, as `cargo xtask test` runs it: whether it passed, and the tests passed and
+/// failed (host and VM pytest together; a build or setup failure counts as one failed test).
+pub fn tier(opts: &PyTestOpts) -> Result<(bool, u64, u64)> {
+    let Wheel {
+        python,
+        path: wheel,
+        size,
+        build_time,
+    } = build_wheel(&opts.python)?;
+
+    say!("host pytest (-m \"not device and not gpu\")");
     let host = Command::new(&python)
         .args([
             "-m",
@@ -176,7 +206,7 @@ pub fn tier(opts: &PyTestOpts) -> Result<(bool, u64, u64)> {
             "no:cacheprovider",
             "-v",
             "-m",
-            "not device",
+            "not device and not gpu",
         ])
         .args(&opts.pytest_args)
         .arg("gdr-py/tests")

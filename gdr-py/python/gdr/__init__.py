@@ -5,9 +5,12 @@ and its :class:`Peer` s. Transfers are one-sided RDMA READs and WRITEs of byte r
 block tables (the paged form of a KV cache), with an optional notification that reaches the
 target only after every byte landed there.
 
-Memory registered from Python (``Agent.register(array, name)``) is held by its segment: the
-segment keeps a reference to the object and its buffer export until it is deregistered, its
-handle is gone and no request in flight uses it. ``del array`` during a transfer is harmless.
+Memory registered from Python (``Agent.register(tensor, name)``) is held by its segment: the
+segment keeps a reference to the object and its export (buffer protocol, or DLPack for torch,
+cupy and jax tensors, CUDA ones included) until it is deregistered, its handle is gone and no
+request in flight uses it. ``del tensor`` during a transfer is harmless.
+:func:`inspect_memory` tells what gdr would register for an object and how the NIC would
+reach it; :func:`doctor` is ``gdr doctor``'s report as a dict.
 
 The target (decode side)::
 
@@ -67,6 +70,7 @@ from ._errors import (
     UnknownPeer,
     UnknownSegment,
     Unsupported,
+    NotGpuMemory,
 )
 from ._gdr import (
     READ,
@@ -79,6 +83,8 @@ from ._gdr import (
     Segment,
     Transfer,
     __version__,
+    doctor,
+    inspect_memory,
 )
 from . import _gdr
 
@@ -97,6 +103,8 @@ __all__ = [
     "READ",
     "WRITE",
     "__version__",
+    "doctor",
+    "inspect_memory",
     "GdrError",
     "InvalidArgument",
     "TooLarge",
@@ -124,4 +132,5 @@ __all__ = [
     "RdmaError",
     "DeviceNotFound",
     "Unsupported",
+    "NotGpuMemory",
 ]

@@ -33,6 +33,7 @@ gdr's errors as well::
     +-- RdmaError                          gdr (verbs, CUDA) failed; errno set where known
         +-- DeviceNotFound                 no RDMA device matches the selection
         +-- Unsupported                    the device, driver or kernel lacks a capability
+        +-- NotGpuMemory (ValueError)      CUDA memory expected, host memory found
 """
 
 from typing import Optional
@@ -65,6 +66,7 @@ __all__ = [
     "RdmaError",
     "DeviceNotFound",
     "Unsupported",
+    "NotGpuMemory",
 ]
 
 
@@ -215,3 +217,9 @@ class DeviceNotFound(RdmaError):
 class Unsupported(RdmaError):
     """The device, driver or kernel lacks a capability the operation needs. Attributes:
     ``what``."""
+
+
+class NotGpuMemory(RdmaError, ValueError):
+    """gdr's pointer check found host memory where CUDA device memory was expected. Attributes:
+    ``address``, ``kind`` (what ``cuPointerGetAttributes`` says it is: ``"host-pinned"``,
+    ``"pageable-host"``)."""

@@ -14,6 +14,8 @@ __all__ = [
     "Transfer",
     "WRITE",
     "__version__",
+    "doctor",
+    "inspect_memory",
     "_at_exit",
     "_error_for_test",
     "_release_stats",
@@ -228,9 +230,12 @@ class Agent:
     def peers(self) -> List[Peer]: ...
     def disconnect(self, peer: Peer) -> None: ...
     def register(self, obj: Any, name: str = "") -> Segment:
-        """Registers a writable, C-contiguous buffer (numpy array, bytearray, mmap); the
-        segment keeps ``obj`` alive until no request uses it (``NotABuffer``,
-        ``ReadOnlyBuffer``, ``NotContiguous``, ``TooLarge``)."""
+        """Registers a writable, C-contiguous tensor or buffer: CUDA tensors through DLPack
+        (GPUDirect, else staged: ``Segment.path`` says), host memory through the buffer
+        protocol (numpy, bytearray, mmap) or DLPack (torch CPU tensors); the segment keeps
+        ``obj`` and its export until no request uses it (``NotABuffer``, ``ReadOnlyBuffer``,
+        ``NotContiguous``, ``TooLarge``, ``Unsupported`` for managed memory,
+        ``NotGpuMemory``)."""
     def alloc(self, length: int, name: str = "") -> Segment:
         """Allocates and registers ``length`` zeroed bytes."""
     def deregister(self, segment: Segment) -> None: ...
@@ -253,3 +258,12 @@ class Agent:
 def _error_for_test(cls: str) -> Optional[BaseException]: ...
 def _at_exit() -> None: ...
 def _release_stats() -> Dict[str, int]: ...
+
+def inspect_memory(obj: Any) -> Dict[str, Any]:
+    """What gdr would register for ``obj`` (no agent needed): ``protocol``, ``device``,
+    ``address``, ``length``; for CUDA memory gdr's pointer checks, the GPU, ``dma_buf``,
+    ``dma_buf_export``, ``peer_memory``, ``path`` and ``why``. Raises ``Unsupported`` for
+    managed memory, ``NotGpuMemory``, and what ``Agent.register`` raises for the object."""
+
+def doctor(snapshot: Optional[str] = None) -> Dict[str, Any]:
+    """The report of ``gdr doctor --json`` for this machine (or a saved snapshot) as a dict."""
