@@ -35,6 +35,7 @@ mod dlpack;
 mod doctor;
 mod errors;
 mod inspect;
+mod lists;
 mod memory;
 mod peer;
 mod release;
@@ -66,6 +67,8 @@ fn _gdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<peer::PyPeer>()?;
     m.add_class::<peer::PyRemoteSegment>()?;
     m.add_class::<segment::PySegment>()?;
+    m.add_class::<lists::PyLocalList>()?;
+    m.add_class::<lists::PyRemoteList>()?;
     m.add_class::<transfer::PyTransfer>()?;
     m.add_function(wrap_pyfunction!(inspect::inspect_memory, m)?)?;
     m.add_function(wrap_pyfunction!(doctor::doctor, m)?)?;

@@ -10,6 +10,7 @@ use pyo3::types::PyDict;
 use crate::args::{blocks, bytes, duration, op, options, remote, timeout, u64_arg, wait_until};
 use crate::buffer::type_name;
 use crate::errors::{invalid, to_py};
+use crate::lists::{PyLocalList, PyRemoteList};
 use crate::segment::PySegment;
 use crate::transfer::PyTransfer;
 
@@ -391,6 +392,43 @@ impl PyPeer {
                     table = table.pool(seg, lb, rs, rb);
                 }
                 peer.transfer_pools(direction, &table, &opts)
+            })
+            .map_err(to_py)?;
+        Ok(PyTransfer::new(t))
+    }
+
+    /// Moves entries by index in direction `op` (`"write"` or `"read"`): entry
+    /// `local_indices[i]` of the prepared `local` list to or from entry `remote_indices[i]` of
+    /// the prepared `remote` list (which must be this peer's). The ranges were checked when the
+    /// lists were made; here only the indices and the lengths of each pair are. The index lists
+    /// are any iterables of ints (lists, ranges, numpy arrays).
+    ///
+    /// Returns at once with the `Transfer`; raises, before anything is posted,
+    /// `IndexOutOfRange`, `LengthMismatch` (a pair of entries of different lengths),
+    /// `InvalidArgument` (index lists of different lengths, a list prepared for another peer),
+    /// `UnknownSegment` (a segment the peer removed since), `PeerLost`.
+    #[pyo3(signature = (op, local, local_indices, remote, remote_indices, notify=None, timeout_s=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_indexed(
+        &self,
+        py: Python<'_>,
+        op: String,
+        local: &Bound<'_, PyLocalList>,
+        local_indices: &Bound<'_, PyAny>,
+        remote: &Bound<'_, PyRemoteList>,
+        remote_indices: &Bound<'_, PyAny>,
+        notify: Option<&Bound<'_, PyAny>>,
+        timeout_s: Option<f64>,
+    ) -> PyResult<PyTransfer> {
+        let direction = self::op(&op)?;
+        let local_idx = blocks(local_indices, "local_indices")?;
+        let remote_idx = blocks(remote_indices, "remote_indices")?;
+        let opts = options(notify, timeout_s)?;
+        let (local, remote) = (&local.get().list, &remote.get().list);
+        let peer = &self.peer;
+        let t = py
+            .allow_threads(|| {
+                peer.transfer_indexed(direction, local, &local_idx, remote, &remote_idx, &opts)
             })
             .map_err(to_py)?;
         Ok(PyTransfer::new(t))

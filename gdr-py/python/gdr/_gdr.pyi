@@ -5,10 +5,12 @@ from typing import Any, Dict, Generator, Iterable, List, Literal, Optional, Tupl
 
 __all__ = [
     "Agent",
+    "LocalList",
     "Notification",
     "NotificationStream",
     "Peer",
     "READ",
+    "RemoteList",
     "RemoteSegment",
     "Segment",
     "Transfer",
@@ -196,8 +198,42 @@ class Peer:
         ``local_blocks[i]`` of each ``(local_segment, local_base, remote_segment,
         remote_base)`` pool to or from block ``remote_blocks[i]`` of the peer's; block ``b``
         of a pool at its base plus ``b`` times the side's stride (``block_len`` by default)."""
+    def transfer_indexed(
+        self,
+        op: _Op,
+        local: LocalList,
+        local_indices: _BlockIndices,
+        remote: RemoteList,
+        remote_indices: _BlockIndices,
+        notify: Optional[_BytesLike] = None,
+        timeout_s: Optional[float] = None,
+    ) -> Transfer:
+        """Entry ``local_indices[i]`` of a prepared local list to or from entry
+        ``remote_indices[i]`` of this peer's prepared list (``IndexOutOfRange``,
+        ``LengthMismatch``)."""
     def send_notification(self, data: _BytesLike, *, timeout_s: Optional[float] = None) -> Transfer:
         """A message without a transfer; the peer takes it with ``wait_notification``."""
+
+@final
+class LocalList:
+    """Ranges of this agent's segments checked once, named by index in
+    ``Peer.transfer_indexed``."""
+
+    def __new__(cls, ranges: Iterable[Tuple[Segment, int, int]]) -> "LocalList": ...
+    def __len__(self) -> int: ...
+
+@final
+class RemoteList:
+    """Ranges of one peer's segments checked once, named by index in its
+    ``transfer_indexed``."""
+
+    def __new__(
+        cls, peer: Peer, ranges: Iterable[Tuple[Union[RemoteSegment, int], int, int]]
+    ) -> "RemoteList": ...
+    @property
+    def peer(self) -> str:
+        """The name of the peer it was prepared for."""
+    def __len__(self) -> int: ...
 
 @final
 class Agent:
