@@ -65,7 +65,7 @@ impl PyLocalList {
     #[new]
     fn new(py: Python<'_>, ranges: &Bound<'_, PyAny>) -> PyResult<Self> {
         let entries = triples(ranges, "(Segment, offset, length)", |s, i| {
-            s.downcast::<PySegment>().map(Bound::clone).map_err(|_| {
+            s.downcast::<PySegment>().cloned().map_err(|_| {
                 invalid(
                     "InvalidArgument",
                     format!("ranges[{i}][0] is a {}, not a Segment", type_name(s)),
