@@ -144,9 +144,7 @@ impl PyAgent {
 
     /// The agent's share, for what outlives the call (an asyncio wait).
     fn shared(&self) -> PyResult<&Arc<Agent>> {
-        self.agent
-            .as_ref()
-            .ok_or_else(|| to_py(Error::AgentClosed))
+        self.agent.as_ref().ok_or_else(|| to_py(Error::AgentClosed))
     }
 }
 

@@ -178,6 +178,30 @@ def test_an_unknown_name_raises_unknown_peer_within_its_timeout(etcd_server):
 
 
 @device
+def test_ctrl_c_interrupts_a_blocking_lookup_and_its_thread_ends_by_its_timeout(etcd_server):
+    import _thread
+    import threading
+
+    directory = gdr.Directory(etcd_server.endpoint)
+    a = agent("etcd-interrupted")
+    try:
+        # What Ctrl-C does (SIGINT's flag), 0.3 s into a lookup that would wait 3 s.
+        timer = threading.Timer(0.3, _thread.interrupt_main)
+        start = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            a.connect_named(directory, "never-published", timeout_s=3.0)
+        took = time.monotonic() - start
+        assert took < 1.5, f"KeyboardInterrupt after {took:.2f} s"
+        # The engine's lookup ends by itself at its timeout: no thread stays behind.
+        wait_for(lambda: connect_threads() == 0, 10, "the interrupted lookup's thread ended")
+        assert a.peers() == []
+    finally:
+        a.shutdown(1.0)
+        directory.close()
+
+
+@device
 def test_publish_refuses_addresses_peers_cannot_reach_and_a_second_publish(etcd_server):
     with gdr.Directory(etcd_server.endpoint) as directory:
         a = agent("etcd-pub")
@@ -274,3 +298,46 @@ def test_asyncio_an_agent_found_by_name_moves_bytes_and_a_cancelled_lookup_loses
         for x in (a, b, c):
             x.shutdown(1.0)
         directory.close()
+
+
+def readme_block(path: Path, heading: str, index: int = 0) -> str:
+    """The ``index``-th python code block after ``heading`` in a README."""
+    text = path.read_text()
+    after = text[text.index(heading):]
+    blocks = after.split("```python\n")[1:]
+    return blocks[index].split("```")[0]
+
+
+@device
+def test_the_readme_etcd_examples_run(etcd_server):
+    """gdr-py/README.md's etcd example, its asyncio example of the waits and the top-level
+    README's snippet, run as written but for the machine's names: this VM's device and
+    loopback instead of mlx5_0 and the 10.0.0.x hosts, and other agent names where one process
+    plays several."""
+    root = Path(__file__).resolve().parents[2]
+    dev = device_under_test()
+
+    def local(code: str) -> str:
+        return (code.replace("10.0.0.9:2379", etcd_server.endpoint)
+                .replace('"mlx5_0"', repr(dev))
+                .replace("0.0.0.0:7100", "127.0.0.1:0")
+                .replace("10.0.0.1:", "127.0.0.1:"))
+
+    env: dict = {}
+    exec(local(readme_block(root / "gdr-py/README.md", "## Peers found by name: etcd")), env)
+    assert env["peer"].name == "decode-0" and env["remote"].name == "kv-pool"
+
+    aio: dict = {}
+    exec(readme_block(root / "gdr-py/README.md", "## asyncio"), aio)
+    other = gdr.Agent("prefill-1", device=dev)
+    peer, remote = asyncio.run(aio["find"](other, env["directory"]))
+    assert (peer.name, remote.name) == ("decode-0", "kv-pool")
+
+    top: dict = {}
+    exec(local(readme_block(root / "README.md", "## Python")).replace("prefill-0", "prefill-2"),
+         top)
+    assert top["peer"].name == "decode-0"
+    for a in (top["agent"], other, env["agent"], env["target"]):
+        a.shutdown(1.0)
+    env["directory"].close()
+    top["directory"].close()
