@@ -10,8 +10,9 @@
 //!   hands them back to Python only once the segment is deregistered, its handle is gone and no
 //!   request in flight uses it (`src/release.rs`). `del array` during a transfer is harmless.
 //! * **The GIL released** around every call into the engine; blocking waits (`Transfer.wait`,
-//!   `Agent.wait_notification`, `Peer.wait_segment`, `Agent.wait_peer`) wait in slices of
-//!   100 ms and run Python's signal handlers between them, so Ctrl-C interrupts them.
+//!   `Agent.wait_notification`, `Peer.wait_segment`, `Agent.wait_peer`,
+//!   `Agent.connect_named`) wait in slices of 100 ms and run Python's signal handlers between
+//!   them, so Ctrl-C interrupts them.
 //! * **asyncio**: `await transfer`, `async for note in agent.notifications()`,
 //!   `await agent.wait_peer_async(name)`, `await peer.wait_segment_async(name)`,
 //!   `await agent.connect_async(addr)` and `await agent.connect_named_async(directory, name)`,
