@@ -11,6 +11,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::aio::Backlog;
 use crate::args::{duration, timeout, wait_until};
+use crate::directory::PyDirectory;
 use crate::errors::{invalid, to_py};
 use crate::memory::{self, Kind};
 use crate::peer::PyPeer;
@@ -141,6 +142,17 @@ impl PyAgent {
             .as_deref()
             .ok_or_else(|| to_py(Error::AgentClosed))
     }
+
+    /// The agent's share, for what outlives the call (an asyncio wait).
+    fn shared(&self) -> PyResult<&Arc<Agent>> {
+        self.agent.as_ref().ok_or_else(|| to_py(Error::AgentClosed))
+    }
+}
+
+/// The timeout of `connect_named`: a finite number of seconds (the lookup runs on a thread of
+/// the engine that must end by itself).
+fn lookup_timeout(timeout_s: f64) -> PyResult<Duration> {
+    duration(timeout_s, "timeout_s")
 }
 
 #[pymethods]
@@ -217,6 +229,99 @@ impl PyAgent {
         Ok(PyPeer { peer })
     }
 
+    /// `connect`, awaited: an asyncio future of the running loop with the `Peer` (or
+    /// `connect`'s exception), without blocking the event loop. The TCP handshake runs on a
+    /// thread of the engine (socket calls block), which completes the future through gdr's
+    /// asyncio thread; it keeps the agent's connect timeout.
+    ///
+    /// Cancelling the future loses nothing: the connect thread still ends within the connect
+    /// timeout, and a peer it connected meanwhile stays connected (`peer(name)` finds it).
+    fn connect_async<'py>(&self, py: Python<'py>, addr: String) -> PyResult<Bound<'py, PyAny>> {
+        let agent = self.agent()?;
+        crate::aio::connect_future(py, || agent.connect_async(&addr))
+    }
+
+    /// Publishes this agent in `directory` (a `Directory`): `advertise_addr` (`"ip:port"`,
+    /// where peers reach the address `listen` bound) and every segment, now and as they are
+    /// registered and deregistered, all bound to the directory's lease. Peers then find it by
+    /// name with `connect_named`. The records go when the agent shuts down, or within the
+    /// directory's TTL when the process dies. The GIL is released while etcd answers.
+    ///
+    /// Raises `InvalidArgument` for an address that is not `"ip:port"` or that peers cannot
+    /// connect to (`0.0.0.0`, `::` or port 0: listen on `"0.0.0.0:0"` but advertise this
+    /// host's IP with the port `listen` returned), a name with `/`, or when already
+    /// published; `DirectoryError` when etcd refuses or the directory was closed;
+    /// `AgentClosed` after `shutdown`.
+    fn publish(
+        &self,
+        py: Python<'_>,
+        directory: &Bound<'_, PyDirectory>,
+        advertise_addr: String,
+    ) -> PyResult<()> {
+        let agent = self.agent()?;
+        let dir = directory.get().get()?;
+        let addr: std::net::SocketAddr = advertise_addr.trim().parse().map_err(|e| {
+            invalid(
+                "InvalidArgument",
+                format!("advertise_addr = {advertise_addr:?} is not an \"ip:port\" address ({e})"),
+                "give the IP peers reach this host at and the port listen() returned, e.g. \"10.0.0.2:7100\"",
+            )
+        })?;
+        py.allow_threads(|| agent.publish(dir, addr)).map_err(to_py)
+    }
+
+    /// Finds the agent called `name` in `directory` (a `Directory`), waiting up to `timeout_s`
+    /// for it to be published, connects to it and watches its records: when they go (it shut
+    /// down, or its lease ended because it died or hung) the peer is lost at once and its
+    /// pending transfers fail with `PeerLost`. Returns the `Peer`.
+    ///
+    /// The whole of it (lookup, connecting, handshake) takes at most about `timeout_s` (a
+    /// finite number of seconds); the GIL is released and Ctrl-C interrupts the wait (the
+    /// engine's lookup then ends on its own within `timeout_s`, and a peer it connected stays
+    /// connected).
+    ///
+    /// Raises `UnknownPeer` when no agent of that name is published, or none answers at its
+    /// address, within `timeout_s`; `DirectoryError` when etcd fails or the directory was
+    /// closed; `ProtocolError` for a malformed record or an agent that is not `name`;
+    /// `InvalidArgument` for a name with `/` or a bad timeout; `connect`'s other errors;
+    /// `AgentClosed` after `shutdown`.
+    #[pyo3(signature = (directory, name, timeout_s=10.0))]
+    fn connect_named(
+        &self,
+        py: Python<'_>,
+        directory: &Bound<'_, PyDirectory>,
+        name: String,
+        timeout_s: f64,
+    ) -> PyResult<PyPeer> {
+        let agent = self.agent()?;
+        let dir = directory.get().get()?;
+        let limit = lookup_timeout(timeout_s)?;
+        let connecting = py.allow_threads(|| agent.connect_named_async(&dir, &name, limit));
+        let peer = crate::aio::wait_connecting(py, connecting)?;
+        Ok(PyPeer { peer })
+    }
+
+    /// `connect_named`, awaited: an asyncio future of the running loop with the `Peer` (or
+    /// `connect_named`'s exception), without blocking the event loop. The lookup and the
+    /// connection run on a thread of the engine, which completes the future through gdr's
+    /// asyncio thread.
+    ///
+    /// Cancelling the future loses nothing: the lookup still ends within `timeout_s`, and a
+    /// peer it connected meanwhile stays connected (`peer(name)` finds it).
+    #[pyo3(signature = (directory, name, timeout_s=10.0))]
+    fn connect_named_async<'py>(
+        &self,
+        py: Python<'py>,
+        directory: &Bound<'_, PyDirectory>,
+        name: String,
+        timeout_s: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let agent = self.agent()?;
+        let dir = directory.get().get()?;
+        let limit = lookup_timeout(timeout_s)?;
+        crate::aio::connect_future(py, || agent.connect_named_async(&dir, &name, limit))
+    }
+
     /// Waits (the GIL released) until a peer named `name` is connected (either way). Raises
     /// `Timeout` after `timeout_s` (`None`: no limit).
     #[pyo3(signature = (name, timeout_s=10.0))]
@@ -237,6 +342,16 @@ impl PyAgent {
                 hint: "is it running and connecting to this agent's listen address?".into(),
             })),
         }
+    }
+
+    /// `wait_peer`, awaited: an asyncio future of the running loop with the `Peer` named
+    /// `name` once it is connected (either way), completed by gdr's asyncio thread without
+    /// blocking the event loop. It has no timeout of its own: wrap it in
+    /// `asyncio.wait_for(..., timeout)`. Raises `AgentClosed` once the agent is shut down.
+    /// Cancelling it only stops the wait.
+    fn wait_peer_async<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        let agent = self.shared()?;
+        crate::aio::peer_future(py, agent, name)
     }
 
     /// The connected peer named `name`, or `None`.

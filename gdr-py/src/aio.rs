@@ -1,9 +1,13 @@
-//! asyncio: `await transfer`, `Transfer.wait_async()` and `async for note in
-//! agent.notifications()`, without blocking the event loop and without a thread per wait.
+//! asyncio: `await transfer`, `Transfer.wait_async()`, `async for note in
+//! agent.notifications()`, `Agent.wait_peer_async`, `Peer.wait_segment_async`,
+//! `Agent.connect_async` and `Agent.connect_named_async`, without blocking the event loop and
+//! without a thread per wait.
 //!
 //! One thread of this module (the *hub*, `gdr-py-async`) polls the engine's futures
-//! ([`gdr_xfer::Transfer`] and [`gdr_xfer::Agent::wait_notification_async`] are `Future`s) with
-//! wakers of its own. A waker, called on an engine thread, only queues the key of what it
+//! ([`gdr_xfer::Transfer`], [`gdr_xfer::Agent::wait_notification_async`],
+//! [`gdr_xfer::Agent::wait_peer_async`], [`gdr_xfer::Peer::wait_segment_named_async`] and the
+//! [`Connecting`] of [`gdr_xfer::Agent::connect_async`] and `connect_named_async`) with wakers
+//! of its own. A waker, called on an engine thread, only queues the key of what it
 //! watches for the hub: no engine thread takes the GIL. Once something is ready, the hub takes
 //! the GIL and hands the outcome to each waiting asyncio future through
 //! `loop.call_soon_threadsafe(gdr._aio._resolve, fut, ...)`, which sets it on the loop's own
@@ -11,7 +15,14 @@
 //!
 //! Cancelling the awaiting task cancels the asyncio future: for a transfer, its done callback
 //! cancels the transfer too (the transfer then ends as usual and the hub forgets it); for a
-//! notification, the hub drops the watch. Nothing stays behind either way.
+//! notification, a peer or a segment, the hub drops the watch (nothing was taken: a
+//! notification taken meanwhile goes back to the agent's backlog). Connecting is the one wait
+//! the engine runs on a thread of its own (the TCP handshake blocks): the hub drops its future,
+//! and that thread still ends within the connect timeout; a peer it connected meanwhile stays
+//! connected (`Agent.peer(name)` finds it). Nothing stays behind either way.
+//!
+//! The blocking `Agent.connect_named` waits for the same [`Connecting`] future on the calling
+//! thread ([`wait_connecting`]), in slices, so that Ctrl-C interrupts it.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -20,12 +31,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::Duration;
 
-use gdr_xfer::{Agent, Notification, Result, Transfer, TransferStats};
+use gdr_xfer::futures::Connecting;
+use gdr_xfer::{Agent, Notification, Peer, Result, SegmentInfo, Transfer, TransferStats};
 use pyo3::prelude::*;
 
 use crate::agent::PyNotification;
+use crate::args::wait_until;
 use crate::errors::to_py;
+use crate::peer::{PyPeer, PyRemoteSegment};
 
 /// A transfer shared by its Python handle and the hub while one awaits it.
 pub(crate) struct SharedTransfer {
@@ -105,12 +121,20 @@ fn next_key() -> u64 {
 enum What {
     Transfer(Arc<SharedTransfer>),
     Notification(Arc<Agent>, Arc<Backlog>),
+    /// A peer of this name connected (either way).
+    Peer(Arc<Agent>, String),
+    /// A segment of this name announced by the peer.
+    Segment(Peer, String),
+    /// A connection being made on the engine's connect thread.
+    Connect(Connecting),
 }
 
 /// What became ready.
 enum Outcome {
     Transfer(Result<TransferStats>),
     Notification(Option<Notification>),
+    Peer(Result<Peer>),
+    Segment(Result<SegmentInfo>),
 }
 
 /// A watch: what, its waker, and the asyncio futures (with their loops) waiting for it.
@@ -216,7 +240,7 @@ fn run(tx: Sender<Job>, rx: Receiver<Job>) {
                 continue;
             }
         };
-        let Some(entry) = watches.get(&key) else {
+        let Some(entry) = watches.get_mut(&key) else {
             continue;
         };
         if let Some(outcome) = poll(entry) {
@@ -228,9 +252,9 @@ fn run(tx: Sender<Job>, rx: Receiver<Job>) {
 }
 
 /// Polls a watch once with its waker (registering it again).
-fn poll(entry: &Entry) -> Option<Outcome> {
+fn poll(entry: &mut Entry) -> Option<Outcome> {
     let mut cx = Context::from_waker(&entry.waker);
-    match &entry.what {
+    match &mut entry.what {
         What::Transfer(shared) => {
             let mut t = shared.t.write().unwrap_or_else(|p| p.into_inner());
             match Pin::new(&mut *t).poll(&mut cx) {
@@ -248,6 +272,25 @@ fn poll(entry: &Entry) -> Option<Outcome> {
                 Poll::Pending => None,
             }
         }
+        What::Peer(agent, name) => {
+            // Fresh futures too: they hold nothing but their arguments.
+            let mut found = agent.wait_peer_async(name);
+            match Pin::new(&mut found).poll(&mut cx) {
+                Poll::Ready(r) => Some(Outcome::Peer(r)),
+                Poll::Pending => None,
+            }
+        }
+        What::Segment(peer, name) => {
+            let mut found = peer.wait_segment_named_async(name);
+            match Pin::new(&mut found).poll(&mut cx) {
+                Poll::Ready(r) => Some(Outcome::Segment(r)),
+                Poll::Pending => None,
+            }
+        }
+        What::Connect(connecting) => match Pin::new(connecting).poll(&mut cx) {
+            Poll::Ready(r) => Some(Outcome::Peer(r)),
+            Poll::Pending => None,
+        },
     }
 }
 
@@ -267,6 +310,17 @@ fn resolve(entry: Entry, outcome: Outcome) {
                 Err(e) => (Some(false), e.into_value(py).into_any()),
             },
             Outcome::Notification(None) => (None, py.None()),
+            Outcome::Peer(Ok(peer)) => match Py::new(py, PyPeer { peer }) {
+                Ok(p) => (Some(true), p.into_any()),
+                Err(e) => (Some(false), e.into_value(py).into_any()),
+            },
+            Outcome::Segment(Ok(s)) => match Py::new(py, PyRemoteSegment::from(s)) {
+                Ok(s) => (Some(true), s.into_any()),
+                Err(e) => (Some(false), e.into_value(py).into_any()),
+            },
+            Outcome::Peer(Err(e)) | Outcome::Segment(Err(e)) => {
+                (Some(false), to_py(e).into_value(py).into_any())
+            }
         };
         let requeue = match &what {
             What::Notification(_, backlog) => Py::new(
@@ -277,7 +331,7 @@ fn resolve(entry: Entry, outcome: Outcome) {
             )
             .map(Py::into_any)
             .unwrap_or_else(|_| py.None()),
-            What::Transfer(_) => py.None(),
+            _ => py.None(),
         };
         let resolver = py.import("gdr._aio").and_then(|m| m.getattr("_resolve"));
         for (lp, fut) in waiters {
@@ -321,7 +375,8 @@ impl CancelTransfer {
     }
 }
 
-/// The done callback of a notification's future: a cancelled future drops the watch.
+/// The done callback of the future of a notification, a peer, a segment or a connection: a
+/// cancelled future drops the watch.
 #[pyclass(module = "gdr._gdr", name = "_ForgetWatch", frozen)]
 struct ForgetWatch {
     key: u64,
@@ -388,4 +443,96 @@ pub(crate) fn notification_future<'py>(
         })
         .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("gdr: the asyncio thread ended"))?;
     Ok(fut)
+}
+
+/// An asyncio future of the outcome of what `what` makes (once the running loop is known),
+/// watched by the hub; cancelling it drops the watch.
+fn watched_future<'py>(
+    py: Python<'py>,
+    what: impl FnOnce(Python<'_>) -> What,
+) -> PyResult<Bound<'py, PyAny>> {
+    // The loop first: without one nothing is started.
+    let (lp, fut) = new_future(py)?;
+    let what = what(py);
+    let key = next_key();
+    fut.call_method1("add_done_callback", (Py::new(py, ForgetWatch { key })?,))?;
+    hub()?
+        .send(Job::Watch {
+            key,
+            what,
+            lp: lp.unbind(),
+            fut: fut.clone().unbind(),
+        })
+        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("gdr: the asyncio thread ended"))?;
+    Ok(fut)
+}
+
+/// An asyncio future of the peer named `name`, once it is connected (either way); it raises
+/// `AgentClosed` once the agent is shut down. Cancelling it drops the watch.
+pub(crate) fn peer_future<'py>(
+    py: Python<'py>,
+    agent: &Arc<Agent>,
+    name: String,
+) -> PyResult<Bound<'py, PyAny>> {
+    watched_future(py, |_| What::Peer(agent.clone(), name))
+}
+
+/// An asyncio future of the peer's segment named `name`, once announced; it raises `PeerLost`
+/// when the connection is lost first. Cancelling it drops the watch.
+pub(crate) fn segment_future<'py>(
+    py: Python<'py>,
+    peer: &Peer,
+    name: String,
+) -> PyResult<Bound<'py, PyAny>> {
+    watched_future(py, |_| What::Segment(peer.clone(), name))
+}
+
+/// An asyncio future of a connection the engine makes on a thread of its own, which `start`
+/// starts (the GIL released) once the running loop is known. Cancelling the future drops the
+/// watch; the thread still ends within its timeout, and a peer it connected stays connected.
+pub(crate) fn connect_future<'py>(
+    py: Python<'py>,
+    start: impl FnOnce() -> Connecting + Send,
+) -> PyResult<Bound<'py, PyAny>> {
+    watched_future(py, |py| What::Connect(py.allow_threads(start)))
+}
+
+/// Wakes the thread that waits for a future on its own ([`wait_connecting`]).
+struct ThreadWaker(Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Waits on this thread for a connection the engine makes on its own thread: the GIL released,
+/// in slices with Python's signal handlers run between them (Ctrl-C raises
+/// `KeyboardInterrupt`; the connect thread then ends on its own within its timeout, and a
+/// peer it connected stays connected). The engine's timeout bounds the wait.
+pub(crate) fn wait_connecting(py: Python<'_>, mut connecting: Connecting) -> PyResult<Peer> {
+    let found = wait_until(py, None, |slice: Duration| {
+        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        if let Poll::Ready(r) = Pin::new(&mut connecting).poll(&mut cx) {
+            return Some(r);
+        }
+        // Woken (or the slice over): polled again by the next step.
+        std::thread::park_timeout(slice);
+        match Pin::new(&mut connecting).poll(&mut cx) {
+            Poll::Ready(r) => Some(r),
+            Poll::Pending => None,
+        }
+    })?;
+    match found {
+        Some(r) => r.map_err(to_py),
+        // No limit was given: only a result (or a signal, above) ends the loop.
+        None => Err(pyo3::exceptions::PyRuntimeError::new_err(
+            "gdr: a wait without a limit ended without a result",
+        )),
+    }
 }

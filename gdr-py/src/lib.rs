@@ -10,11 +10,17 @@
 //!   hands them back to Python only once the segment is deregistered, its handle is gone and no
 //!   request in flight uses it (`src/release.rs`). `del array` during a transfer is harmless.
 //! * **The GIL released** around every call into the engine; blocking waits (`Transfer.wait`,
-//!   `Agent.wait_notification`, `Peer.wait_segment`, `Agent.wait_peer`) wait in slices of
-//!   100 ms and run Python's signal handlers between them, so Ctrl-C interrupts them.
-//! * **asyncio**: `await transfer` and `async for note in agent.notifications()`, completed
-//!   by one thread of this module that polls the engine's futures (`src/aio.rs`): the event
-//!   loop never blocks, no thread waits per transfer, and no engine thread takes the GIL.
+//!   `Agent.wait_notification`, `Peer.wait_segment`, `Agent.wait_peer`,
+//!   `Agent.connect_named`) wait in slices of 100 ms and run Python's signal handlers between
+//!   them, so Ctrl-C interrupts them.
+//! * **asyncio**: `await transfer`, `async for note in agent.notifications()`,
+//!   `await agent.wait_peer_async(name)`, `await peer.wait_segment_async(name)`,
+//!   `await agent.connect_async(addr)` and `await agent.connect_named_async(directory, name)`,
+//!   completed by one thread of this module that polls the engine's futures (`src/aio.rs`):
+//!   the event loop never blocks, no thread waits per transfer, and no engine thread takes the
+//!   GIL.
+//! * **Peers found by name through etcd**: `gdr.Directory` (gdr-xfer's `EtcdDirectory`),
+//!   `Agent.publish` and `Agent.connect_named` (`src/directory.rs`).
 //! * **Exceptions by variant**: every [`gdr_xfer::Error`] becomes the Python class of its
 //!   variant, with its fields as attributes (`src/errors.rs`, `gdr/_errors.py`).
 //!
@@ -31,6 +37,7 @@ mod agent;
 mod aio;
 mod args;
 mod buffer;
+mod directory;
 mod dlpack;
 mod doctor;
 mod errors;
@@ -64,6 +71,8 @@ fn _gdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<agent::PyAgent>()?;
     m.add_class::<agent::PyNotification>()?;
     m.add_class::<agent::PyNotificationStream>()?;
+    m.add_class::<directory::PyDirectory>()?;
+    m.add("DEFAULT_PREFIX", gdr_xfer::directory::DEFAULT_PREFIX)?;
     m.add_class::<peer::PyPeer>()?;
     m.add_class::<peer::PyRemoteSegment>()?;
     m.add_class::<segment::PySegment>()?;

@@ -233,6 +233,19 @@ impl PyPeer {
         }
     }
 
+    /// `wait_segment`, awaited: an asyncio future of the running loop with the `RemoteSegment`
+    /// once the peer announced a segment named `name`, completed by gdr's asyncio thread without
+    /// blocking the event loop. It has no timeout of its own: wrap it in
+    /// `asyncio.wait_for(..., timeout)`. Raises `PeerLost` when the connection is lost first.
+    /// Cancelling it only stops the wait.
+    fn wait_segment_async<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::aio::segment_future(py, &self.peer, name)
+    }
+
     /// Writes `length` bytes at `local_offset` of the local segment `local_segment` into the peer's
     /// segment `remote_segment` (a `RemoteSegment` or its id) at `remote_offset`.
     ///

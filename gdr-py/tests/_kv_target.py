@@ -2,7 +2,10 @@
 listens, lets the initiator READ it, waits for the notification that follows its WRITE, checks
 the pool byte for byte, reports, and exits 0 when the initiator says goodbye.
 
-Usage: python _kv_target.py LISTEN_HOST
+With ETCD_ENDPOINT (test_etcd.py) it also publishes itself in etcd under its name, advertising
+the address it listens on, so that the initiator finds it by name (``Agent.connect_named``).
+
+Usage: python _kv_target.py LISTEN_HOST [ETCD_ENDPOINT]
 """
 
 import hashlib
@@ -33,6 +36,7 @@ def local_blocks():
 
 def main():
     host = sys.argv[1]
+    etcd = sys.argv[2] if len(sys.argv) > 2 else None
     gid = os.environ.get("GDR_TEST_GID_INDEX")
     agent = gdr.Agent("kv-target", device=os.environ["GDR_TEST_DEVICE"],
                       gid_index=int(gid) if gid else None)
@@ -41,6 +45,10 @@ def main():
     agent.register(pool, "kv-pool")
     addr = agent.listen(f"{host}:0")
     print(f"LISTEN {addr}", flush=True)
+    if etcd is not None:
+        directory = gdr.Directory(etcd, ttl_s=5.0)
+        agent.publish(directory, addr)
+        print(f"PUBLISHED kv-target at {addr} in {directory.prefix}", flush=True)
 
     note = agent.wait_notification(timeout_s=120)
     assert note is not None, "no notification"

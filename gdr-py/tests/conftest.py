@@ -8,6 +8,7 @@ runs them on the GPU machine (``gpu-bundle/run.sh``).
 """
 
 import os
+import time
 
 import pytest
 
@@ -33,6 +34,28 @@ def agent(name: str, **kwargs) -> gdr.Agent:
     )
 
 
+def connect_threads() -> int:
+    """Threads of this process the engine makes a connection on (``xfer-connect-<agent>``,
+    cut to 15 bytes by Linux)."""
+    n = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                if f.read().startswith("xfer-connect"):
+                    n += 1
+        except OSError:
+            pass  # the thread ended meanwhile
+    return n
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    """Polls ``cond`` until it holds, or fails after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"{what} not within {timeout} s"
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def pair():
     """Two agents of this process, ``a`` connected to ``b``: (a, b, a's peer b, b's peer a)."""
@@ -44,3 +67,14 @@ def pair():
     yield a, b, pb, pa
     a.shutdown(1.0)
     b.shutdown(1.0)
+
+
+@pytest.fixture
+def etcd_server():
+    """A real etcd server of its own (Debian's etcd binary on loopback, free ports, a temp data
+    directory), killed and removed after the test; see _etcd_server.py."""
+    import _etcd_server
+
+    server = _etcd_server.start()
+    yield server
+    server.stop()

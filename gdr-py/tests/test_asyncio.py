@@ -324,3 +324,125 @@ def test_a_transfer_awaited_and_waited_for_by_a_thread_at_once(pair):
     assert r1 == r2 == blocking[0] and r1["bytes"] == n
     assert statuses and set(statuses) <= {"pending", "done"}
     assert np.array_equal(dst, src)
+
+
+# --- connecting and waiting for peers and segments, awaited ---------------------------------
+
+
+def test_connect_wait_peer_and_wait_segment_awaited_then_bytes_moved():
+    from conftest import agent
+
+    a = agent("py-aio-a")
+    b = agent("py-aio-b")
+    n = 4 << 20
+    src = pattern(41, n)
+    dst = np.zeros(n, np.uint8)
+    try:
+        addr = b.listen("127.0.0.1:0")
+        seg = a.register(src, "src")
+
+        async def main():
+            ticks = [0]
+            ticker = asyncio.create_task(ticking(ticks))
+            pb, pa = await asyncio.wait_for(
+                asyncio.gather(a.connect_async(addr), b.wait_peer_async("py-aio-a")), WAIT)
+            # The segment is registered after the wait started.
+            waiting = asyncio.ensure_future(pb.wait_segment_async("dst"))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            b.register(dst, "dst")
+            remote = await asyncio.wait_for(waiting, WAIT)
+            stats = await asyncio.wait_for(pb.write(seg, 0, remote, 0, n, timeout_s=WAIT), WAIT)
+            ticker.cancel()
+            return pb, pa, remote, stats, ticks[0]
+
+        pb, pa, remote, stats, ticks = asyncio.run(main())
+        assert (pb.name, pa.name) == ("py-aio-b", "py-aio-a")
+        assert (remote.name, remote.length) == ("dst", n)
+        assert stats["bytes"] == n
+        assert np.array_equal(dst, src), "WRITE byte for byte"
+        assert ticks >= 1, "the loop kept turning"
+    finally:
+        a.shutdown(1.0)
+        b.shutdown(1.0)
+
+
+def test_cancelled_connect_peer_and_segment_awaits_lose_nothing():
+    from conftest import agent, connect_threads, wait_for
+
+    a = agent("py-aio-c")
+    b = agent("py-aio-d")
+    try:
+        addr = b.listen("127.0.0.1:0")
+
+        async def main():
+            # A peer wait cancelled before anyone connects.
+            w = b.wait_peer_async("py-aio-c")
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(w, 0.2)
+            assert w.cancelled()
+            # A connect cancelled at once: the engine's thread connects anyway, and the peer
+            # stays; both sides find it.
+            c = a.connect_async(addr)
+            c.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await c
+            pa = await asyncio.wait_for(b.wait_peer_async("py-aio-c"), WAIT)
+            pb = await asyncio.wait_for(a.wait_peer_async("py-aio-d"), WAIT)
+            # A segment wait cancelled before the segment exists; a later wait gets it.
+            s = pb.wait_segment_async("late")
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(s, 0.2)
+            assert s.cancelled()
+            b.alloc(4096, "late")
+            remote = await asyncio.wait_for(pb.wait_segment_async("late"), WAIT)
+            return pa, pb, remote
+
+        pa, pb, remote = asyncio.run(main())
+        assert (pa.name, pb.name, remote.name, remote.length) == (
+            "py-aio-c", "py-aio-d", "late", 4096)
+        assert pb.is_connected and [p.name for p in a.peers()] == ["py-aio-d"]
+        wait_for(lambda: connect_threads() == 0, 15, "the cancelled connect's thread ended")
+        # Still one connection, which works: a message goes through.
+        pb.send_notification(b"after-cancel").wait(WAIT)
+        note = b.wait_notification(timeout_s=WAIT)
+        assert note is not None and note.data == b"after-cancel"
+    finally:
+        a.shutdown(1.0)
+        b.shutdown(1.0)
+
+
+def test_awaited_connects_and_waits_raise_their_typed_errors(pair):
+    from _etcd_server import free_port
+    from conftest import agent
+
+    a, b, pb, pa = pair
+    lonely = agent("py-aio-lonely", connect_timeout_s=1.0)
+    try:
+        async def main():
+            # Nothing listens there: IoError after the agent's 1 s connect timeout.
+            t0 = time.monotonic()
+            with pytest.raises(gdr.IoError):
+                await asyncio.wait_for(lonely.connect_async(f"127.0.0.1:{free_port()}"), WAIT)
+            refused_after = time.monotonic() - t0
+            # A segment wait on a peer that is disconnected: PeerLost.
+            s = pb.wait_segment_async("never")
+            await asyncio.sleep(0.05)
+            a.disconnect(pb)
+            with pytest.raises(gdr.PeerLost):
+                await asyncio.wait_for(s, WAIT)
+            # A peer wait on an agent shut down meanwhile: AgentClosed.
+            w = lonely.wait_peer_async("never")
+            await asyncio.sleep(0.05)
+            lonely.shutdown(0.0)
+            with pytest.raises(gdr.AgentClosed):
+                await asyncio.wait_for(w, WAIT)
+            return refused_after
+
+        refused_after = asyncio.run(main())
+        assert refused_after < 10.0, refused_after
+        # Outside a running loop: asyncio's own error, nothing started.
+        with pytest.raises(RuntimeError):
+            a.wait_peer_async("py-b")
+    finally:
+        lonely.shutdown(0.0)

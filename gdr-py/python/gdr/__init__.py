@@ -33,8 +33,18 @@ The initiator (prefill side), in another process::
                              notify=b"req-42", timeout_s=5)
     stats = t.wait()          # {"bytes": 8388608, "slices": ..., ...}
 
-With asyncio, ``await t`` (or ``await t.wait_async()``) and
-``async for note in agent.notifications()`` wait without blocking the event loop.
+With asyncio, ``await t`` (or ``await t.wait_async()``), ``async for note in
+agent.notifications()``, ``await agent.connect_async(addr)``, ``await
+agent.wait_peer_async(name)`` and ``await peer.wait_segment_async(name)`` wait without blocking
+the event loop.
+
+Peers can find each other by name through etcd: one :class:`Directory` per process, shared by
+its agents; the target publishes itself, the initiator connects by name::
+
+    directory = gdr.Directory("127.0.0.1:2379")          # etcd's client address
+    agent.publish(directory, "10.0.0.1:7100")            # on the target, after listen()
+    peer = agent.connect_named(directory, "decode-0")    # on the initiator
+    peer = await agent.connect_named_async(directory, "decode-0")   # or, with asyncio
 
 Every blocking call releases the GIL. Errors are the classes of :mod:`gdr._errors`, one per
 variant of the engine's error, all derived from :class:`GdrError`.
@@ -73,9 +83,11 @@ from ._errors import (
     NotGpuMemory,
 )
 from ._gdr import (
+    DEFAULT_PREFIX,
     READ,
     WRITE,
     Agent,
+    Directory,
     LocalList,
     Notification,
     NotificationStream,
@@ -96,6 +108,8 @@ _atexit.register(_gdr._at_exit)
 
 __all__ = [
     "Agent",
+    "Directory",
+    "DEFAULT_PREFIX",
     "Peer",
     "Segment",
     "RemoteSegment",

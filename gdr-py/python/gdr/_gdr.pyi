@@ -5,6 +5,8 @@ from typing import Any, Dict, Generator, Iterable, List, Literal, Optional, Tupl
 
 __all__ = [
     "Agent",
+    "DEFAULT_PREFIX",
+    "Directory",
     "LocalList",
     "Notification",
     "NotificationStream",
@@ -27,6 +29,7 @@ __all__ = [
 __version__: str
 WRITE: Literal["write"]
 READ: Literal["read"]
+DEFAULT_PREFIX: str
 
 _Op = Literal["write", "read"]
 _BlockIndices = Iterable[int]
@@ -141,6 +144,9 @@ class Peer:
     def segment(self, name: str) -> Optional[RemoteSegment]: ...
     def wait_segment(self, name: str, timeout_s: Optional[float] = 5.0) -> RemoteSegment:
         """Waits (GIL released) until the peer announced ``name`` (``Timeout``, ``PeerLost``)."""
+    def wait_segment_async(self, name: str) -> "asyncio.Future[RemoteSegment]":
+        """``wait_segment`` as a future of the running loop (no timeout of its own: use
+        ``asyncio.wait_for``); ``PeerLost``. Cancelling it only stops the wait."""
     def write(
         self,
         local_segment: Segment,
@@ -236,6 +242,36 @@ class RemoteList:
     def __len__(self) -> int: ...
 
 @final
+class Directory:
+    """An etcd directory (one lease) agents publish themselves in and find peers through."""
+
+    def __new__(
+        cls,
+        endpoints: Union[str, Iterable[str]],
+        prefix: str = "/gdr-xfer/agents/",
+        ttl_s: float = 10.0,
+        timeout_s: float = 5.0,
+    ) -> "Directory": ...
+    @property
+    def endpoints(self) -> List[str]: ...
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def ttl_s(self) -> float:
+        """The lease's TTL as etcd granted it."""
+    @property
+    def lease_id(self) -> int: ...
+    @property
+    def lease_lost(self) -> Optional[str]:
+        """Why the lease was lost, or ``None`` while it holds."""
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None:
+        """Lets the directory go; the lease is revoked once no published agent uses it."""
+    def __enter__(self) -> "Directory": ...
+    def __exit__(self, *args: Any) -> bool: ...
+
+@final
 class Agent:
     """A transfer agent: its rails, segments, peers and notifications."""
 
@@ -261,7 +297,23 @@ class Agent:
         """Accepts peers on ``addr`` (``"host:port"``); returns the address bound."""
     def connect(self, addr: str) -> Peer:
         """Connects (GIL released) to the agent listening at ``addr``."""
+    def connect_async(self, addr: str) -> "asyncio.Future[Peer]":
+        """``connect`` as a future of the running loop. Cancelling it loses nothing: a peer
+        connected meanwhile stays connected."""
+    def publish(self, directory: Directory, advertise_addr: str) -> None:
+        """Publishes this agent (``advertise_addr``: ``"ip:port"``) and its segments in
+        ``directory``."""
+    def connect_named(self, directory: Directory, name: str, timeout_s: float = 10.0) -> Peer:
+        """Finds ``name`` in ``directory`` and connects to it (``UnknownPeer`` after
+        ``timeout_s``)."""
+    def connect_named_async(
+        self, directory: Directory, name: str, timeout_s: float = 10.0
+    ) -> "asyncio.Future[Peer]":
+        """``connect_named`` as a future of the running loop. Cancelling it loses nothing."""
     def wait_peer(self, name: str, timeout_s: Optional[float] = 10.0) -> Peer: ...
+    def wait_peer_async(self, name: str) -> "asyncio.Future[Peer]":
+        """``wait_peer`` as a future of the running loop (no timeout of its own: use
+        ``asyncio.wait_for``); ``AgentClosed``. Cancelling it only stops the wait."""
     def peer(self, name: str) -> Optional[Peer]: ...
     def peers(self) -> List[Peer]: ...
     def disconnect(self, peer: Peer) -> None: ...
