@@ -25,6 +25,7 @@ mod downstream;
 mod fuzz;
 mod perftest;
 mod post_cost;
+mod py_cost;
 mod py_test;
 mod setup;
 mod sim;
@@ -89,6 +90,9 @@ enum Command {
     Sim(sim::SimOpts),
     /// The Python binding: build the abi3 wheel (maturin), host pytest, then VM pytest.
     PyTest(py_test::PyTestOpts),
+    /// The Python binding's own instructions per call of Peer.transfer_blocks against the Rust
+    /// API (callgrind in the VM).
+    PyCost(py_cost::PyCostOpts),
 }
 
 fn main() -> ExitCode {
@@ -109,6 +113,7 @@ fn main() -> ExitCode {
         Command::Fuzz(opts) => fuzz::fuzz(&opts),
         Command::Sim(opts) => sim::sim(&opts),
         Command::PyTest(opts) => py_test::py_test(&opts),
+        Command::PyCost(opts) => py_cost::py_cost(&opts),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

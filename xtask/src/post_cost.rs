@@ -74,13 +74,7 @@ pub fn post_cost(opts: &PostCostOpts) -> Result<i32> {
             ));
         }
     }
-    let outcome = vm::boot(&opts.vm, &script)?;
-    if outcome.code != 0 {
-        return Err(format!(
-            "the measurement exited with {} in the VM",
-            outcome.code
-        ));
-    }
+    let outcome = vm::boot_ok(&opts.vm, &script, "the measurement")?;
     println!(
         "blocks    total Ir   ibv_post_send (incl.)   per block   librxe own only   per block"
     );

@@ -124,6 +124,15 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// [`boot`], and an error unless the script exited 0 (`what` names the script in it).
+pub fn boot_ok(opts: &VmOpts, script: &str, what: &str) -> Result<Outcome> {
+    let outcome = boot(opts, script)?;
+    if outcome.code != 0 {
+        return Err(format!("{what} exited with {} in the VM", outcome.code));
+    }
+    Ok(outcome)
+}
+
 /// Boots the VM and runs `script` (POSIX sh) inside it as root, in the host's current directory,
 /// with rxe0 up and `GDR_TEST_*` exported. Streams the script's output to stdout.
 pub fn boot(opts: &VmOpts, script: &str) -> Result<Outcome> {
