@@ -4,8 +4,9 @@
 use std::time::{Duration, Instant};
 
 use gdr_xfer::{Op, SegmentId, TransferOptions};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyString};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
 
 use crate::buffer::type_name;
 use crate::errors::invalid;
@@ -61,75 +62,92 @@ pub(crate) fn u64_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 }
 
 /// Block indices: any iterable of integers in `0..2**32` (a list, a range, a numpy array).
+/// Numpy arrays are read in one piece, everything else item by item.
 pub(crate) fn blocks(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
-    let not_iterable = || {
-        invalid(
-            "InvalidArgument",
-            format!("{what} is a {}, not a sequence of ints", type_name(obj)),
-            "give a list, range or numpy array of block indices",
-        )
-    };
-    if let Some(v) = integer_array(obj, what)? {
-        return Ok(v);
-    }
-    let iter = obj.try_iter().map_err(|_| not_iterable())?;
-    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
-    for (i, item) in iter.enumerate() {
-        let item = item?;
-        let v = item.extract::<u32>().map_err(|_| {
+    let index = |i: usize, item: &Bound<'_, PyAny>| {
+        item.extract::<u32>().map_err(|_| {
             let shown = item
                 .repr()
                 .map(|r| r.to_string())
-                .unwrap_or_else(|_| type_name(&item));
+                .unwrap_or_else(|_| type_name(item));
             invalid(
                 "InvalidArgument",
                 format!("{what}[{i}] = {shown} is not a block index (an int in 0..2**32)"),
                 "block indices are non-negative ints below 2**32",
             )
-        })?;
-        out.push(v);
+        })
+    };
+    // Lists and tuples are not arrays: no attribute probing (a failed one raises and drops an
+    // AttributeError, thousands of instructions).
+    let sequence = obj.is_exact_instance_of::<PyList>() || obj.is_exact_instance_of::<PyTuple>();
+    if !sequence {
+        if let Some(v) = integer_array(obj, what)? {
+            return Ok(v);
+        }
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        invalid(
+            "InvalidArgument",
+            format!("{what} is a {}, not a sequence of ints", type_name(obj)),
+            "give a list, range or numpy array of block indices",
+        )
+    })?;
+    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+    for (i, item) in iter.enumerate() {
+        out.push(index(i, &item?)?);
     }
     Ok(out)
 }
 
 /// Block indices from a one-dimensional numpy array of integers, read in one piece: its bytes
 /// (`tobytes()`, a copy) decoded here, instead of one Python int per index (four times slower
-/// than a list's). `None` for anything else (the caller iterates it).
+/// than a list's). `None` for anything else (the caller iterates it). The attribute names are
+/// interned: a handful of attribute reads per call.
 fn integer_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Vec<u32>>> {
-    let (Ok(dtype), Ok(ndim)) = (obj.getattr("dtype"), obj.getattr("ndim")) else {
+    let py = obj.py();
+    let Ok(dtype) = obj.getattr(intern!(py, "dtype")) else {
+        return Ok(None);
+    };
+    let Ok(ndim) = obj.getattr(intern!(py, "ndim")) else {
         return Ok(None);
     };
     if ndim.extract::<usize>().ok() != Some(1) {
         return Ok(None);
     }
-    let kind: String = match dtype.getattr("kind").and_then(|k| k.extract()) {
-        Ok(k) => k,
-        Err(_) => return Ok(None),
+    // `kind`, `byteorder` (one-character strings Python keeps) and `itemsize`: cheaper than
+    // `dtype.str`, which numpy formats with sprintf on every read.
+    let text = |name: &Bound<'_, pyo3::types::PyString>| -> Option<char> {
+        let v = dtype.getattr(name).ok()?;
+        let s = v.downcast::<PyString>().ok()?.to_cow().ok()?;
+        let mut chars = s.chars();
+        chars.next().filter(|_| chars.next().is_none())
     };
-    let size: usize = match dtype.getattr("itemsize").and_then(|k| k.extract()) {
-        Ok(n) => n,
-        Err(_) => return Ok(None),
+    let (Some(kind), Some(order)) = (text(intern!(py, "kind")), text(intern!(py, "byteorder")))
+    else {
+        return Ok(None);
     };
-    let order: String = match dtype.getattr("byteorder").and_then(|k| k.extract()) {
-        Ok(o) => o,
-        Err(_) => return Ok(None),
+    let Ok(size) = dtype
+        .getattr(intern!(py, "itemsize"))
+        .and_then(|n| n.extract::<usize>())
+    else {
+        return Ok(None);
     };
-    let signed = match kind.as_str() {
-        "i" => true,
-        "u" => false,
+    let signed = match kind {
+        'i' => true,
+        'u' => false,
         _ => return Ok(None),
     };
     // '=' is the machine's order, '|' has none (one byte); '<' little, '>' big.
-    let big = match order.as_str() {
-        ">" => true,
-        "<" | "|" => false,
-        "=" => cfg!(target_endian = "big"),
+    let big = match order {
+        '>' => true,
+        '<' | '|' => false,
+        '=' => cfg!(target_endian = "big"),
         _ => return Ok(None),
     };
     if ![1, 2, 4, 8].contains(&size) {
         return Ok(None);
     }
-    let raw = obj.call_method0("tobytes")?;
+    let raw = obj.call_method0(intern!(py, "tobytes"))?;
     let raw = raw.downcast::<pyo3::types::PyBytes>()?.as_bytes();
     // An object that only looks like an array may hand back bytes that disagree with its own
     // item size or length: refused, not decoded into other indices.
