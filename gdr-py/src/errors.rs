@@ -51,7 +51,7 @@ pub(crate) fn exception(
     })
 }
 
-/// A binding-level [`gdr._errors.InvalidArgument`] or one of its subclasses (`NotABuffer`,
+/// A binding-level `gdr._errors.InvalidArgument` or one of its subclasses (`NotABuffer`,
 /// `ReadOnlyBuffer`, `NotContiguous`), for input refused before the engine saw it.
 pub(crate) fn invalid(class: &str, message: impl Into<String>, hint: &str) -> PyErr {
     Python::with_gil(|py| exception(py, class, message.into(), Some(hint), Vec::new()))

@@ -4,11 +4,16 @@
 //! wheel for CPython >= 3.9): [`gdr_xfer`]'s agents, peers, segments and transfers as Python
 //! classes. What it adds to the Rust API:
 //!
-//! * **Python memory, kept alive by its segment.** `Agent.register(obj, name)` takes any object
-//!   exporting a writable buffer (numpy arrays, bytearrays, mmaps); the segment holds the
-//!   object and its buffer export through gdr's [`ForeignHostMemory`], whose release closure
-//!   hands them back to Python only once the segment is deregistered, its handle is gone and no
-//!   request in flight uses it (`src/release.rs`). `del array` during a transfer is harmless.
+//! * **Python memory, kept alive by its segment.** `Agent.register(obj, name)` takes CUDA
+//!   tensors through DLPack (`src/dlpack.rs`: torch, cupy, jax) into gdr's pointer checks and
+//!   GPU registration ([`ForeignDeviceMemory`], staged without a direct path), and host memory
+//!   through the buffer protocol (numpy arrays, bytearrays, mmaps) or DLPack (`src/memory.rs`
+//!   chooses); the segment holds the object and its export through gdr's
+//!   [`ForeignHostMemory`] or [`ForeignDeviceMemory`], whose release closure hands them back to
+//!   Python only once the segment is deregistered, its handle is gone and no request in flight
+//!   uses it (`src/release.rs`). `del tensor` during a transfer is harmless.
+//!   `gdr.inspect_memory(obj)` (`src/inspect.rs`) says what gdr would register and how the NIC
+//!   would reach it, without an agent; `gdr.doctor()` (`src/doctor.rs`) is the doctor's report.
 //! * **The GIL released** around every call into the engine; blocking waits (`Transfer.wait`,
 //!   `Agent.wait_notification`, `Peer.wait_segment`, `Agent.wait_peer`,
 //!   `Agent.connect_named`) wait in slices of 100 ms and run Python's signal handlers between
@@ -28,6 +33,7 @@
 //! object, completing an asyncio future) is queued for this module's own threads.
 //!
 //! [`ForeignHostMemory`]: gdr_xfer::gdr::mr::ForeignHostMemory
+//! [`ForeignDeviceMemory`]: gdr_xfer::gdr::cuda::ForeignDeviceMemory
 
 #![deny(missing_docs)]
 #![warn(unsafe_op_in_unsafe_fn)]

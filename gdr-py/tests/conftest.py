@@ -9,6 +9,7 @@ runs them on the GPU machine (``gpu-bundle/run.sh``).
 
 import os
 import time
+import time
 
 import pytest
 
@@ -24,6 +25,16 @@ def device_under_test() -> str:
             "(cargo xtask py-test); on a host without a device deselect them with -m 'not device and not gpu'"
         )
     return dev
+
+
+def eventually(cond, timeout: float = 10.0) -> bool:
+    """Whether ``cond()`` becomes true within ``timeout`` seconds (polled every 5 ms)."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def agent(name: str, **kwargs) -> gdr.Agent:

@@ -12,7 +12,7 @@ import pytest
 import gdr
 from gdr import _gdr
 
-from conftest import agent
+from conftest import agent, eventually
 
 pytestmark = pytest.mark.device
 
@@ -21,15 +21,6 @@ WAIT = 30.0
 
 def pattern(seed: int, shape) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)
-
-
-def eventually(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def test_write_then_read_back_byte_for_byte_with_a_notification(pair):

@@ -7,7 +7,6 @@ move bytes with them. CUDA tensors are the GPU tier's (``gpu_python.py`` on the 
 """
 
 import gc
-import time
 import weakref
 
 import numpy as np
@@ -15,6 +14,8 @@ import pytest
 
 import gdr
 from gdr import _gdr
+
+from conftest import eventually
 
 
 class DlpackOnly:
@@ -46,15 +47,6 @@ class NotACapsule:
 
     def __dlpack__(self, **kwargs):
         return b"not a capsule"
-
-
-def eventually(cond, timeout=10.0):
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def test_inspect_memory_takes_numpy_through_the_buffer_protocol():
