@@ -53,6 +53,7 @@ mod memory;
 mod peer;
 mod release;
 mod segment;
+mod staging_check;
 mod transfer;
 
 use pyo3::prelude::*;
@@ -88,6 +89,8 @@ fn _gdr(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inspect::inspect_memory, m)?)?;
     m.add_function(wrap_pyfunction!(doctor::doctor, m)?)?;
     m.add_function(wrap_pyfunction!(_error_for_test, m)?)?;
+    m.add_function(wrap_pyfunction!(staging_check::_staged_read_for_test, m)?)?;
+    m.add_function(wrap_pyfunction!(staging_check::_staged_write_for_test, m)?)?;
     m.add_function(wrap_pyfunction!(release::_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(release::_release_stats, m)?)?;
     Ok(())

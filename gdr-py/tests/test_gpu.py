@@ -7,8 +7,8 @@ and in the VM, and failing, never skipping, where torch or the GPU is missing.
 What it shows: the path gdr chooses for a CUDA tensor and why (``gdr.inspect_memory``: gdr's
 pointer checks, the GPU's dma-buf support, an actual dma-buf export of the tensor's range,
 peer memory), a managed-memory tensor refused with ``gdr.Unsupported``, strided and host
-tensors refused or taken the way ``Agent.register`` takes them, and every DLPack export given
-back. The machine has no RDMA device, so no agent registers here: what only a NIC can decide
+tensors refused or taken the way ``Agent.register`` takes them, the staging copies a staged
+segment uses moving a torch tensor's bytes both ways, and every DLPack export given back. The machine has no RDMA device, so no agent registers here: what only a NIC can decide
 (its own dma-buf import) is left to the VM's and real clusters' tiers.
 """
 
@@ -136,6 +136,37 @@ def test_host_tensors_are_host_memory():
     info = gdr.inspect_memory(pinned)
     assert info["address"] == pinned.data_ptr() and "pointer_kind" not in info
     print(f"torch CPU tensor: {info['protocol']}, pinned: device {info['device']}")
+
+
+def test_gdrs_staging_copies_move_a_cuda_tensors_bytes_both_ways():
+    # The copies a staged segment uses (no direct path): gdr's Stager through pinned bounce
+    # buffers, and the synchronous copy of Segment.read, on a torch tensor taken through DLPack.
+    torch = _torch()
+    from gdr import _gdr
+
+    n = (16 << 20) + 4096 + 3  # not a multiple of the bounce buffers' chunks
+    t = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    want = t.cpu().numpy().tobytes()
+    piped, sync = _gdr._staged_read_for_test(t)
+    assert piped == want, "the staged device-to-host copy differs from torch's"
+    assert sync == want, "the synchronous copy differs from torch's"
+    data = bytes(reversed(want))
+    _gdr._staged_write_for_test(t, data)
+    torch.cuda.synchronize()
+    assert t.cpu().numpy().tobytes() == data, "the staged host-to-device copy differs"
+    # A sub-tensor at an offset inside its allocation: only its own bytes move.
+    pool = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    view = pool[4096:8192]
+    _gdr._staged_write_for_test(view, b"\x5a" * 4096)
+    torch.cuda.synchronize()
+    host = pool.cpu()
+    assert int(host[4096:8192].eq(0x5A).sum()) == 4096
+    assert int(host[:4096].count_nonzero()) == 0 and int(host[8192:].count_nonzero()) == 0
+    e = _raises(gdr.InvalidArgument, _gdr._staged_write_for_test, view, b"short")
+    print(f"{n} bytes staged both ways, byte for byte; a short write: {e}")
+    # Host memory is not for these copies.
+    _raises(gdr.InvalidArgument, _gdr._staged_read_for_test, torch.zeros(8))
 
 
 def test_no_rdma_device_here_is_a_typed_error():

@@ -23,6 +23,8 @@ __all__ = [
     "_at_exit",
     "_error_for_test",
     "_release_stats",
+    "_staged_read_for_test",
+    "_staged_write_for_test",
 ]
 
 
@@ -346,6 +348,10 @@ class Agent:
 def _error_for_test(cls: str) -> Optional[BaseException]: ...
 def _at_exit() -> None: ...
 def _release_stats() -> Dict[str, int]: ...
+def _staged_read_for_test(obj: Any) -> Tuple[bytes, bytes]:
+    """A CUDA tensor's bytes through gdr's staging pipeline and its synchronous copy."""
+def _staged_write_for_test(obj: Any, data: _BytesLike) -> None:
+    """Writes ``data`` into a CUDA tensor through gdr's staging pipeline."""
 
 def inspect_memory(obj: Any) -> Dict[str, Any]:
     """What gdr would register for ``obj`` (no agent needed): ``protocol``, ``device``,
