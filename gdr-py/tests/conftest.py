@@ -3,8 +3,9 @@
 Tests marked ``device`` need the RDMA device named by ``GDR_TEST_DEVICE``: they run inside the
 Soft-RoCE VM (``cargo xtask py-test``, or ``cargo xtask vm -- <venv>/bin/python -m pytest ...``),
 and FAIL, never skip, when it is not set. On a host without one, deselect them explicitly with
-``-m "not device and not gpu"``. Tests marked ``gpu`` need a CUDA GPU and torch: the GPU tier
-runs them on the GPU machine (``gpu-bundle/run.sh``).
+``-m "not device and not gpu and not hw"``. Tests marked ``gpu`` need a CUDA GPU and torch:
+the GPU tier runs them on the GPU machine (``gpu-bundle/run.sh``). Tests marked ``hw`` need a
+GPU and an RDMA device in one host: real hardware only (``pytest -m hw``).
 """
 
 import os
@@ -22,7 +23,7 @@ def device_under_test() -> str:
     if not dev:
         pytest.fail(
             "GDR_TEST_DEVICE is not set: device tests run in the Soft-RoCE VM "
-            "(cargo xtask py-test); on a host without a device deselect them with -m 'not device and not gpu'"
+            "(cargo xtask py-test); on a host without a device deselect them with -m 'not device and not gpu and not hw'"
         )
     return dev
 

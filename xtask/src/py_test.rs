@@ -2,7 +2,7 @@
 //! `target/py/venv` with maturin, numpy, pytest and mypy (its stubtest checks the type stubs;
 //! pip, created once), the abi3 wheel built
 //! with `maturin build --release` into `target/py/wheels` and installed there, the host pytest
-//! (`-m "not device and not gpu"`: no RDMA device or GPU needed), then the device pytest inside the Soft-RoCE VM
+//! (`-m "not device and not gpu and not hw"`: no RDMA device or GPU needed), then the device pytest inside the Soft-RoCE VM
 //! (which sees the host's files read-only: pytest runs there with `-p no:cacheprovider` and no
 //! bytecode written). Prints the wheel's size and build time.
 
@@ -197,7 +197,7 @@ pub fn tier(opts: &PyTestOpts) -> Result<(bool, u64, u64)> {
         build_time,
     } = build_wheel(&opts.python)?;
 
-    say!("host pytest (-m \"not device and not gpu\")");
+    say!("host pytest (-m \"not device and not gpu and not hw\")");
     let host = Command::new(&python)
         .args([
             "-m",
@@ -206,7 +206,7 @@ pub fn tier(opts: &PyTestOpts) -> Result<(bool, u64, u64)> {
             "no:cacheprovider",
             "-v",
             "-m",
-            "not device and not gpu",
+            "not device and not gpu and not hw",
         ])
         .args(&opts.pytest_args)
         .arg("gdr-py/tests")
