@@ -219,13 +219,17 @@ impl PyAgent {
     }
 
     /// Connects to the agent listening at `addr` (`"host:port"`), the GIL released. A refused
-    /// connection is tried again until the agent's connect timeout (10 s by default).
+    /// connection is tried again until the agent's connect timeout (10 s by default). Ctrl-C
+    /// interrupts the wait (the engine's connect thread then ends on its own within the
+    /// connect timeout, and a peer it connected stays connected).
     ///
     /// Raises `IoError` when nothing accepted in time, `ProtocolError` for a peer that is not a
     /// compatible agent, `InvalidArgument` when a peer of that name is already connected.
     fn connect(&self, py: Python<'_>, addr: String) -> PyResult<PyPeer> {
         let agent = self.agent()?;
-        let peer = py.allow_threads(|| agent.connect(&addr)).map_err(to_py)?;
+        // On a thread of the engine, waited for here in slices: Ctrl-C interrupts the wait.
+        let connecting = py.allow_threads(|| agent.connect_async(&addr));
+        let peer = crate::aio::wait_connecting(py, connecting)?;
         Ok(PyPeer { peer })
     }
 

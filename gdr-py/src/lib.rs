@@ -15,7 +15,7 @@
 //!   `gdr.inspect_memory(obj)` (`src/inspect.rs`) says what gdr would register and how the NIC
 //!   would reach it, without an agent; `gdr.doctor()` (`src/doctor.rs`) is the doctor's report.
 //! * **The GIL released** around every call into the engine; blocking waits (`Transfer.wait`,
-//!   `Agent.wait_notification`, `Peer.wait_segment`, `Agent.wait_peer`,
+//!   `Agent.wait_notification`, `Peer.wait_segment`, `Agent.wait_peer`, `Agent.connect`,
 //!   `Agent.connect_named`) wait in slices of 100 ms and run Python's signal handlers between
 //!   them, so Ctrl-C interrupts them.
 //! * **asyncio**: `await transfer`, `async for note in agent.notifications()`,

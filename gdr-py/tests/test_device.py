@@ -12,7 +12,7 @@ import pytest
 import gdr
 from gdr import _gdr
 
-from conftest import agent, eventually
+from conftest import agent, connect_threads, eventually
 
 pytestmark = pytest.mark.device
 
@@ -296,6 +296,25 @@ def test_connecting_to_nothing_is_an_io_error():
         c.connect("127.0.0.1:1")
     with pytest.raises(gdr.GdrError):
         c.connect("not an address")
+
+
+def test_ctrl_c_interrupts_a_blocking_connect_and_its_thread_ends_by_its_timeout():
+    import _thread
+
+    c = agent("py-impatient", connect_timeout_s=3.0)
+    try:
+        # What Ctrl-C does (SIGINT's flag), 0.3 s into a connect refused until its 3 s timeout.
+        timer = threading.Timer(0.3, _thread.interrupt_main)
+        start = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            c.connect("127.0.0.1:1")
+        took = time.monotonic() - start
+        assert took < 1.5, f"KeyboardInterrupt after {took:.2f} s"
+        assert eventually(lambda: connect_threads() == 0, 10), "the connect thread stayed"
+        assert c.peers() == []
+    finally:
+        c.shutdown(1.0)
 
 
 def test_a_closed_agent_refuses_work_and_its_peer_sees_it_lost(pair):
