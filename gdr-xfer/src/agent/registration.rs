@@ -98,8 +98,8 @@ impl Agent {
     /// the NIC's use of it. Sub-ranges of one owner share registrations as for
     /// [`Agent::register_gpu`].
     ///
-    /// gdr's pointer checks run first (`cuPointerGetAttributes`: device memory, not managed
-    /// or host memory, the range inside one allocation). Then, as for
+    /// gdr's pointer checks run (`cuPointerGetAttributes`: device memory, not managed or host
+    /// memory, the range inside one allocation), and, as for
     /// [`Agent::register_gpu`], when gdr finds no direct path and
     /// [`AgentConfig::gpu_staging`] allows it, the segment is staged through bounce buffers
     /// (copies with the memory's GPU's primary context, the one PyTorch and the CUDA runtime
@@ -124,29 +124,34 @@ impl Agent {
         self.shared.check_open()?;
         check_name(name)?;
         let (offset, len) = resolve(range, memory.len())?;
-        let start = memory
-            .device_ptr()
-            .checked_add(offset as u64)
-            .ok_or_else(|| {
-                Error::invalid(
-                    format!(
-                        "device range {:#x} + {offset} overflows",
-                        memory.device_ptr()
-                    ),
-                    "pass the memory's real address and length",
-                )
-            })?;
-        let checked = gdr::gpu_mr::check_gpu_range(start, len)?;
-        let ordinal = checked.gpu.ordinal;
-        let location = Location::Cuda {
-            ordinal: ordinal.max(0) as u32,
-        };
-        let staged = || StagedDevice::CudaForeign {
-            memory: memory.clone(),
-            ordinal,
+        // The pointer checks, with the GPU's ordinal, for the staged path (a registration runs
+        // them itself): managed or host memory is refused, never staged.
+        let staged = || -> Result<(StagedDevice, Location)> {
+            let start = memory
+                .device_ptr()
+                .checked_add(offset as u64)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        format!(
+                            "device range {:#x} + {offset} overflows",
+                            memory.device_ptr()
+                        ),
+                        "pass the memory's real address and length",
+                    )
+                })?;
+            let ordinal = gdr::gpu_mr::check_gpu_range(start, len)?.gpu.ordinal;
+            let device = StagedDevice::CudaForeign {
+                memory: memory.clone(),
+                ordinal,
+            };
+            let location = Location::Cuda {
+                ordinal: ordinal.max(0) as u32,
+            };
+            Ok((device, location))
         };
         if self.shared.config.gpu_staging == GpuStaging::Always {
-            return self.add_staged(name, location, staged(), offset, len, "staging is forced");
+            let (device, location) = staged()?;
+            return self.add_staged(name, location, device, offset, len, "staging is forced");
         }
         let pds: Vec<_> = self.shared.rails.iter().map(|r| r.pd.clone()).collect();
         let registered = self.lock_cache().register_gpu(
@@ -158,12 +163,17 @@ impl Agent {
             RegistrationPath::Auto,
         );
         match registered {
-            Ok((mr, base)) => self.add_segment(name, location, Backing::Gpu(mr), base, len as u64),
+            Ok((mr, base)) => {
+                let location = Location::Cuda {
+                    ordinal: mr[0].ordinal().max(0) as u32,
+                };
+                self.add_segment(name, location, Backing::Gpu(mr), base, len as u64)
+            }
             Err(e)
                 if self.shared.config.gpu_staging == GpuStaging::Fallback && no_direct_path(&e) =>
             {
-                let why = e.to_string();
-                self.add_staged(name, location, staged(), offset, len, &why)
+                let (device, location) = staged()?;
+                self.add_staged(name, location, device, offset, len, &e.to_string())
             }
             Err(e) => Err(e),
         }
