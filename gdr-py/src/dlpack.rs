@@ -200,24 +200,21 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
         Err(e) => return Err(e),
     };
     let cap = capsule.as_ptr();
-    // SAFETY: `cap` is a live object (held by `capsule`); PyCapsule_IsValid accepts any object
-    // and only compares the capsule's name.
-    let (managed, name_used) =
-        if unsafe { pyo3::ffi::PyCapsule_IsValid(cap, NAME_VERSIONED.as_ptr()) } == 1 {
-            // SAFETY: a valid capsule of that name (checked): its pointer is the exporter's
-            // DLManagedTensorVersioned, non-null (PyCapsule_IsValid checks that too).
-            let p = unsafe { pyo3::ffi::PyCapsule_GetPointer(cap, NAME_VERSIONED.as_ptr()) };
-            (
-                NonNull::new(p.cast()).map(Managed::Versioned),
-                USED_NAME_VERSIONED,
-            )
-        } else if unsafe { pyo3::ffi::PyCapsule_IsValid(cap, NAME.as_ptr()) } == 1 {
-            // SAFETY: as above, for a DLManagedTensor.
-            let p = unsafe { pyo3::ffi::PyCapsule_GetPointer(cap, NAME.as_ptr()) };
-            (NonNull::new(p.cast()).map(Managed::Legacy), USED_NAME)
-        } else {
-            (None, USED_NAME)
-        };
+    let (managed, name_used) = if capsule_named(&capsule, NAME_VERSIONED) {
+        // SAFETY: a valid capsule of that name (checked): its pointer is the exporter's
+        // DLManagedTensorVersioned, non-null (PyCapsule_IsValid checks that too).
+        let p = unsafe { pyo3::ffi::PyCapsule_GetPointer(cap, NAME_VERSIONED.as_ptr()) };
+        (
+            NonNull::new(p.cast()).map(Managed::Versioned),
+            USED_NAME_VERSIONED,
+        )
+    } else if capsule_named(&capsule, NAME) {
+        // SAFETY: as above, for a DLManagedTensor.
+        let p = unsafe { pyo3::ffi::PyCapsule_GetPointer(cap, NAME.as_ptr()) };
+        (NonNull::new(p.cast()).map(Managed::Legacy), USED_NAME)
+    } else {
+        (None, USED_NAME)
+    };
     let Some(managed) = managed else {
         return Err(invalid(
             "InvalidArgument",
@@ -324,6 +321,13 @@ pub(crate) fn import(obj: &Bound<'_, PyAny>) -> PyResult<Imported> {
         versioned,
         held,
     })
+}
+
+/// Whether `obj` is a capsule named `name` with a non-null pointer.
+fn capsule_named(obj: &Bound<'_, PyAny>, name: &CStr) -> bool {
+    // SAFETY: `obj` is a live object (the borrow holds it); PyCapsule_IsValid accepts any
+    // object and only compares the capsule's name, without setting an exception.
+    unsafe { pyo3::ffi::PyCapsule_IsValid(obj.as_ptr(), name.as_ptr()) == 1 }
 }
 
 /// The length in bytes of a compact row-major tensor, or which check it failed.
