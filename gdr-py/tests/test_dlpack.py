@@ -120,6 +120,40 @@ def test_a_capsule_is_taken_once():
         gdr.inspect_memory(Reuses())  # renamed "used_dltensor" by the first consumer
 
 
+def test_exporters_that_lie_or_fail_raise_and_hold_nothing():
+    a = np.zeros(64, np.uint8)
+
+    class Device:
+        def __init__(self, device, dlpack=None):
+            self.device, self.dlpack = device, dlpack
+
+        def __dlpack_device__(self):
+            if isinstance(self.device, Exception):
+                raise self.device
+            return self.device
+
+        def __dlpack__(self, **kwargs):
+            if self.dlpack is not None:
+                raise self.dlpack
+            return a.__dlpack__(**kwargs)
+
+    # A device that is not a pair of ints, or that fails: Python's own error, nothing taken.
+    for junk in (("a", 0), (1,), None, 2**70):
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            gdr.inspect_memory(Device(junk))
+    with pytest.raises(KeyError):
+        gdr.inspect_memory(Device(KeyError("no device")))
+    # __dlpack__ failing in both forms, or failing otherwise: its error, unchanged.
+    with pytest.raises(TypeError):
+        gdr.inspect_memory(Device((1, 0), TypeError("no max_version, no anything")))
+    with pytest.raises(MemoryError):
+        gdr.inspect_memory(Device((1, 0), MemoryError("out")))
+    weak = weakref.ref(a)
+    del a
+    gc.collect()
+    assert weak() is None, "a failed export kept the array"
+
+
 def test_doctor_returns_the_report_as_a_dict(tmp_path):
     report = gdr.doctor()
     for key in ("gpudirect_usable", "gpus", "nics", "pairs", "findings", "nccl", "rails"):

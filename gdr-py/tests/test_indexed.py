@@ -2,10 +2,14 @@
 with ``gdr.LocalList`` / ``gdr.RemoteList``, then moved by index with
 ``Peer.transfer_indexed``. Device tests: they run in the Soft-RoCE VM."""
 
+import threading
+
 import numpy as np
 import pytest
 
 import gdr
+
+from conftest import eventually
 
 pytestmark = pytest.mark.device
 
@@ -93,3 +97,58 @@ def test_bad_lists_and_indices_raise_typed_exceptions(pair):
         pa.transfer_indexed("write", local, [0], remote, [0])
     # Nothing was posted by any of them: a good one still works.
     pb.transfer_indexed("write", local, [0], remote, [0]).wait(WAIT)
+
+
+def test_extreme_offsets_lengths_indices_and_a_vanished_segment(pair):
+    a, b, pb, pa = pair
+    U64 = 2**64 - 1
+    src = a.register(np.arange(8192, dtype=np.uint8) % 251, "src")
+    dst_arr = np.zeros(8192, np.uint8)
+    b.register(dst_arr, "dst")
+    gone_arr = np.zeros(4096, np.uint8)
+    gone = b.register(gone_arr, "gone")
+    rs = pb.wait_segment("dst", timeout_s=10)
+    rg = pb.wait_segment("gone", timeout_s=10)
+    # Offsets and lengths at u64::MAX overflow no sum: refused as outside the segment.
+    for off, n in ((U64, 2), (0, U64), (U64, U64), (1, U64)):
+        with pytest.raises(gdr.OutOfSegment):
+            gdr.LocalList([(src, off, n)])
+        with pytest.raises(gdr.OutOfSegment):
+            gdr.RemoteList(pb, [(rs, off, n)])
+    # Past u64: not an offset at all.
+    with pytest.raises(gdr.InvalidArgument):
+        gdr.LocalList([(src, 2**64, 1)])
+    with pytest.raises(gdr.InvalidArgument):
+        gdr.RemoteList(pb, [(2**32, 0, 1)])
+    local = gdr.LocalList([(src, 0, 4096), (src, 4096, 4096)])
+    remote = gdr.RemoteList(pb, [(rs, 0, 4096), (rg, 0, 4096), (rs, 4096, 4096)])
+    # Indices past u32 are not indices; the last valid u32 is out of range.
+    with pytest.raises(gdr.InvalidArgument):
+        pb.transfer_indexed("write", local, [2**32], remote, [0])
+    with pytest.raises(gdr.IndexOutOfRange):
+        pb.transfer_indexed("write", local, [2**32 - 1], remote, [0])
+    # The peer removes a segment a prepared list names: only a transfer naming it fails, and
+    # it fails before anything is posted; the others go on.
+    b.deregister(gone)
+    assert eventually(lambda: pb.segment("gone") is None)
+    with pytest.raises(gdr.UnknownSegment):
+        pb.transfer_indexed("write", local, [0], remote, [1])
+    # Two threads moving by index through the same prepared lists at once.
+    errors = []
+
+    def move(li, ri):
+        try:
+            for _ in range(20):
+                pb.transfer_indexed("write", local, [li], remote, [ri]).wait(WAIT)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=move, args=(0, 0)), threading.Thread(target=move, args=(1, 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    want = (np.arange(8192, dtype=np.uint8) % 251)
+    assert np.array_equal(dst_arr, want), "both threads' entries landed"
+    assert not gone_arr.any(), "nothing reached the removed segment"

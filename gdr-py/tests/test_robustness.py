@@ -28,7 +28,9 @@ def test_junk_arguments_raise_exceptions_never_panics(pair):
     a, b, pb, pa = pair
     seg = a.register(np.zeros(4096, np.uint8), "s")
     b.register(np.zeros(4096, np.uint8), "d")
-    pb.wait_segment("d")
+    d = pb.wait_segment("d")
+    local = gdr.LocalList([(seg, 0, 4096)])
+    remote = gdr.RemoteList(pb, [(d, 0, 4096)])
     rng = random.Random(0)
     # connect and listen are left out (junk addresses would need a name resolver); shutdown
     # and disconnect would end the test's agents.
@@ -36,7 +38,9 @@ def test_junk_arguments_raise_exceptions_never_panics(pair):
         (a.register, 2), (a.alloc, 2), (a.wait_peer, 2), (a.peer, 1), (a.deregister, 1),
         (a.wait_notification, 1), (pb.wait_segment, 2), (pb.segment, 1),
         (pb.send_notification, 1), (pb.write, 5), (pb.read, 5), (pb.transfer_blocks, 6),
-        (seg.read, 2), (seg.write, 2), (pb.transfer_pools, 5),
+        (seg.read, 2), (seg.write, 2), (pb.transfer_pools, 5), (gdr.inspect_memory, 1),
+        (gdr.LocalList, 1), (lambda ranges: gdr.RemoteList(pb, ranges), 1),
+        (lambda li, ri: pb.transfer_indexed("write", local, li, remote, ri), 2),
     ]
     tried = 0
     for method, arity in methods:
