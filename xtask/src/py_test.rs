@@ -101,9 +101,12 @@ pub struct Wheel {
     pub build_time: std::time::Duration,
 }
 
-/// Creates the venv under `target/py` (maturin, numpy, pytest, mypy) when needed, builds the
+/// Installs the system packages it needs when missing (`cargo xtask setup`'s list), creates the
+/// venv under `target/py` (maturin, numpy, pytest, mypy) when needed, builds the
 /// abi3 wheel into `target/py/wheels` and installs it there. Runs from the workspace root.
 pub fn build_wheel(base_python: &str) -> Result<Wheel> {
+    // python3-venv, and protoc for the wheel's etcd client, on a fresh machine too.
+    crate::setup::ensure_packages()?;
     let meta = cargo::metadata()?;
     let root = meta.root.clone();
     std::env::set_current_dir(&root).map_err(|e| e.to_string())?;
