@@ -68,7 +68,9 @@ pub struct AgentConfig {
     /// completions come that often (their average spacing, recent ones weighing most, is
     /// shorter): a stream of
     /// completions further apart gains nothing from polling, and on a host with few cores the
-    /// polling takes time from other work (a software NIC's protocol, for one).
+    /// polling takes time from other work (a software NIC's protocol, for one). The staging
+    /// driver (GPU memory staged through host bounce buffers) paces itself the same way: it
+    /// yields instead of sleeping while its copies and chunks finish that often.
     pub busy_poll: Duration,
     /// Whether the ranking of rails for a segment's memory takes this process's NCCL variables
     /// into account as `gdr doctor` does (`NCCL_IB_HCA` leaving a NIC out, a wrong

@@ -108,6 +108,7 @@ impl Agent {
         let staging = Arc::new(StagingDriver::new(
             rails.iter().map(|r| r.pd.clone()).collect(),
             config.staging,
+            config.busy_poll,
         ));
         static AGENTS: AtomicU64 = AtomicU64::new(1);
         let shared = Arc::new(AgentShared {

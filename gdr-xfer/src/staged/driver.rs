@@ -13,6 +13,7 @@ use gdr::pd::ProtectionDomain;
 use gdr_xfer_proto::staged::{ChildStats, StageIo, StagedJob, StagedRun, Start};
 use gdr_xfer_proto::{Run, Spec, TransferKey};
 
+use super::pace::{Pace, Wait};
 use super::{Bounce, StagedDevice};
 use crate::connection::Connection;
 use crate::descriptor::Op;
@@ -21,12 +22,6 @@ use crate::plan::Plan;
 use crate::segment::{Backing, SegmentInner};
 use crate::staging::{Chunk, Direction, StagingConfig, StagingEvent, Ticket};
 use crate::transfer::{Failure, Stopper, TransferCell, TransferStats};
-
-/// How long the driver sleeps between polls while its work moves (copies and children progress
-/// without it; this bounds the added latency per chunk). Polls that find nothing changed double
-/// the sleep, up to [`POLL_IDLE`], so that waiting on a slow link or copy costs little CPU.
-const POLL: Duration = Duration::from_micros(20);
-const POLL_IDLE: Duration = Duration::from_millis(1);
 
 /// How long [`Driver::stop`] lets the jobs of a closing agent drain (their children failed
 /// with the connections; copies and bounce buffers come back within this).
@@ -369,13 +364,20 @@ pub(crate) struct Driver {
     state: Mutex<State>,
     wake: Condvar,
     config: StagingConfig,
+    /// How long the thread polls on after its work moved ([`Pace`]).
+    busy_poll: Duration,
     pds: Vec<Arc<ProtectionDomain>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Driver {
-    /// A driver (its thread starts with the first bounce buffers).
-    pub(crate) fn new(pds: Vec<Arc<ProtectionDomain>>, config: StagingConfig) -> Driver {
+    /// A driver (its thread starts with the first bounce buffers) that polls on for up to
+    /// `busy_poll` after its work moved.
+    pub(crate) fn new(
+        pds: Vec<Arc<ProtectionDomain>>,
+        config: StagingConfig,
+        busy_poll: Duration,
+    ) -> Driver {
         Driver {
             state: Mutex::new(State {
                 bounces: Vec::new(),
@@ -387,6 +389,7 @@ impl Driver {
             }),
             wake: Condvar::new(),
             config,
+            busy_poll,
             pds,
             thread: Mutex::new(None),
         }
@@ -498,7 +501,7 @@ impl Driver {
 
     fn run(&self) {
         let mut st = self.lock();
-        let mut pause = POLL;
+        let mut pace = Pace::new(self.busy_poll);
         let mut stop_by: Option<Instant> = None;
         loop {
             if st.stop {
@@ -538,13 +541,12 @@ impl Driver {
                     });
                 }
             }
-            pause = if activity(&st) == before {
-                (pause * 2).min(POLL_IDLE)
-            } else {
-                POLL
-            };
+            let wait = pace.after_round(Instant::now(), activity(&st) != before);
             drop(st);
-            std::thread::sleep(pause);
+            match wait {
+                Wait::Poll => std::thread::yield_now(),
+                Wait::Sleep(d) => std::thread::sleep(d),
+            }
             st = self.lock();
         }
     }

@@ -5,6 +5,7 @@ mod device;
 pub(crate) mod driver;
 #[cfg(feature = "emulated-gpu")]
 mod emulated;
+mod pace;
 mod stage;
 
 pub use device::SegmentPath;
