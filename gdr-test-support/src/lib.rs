@@ -1,7 +1,8 @@
 //! What the workspace's test binaries share, so that each helper is written once: the device under
 //! test, resource cycles with leak checks ([`cycles`]), gdr's verbs on it ([`verbs`]), gdr-xfer's agents on it ([`xfer`], feature `xfer`), the cluster tier's hosts and rails
 //! ([`cluster`]), a
-//! throwaway etcd server ([`etcd`]) and the GPU of the recorded GPU inputs ([`h200`]).
+//! throwaway etcd server ([`etcd`]), the GPU tier's helpers ([`gpu`]) and the GPU of the recorded
+//! GPU inputs ([`h200`]).
 //!
 //! A dev-dependency only (`publish = false`). gdr's own integration tests use it although it
 //! depends on gdr: cargo builds one gdr for both, so the types the tests and these helpers name
@@ -26,6 +27,7 @@ use std::path::{Path, PathBuf};
 pub mod cluster;
 pub mod cycles;
 pub mod etcd;
+pub mod gpu;
 pub mod h200;
 pub mod verbs;
 #[cfg(feature = "xfer")]

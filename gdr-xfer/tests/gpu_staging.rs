@@ -11,49 +11,23 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use gdr::cuda::{self, DeviceBuffer, DmaHostBuffer, Stream};
+use gdr::cuda::{DeviceBuffer, DmaHostBuffer, Stream};
+use gdr_test_support::gpu;
 use gdr_xfer::staging::{Direction, Stager, StagingConfig, StagingEvent};
 
 const MIB: usize = 1 << 20;
 
 fn gpu() {
-    let n = cuda::device_count().unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
-    assert!(n > 0, "this test needs a CUDA GPU: none visible");
+    gpu::require_gpu("this test");
 }
 
-/// `len` bytes in which every 4 KiB block differs (its index is written into it), so an offset
-/// error of any multiple of a block shows; built with memcpy (fast in debug builds).
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut block = [0u8; 4096];
-    for (i, b) in block.iter_mut().enumerate() {
-        *b = ((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ seed as u8;
-    }
-    let mut v = vec![0u8; len];
-    for (k, c) in v.chunks_mut(4096).enumerate() {
-        let n = c.len();
-        c.copy_from_slice(&block[..n]);
-        let tag = (k as u64 ^ seed.rotate_left(32)).to_le_bytes();
-        let t = n.min(8);
-        c[..t].copy_from_slice(&tag[..t]);
-    }
-    v
+    gpu::block_pattern(len, seed)
 }
 
-/// Prints `line`, and appends it to `$OUT/gpu-staging.txt` when `$OUT` is set (the GPU machine's
-/// result folder), so the numbers come back even when the harness captures stdout.
+/// Prints `line` and appends it to `$OUT/gpu-staging.txt` (see [`gpu::report`]).
 fn report(line: &str) {
-    println!("{line}");
-    if let Some(dir) = std::env::var_os("OUT") {
-        use std::io::Write;
-        let path = std::path::Path::new(&dir).join("gpu-staging.txt");
-        if let Ok(mut f) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(f, "{line}");
-        }
-    }
+    gpu::report("gpu-staging.txt", line);
 }
 
 #[test]

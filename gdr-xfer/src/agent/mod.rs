@@ -105,9 +105,13 @@ impl Agent {
             rails.push(AgentRail { ctx, port, pd, cq });
         }
         let nrails = rails.len();
+        let mut staging = config.staging;
+        if staging.nic_rate == 0 {
+            staging.nic_rate = rails_rate(&rails);
+        }
         let staging = Arc::new(StagingDriver::new(
             rails.iter().map(|r| r.pd.clone()).collect(),
-            config.staging,
+            staging,
             config.busy_poll,
         ));
         static AGENTS: AtomicU64 = AtomicU64::new(1);
@@ -390,4 +394,19 @@ fn select_rails(config: &AgentConfig) -> Result<Vec<(Arc<Context>, u8)>> {
         .into_iter()
         .filter_map(|(n, p)| contexts.get(&n).map(|c| (c.clone(), p)))
         .collect())
+}
+
+/// The rails' link rates together, in bytes per second (0 when a port does not say): what a
+/// staged transfer's chunks can leave or arrive at, for the least-time cut
+/// ([`crate::staging::StagingConfig::nic_rate`]).
+fn rails_rate(rails: &[AgentRail]) -> u64 {
+    let mut gbps = 0.0f64;
+    for r in rails {
+        match r.ctx.query_port(r.port).ok().and_then(|a| a.rate_gbps) {
+            Some(g) if g.is_finite() && g > 0.0 => gbps += g,
+            _ => return 0,
+        }
+    }
+    // Gb/s to bytes per second; at most a few Tb/s, far inside u64.
+    (gbps * 1e9 / 8.0) as u64
 }

@@ -26,6 +26,16 @@ pub struct StagingConfig {
     /// this size, not of a whole piece, and the last copy (after the last RDMA READ) is as short:
     /// the pipeline's fill and drain. Set it to `chunk_size` for no ramp.
     pub first_piece: usize,
+    /// The rate chunks leave (device to host) or arrive (host to device) at, in bytes per second:
+    /// the NIC's, or the rails' together. Zero (the default for a [`super::Stager`]): not
+    /// known, and ranges are cut as `min_piece` and `first_piece` say. Otherwise each range is
+    /// cut for least time given that rate and the copy engine's cost per copy (pieces of at
+    /// least [`CUT_FLOOR`](Self::CUT_FLOOR) bytes and at most `chunk_size`; `min_piece` and
+    /// `first_piece` then do not apply): against a NIC about as fast as the copies the pieces
+    /// stay near 1 MiB, against a slower one they grow from a short first piece, device to
+    /// host; host to device the same, from the end. An agent fills it from its rails' link
+    /// rates when left at zero.
+    pub nic_rate: u64,
 }
 
 impl Default for StagingConfig {
@@ -36,6 +46,7 @@ impl Default for StagingConfig {
             max_tickets: Self::DEFAULT_MAX_TICKETS,
             min_piece: Self::DEFAULT_MIN_PIECE,
             first_piece: Self::DEFAULT_FIRST_PIECE,
+            nic_rate: 0,
         }
     }
 }
@@ -55,6 +66,9 @@ impl StagingConfig {
     /// A range is cut into this many pieces where `min_piece` and `chunk_size` allow: with
     /// copies and RDMA overlapped, the fill and drain cost about one piece's time of the sixteen.
     pub const PIECES: usize = 16;
+    /// The shortest piece of a cut for a known [`nic_rate`](Self::nic_rate): 64 KiB (or
+    /// `chunk_size` when that is shorter).
+    pub const CUT_FLOOR: usize = 64 << 10;
     /// The largest bounce allocation accepted: 16 GiB of pinned memory.
     pub const MAX_TOTAL: usize = 16 << 30;
     /// The most chunks accepted.

@@ -3,7 +3,8 @@
 //! `cuMemcpyAsync` copies of later chunks overlapping the RDMA of earlier ones.
 //!
 //! One concept per file: `config` ([`StagingConfig`]), `plan` ([`ChunkPlan`]: cutting a range
-//! into chunks), `chunk` (what the caller is handed: [`Ticket`], [`Chunk`], [`StagingEvent`],
+//! into chunks), `cut` (the least-time cut for a NIC of known rate,
+//! [`StagingConfig::nic_rate`]), `chunk` (what the caller is handed: [`Ticket`], [`Chunk`], [`StagingEvent`],
 //! [`Outcome`]), `pipeline` (the bookkeeping, independent of CUDA, tested on the host with a
 //! fake copy engine), `stager` ([`Stager`]: the CUDA stream and the bounce buffers).
 //!
@@ -47,10 +48,14 @@
 //! device memory is held by its ticket until every copy of it is complete.
 //!
 //! The driver is one thread per agent (`xfer-staging-<agent>`), started with the first staged
-//! segment.
+//! segment. It polls on (yielding) while its copies and chunks finish closer together than the
+//! agent's `busy_poll`, and sleeps, longer and longer, while they do not (`staged::pace`). The
+//! agent fills [`StagingConfig::nic_rate`] from its rails' link rates when it is left at zero, so
+//! its staged runs are cut for least time against the NIC they use.
 
 mod chunk;
 mod config;
+pub(crate) mod cut;
 pub(crate) mod pipeline;
 mod plan;
 pub(crate) mod slots;

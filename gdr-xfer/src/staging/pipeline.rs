@@ -5,8 +5,10 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::chunk::{Chunk, Direction, Outcome, StagingEvent, Ticket};
+use super::cut::{self, CopyModel};
 use super::plan::ChunkPlan;
 use super::StagingConfig;
 use crate::error::{Error, Hint, Result};
@@ -142,7 +144,15 @@ pub(crate) struct Pipeline<E: CopyEngine> {
     next_ticket: u64,
     /// Reused scratch for backings without direct views.
     scratch: Vec<u8>,
+    /// The least-time cuts of the last few (direction, length) pairs (`None`: none made).
+    pub(crate) cuts: Vec<KeptCut>,
 }
+
+/// A least-time cut kept for a direction and a length (`None`: none could be made).
+type KeptCut = ((Direction, usize), Option<Arc<[usize]>>);
+
+/// How many cuts a pipeline keeps.
+pub(crate) const CUTS_KEPT: usize = 8;
 
 impl<E: CopyEngine> Pipeline<E> {
     /// A pipeline over `config.chunks` bounce buffers of `config.chunk_size` bytes in `engine`'s
@@ -168,6 +178,7 @@ impl<E: CopyEngine> Pipeline<E> {
             in_flight: VecDeque::new(),
             next_ticket: 1,
             scratch: Vec::new(),
+            cuts: Vec::new(),
         })
     }
 
@@ -221,15 +232,12 @@ impl<E: CopyEngine> Pipeline<E> {
         }
         let ticket = Ticket(self.next_ticket);
         self.next_ticket += 1;
+        let plan = self.plan_for(direction, range);
         self.jobs.push(Job {
             ticket,
             direction,
             dev,
-            plan: ChunkPlan::ramped(
-                range.clone(),
-                self.config.piece_size(range.len()),
-                self.config.first_piece,
-            ),
+            plan,
             in_flight: 0,
             lent: 0,
             bytes_done: 0,
@@ -238,6 +246,40 @@ impl<E: CopyEngine> Pipeline<E> {
             error: None,
         });
         Ok(ticket)
+    }
+
+    /// How `range` is cut: for least time when the NIC's rate is known (cuts kept for the last
+    /// few lengths, as KV-cache transfers repeat theirs), else as `min_piece` and `first_piece`
+    /// say.
+    fn plan_for(&mut self, direction: Direction, range: Range<usize>) -> ChunkPlan {
+        let len = range.len();
+        let size = self.config.chunk_size;
+        if self.config.nic_rate > 0 {
+            let key = (direction, len);
+            let listed = match self.cuts.iter().position(|(k, _)| *k == key) {
+                Some(i) => self.cuts[i].1.clone(),
+                None => {
+                    let pieces = cut::least_time(
+                        len,
+                        direction,
+                        self.config.nic_rate,
+                        CopyModel::of(direction),
+                        StagingConfig::CUT_FLOOR,
+                        size,
+                    )
+                    .map(Arc::from);
+                    if self.cuts.len() >= CUTS_KEPT {
+                        self.cuts.remove(0);
+                    }
+                    self.cuts.push((key, pieces.clone()));
+                    pieces
+                }
+            };
+            if let Some(pieces) = listed {
+                return ChunkPlan::listed(range, size, pieces);
+            }
+        }
+        ChunkPlan::ramped(range, self.config.piece_size(len), self.config.first_piece)
     }
 
     fn job_mut(&mut self, ticket: Ticket) -> Option<&mut Job<E::Device>> {

@@ -1,10 +1,13 @@
 //! Cutting a byte range into chunks of at most the bounce buffer's size, optionally ramped: short
-//! pieces first and last, so the pipeline fills and drains quickly.
+//! pieces first and last, so the pipeline fills and drains quickly; or along a list of piece
+//! lengths (the least-time cut for a NIC of known rate, [`super::cut`]).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 /// The chunks of `range`, in order: each `chunk_size` bytes but the last, which holds the rest
-/// ([`ChunkPlan::new`]); or ramped ([`ChunkPlan::ramped`]). An empty range has no chunks.
+/// ([`ChunkPlan::new`]); or ramped ([`ChunkPlan::ramped`]); or along a list of lengths. An empty
+/// range has no chunks.
 ///
 /// `chunk_size` must be non-zero ([`super::StagingConfig::validate`] guarantees it); a zero size is
 /// treated as 1 so the iterator still ends.
@@ -17,6 +20,9 @@ pub struct ChunkPlan {
     ramp: usize,
     /// The smallest chunk of the ramps.
     floor: usize,
+    /// Piece lengths to follow before the cut above (a chunk never passes the range's end or
+    /// `chunk_size`; what the list leaves uncovered is cut as above), and the next one's index.
+    listed: Option<(Arc<[usize]>, usize)>,
 }
 
 impl ChunkPlan {
@@ -38,12 +44,21 @@ impl ChunkPlan {
             chunk_size,
             ramp: floor,
             floor,
+            listed: None,
         }
+    }
+
+    /// The plan for `range` along `pieces` (lengths in order), each at most `chunk_size`; past
+    /// the list (or should it not cover the range), in chunks of `chunk_size`.
+    pub(crate) fn listed(range: Range<usize>, chunk_size: usize, pieces: Arc<[usize]>) -> Self {
+        let mut plan = Self::new(range, chunk_size);
+        plan.listed = Some((pieces, 0));
+        plan
     }
 
     /// The number of chunks not yet taken.
     pub fn remaining_chunks(&self) -> usize {
-        if self.floor == self.chunk_size {
+        if self.floor == self.chunk_size && self.listed.is_none() {
             (self.end - self.next).div_ceil(self.chunk_size)
         } else {
             self.clone().count()
@@ -74,6 +89,15 @@ impl Iterator for ChunkPlan {
             return None;
         }
         let rem = self.end - self.next;
+        if let Some((pieces, at)) = &mut self.listed {
+            if let Some(&want) = pieces.get(*at) {
+                *at += 1;
+                let len = want.clamp(1, self.chunk_size).min(rem);
+                let r = self.next..self.next + len;
+                self.next += len;
+                return Some(r);
+            }
+        }
         // Up the ramp, then at most half of what remains (the ramp down), never below the floor.
         let half = (rem / 2).max(self.floor);
         let mut len = self.chunk_size.min(self.ramp).min(half).min(rem);
@@ -168,6 +192,28 @@ mod tests {
             }
             assert_eq!(at, range.end);
         }
+    }
+
+    #[test]
+    fn listed_chunks_follow_the_list_within_the_bounds() {
+        let list = |v: &[usize]| -> Arc<[usize]> { v.into() };
+        let lens = |p: ChunkPlan| -> Vec<usize> { p.map(|c| c.len()).collect() };
+        assert_eq!(
+            lens(ChunkPlan::listed(0..10, 4, list(&[1, 2, 3, 4]))),
+            [1, 2, 3, 4]
+        );
+        // Longer than the range: cut at its end; a zero or oversized length: 1 and chunk_size.
+        assert_eq!(lens(ChunkPlan::listed(0..5, 4, list(&[0, 9, 9]))), [1, 4]);
+        // Shorter than the range: the rest in chunks of chunk_size.
+        assert_eq!(lens(ChunkPlan::listed(0..11, 4, list(&[2]))), [2, 4, 4, 1]);
+        let p = ChunkPlan::listed(100..111, 4, list(&[2, 3]));
+        assert_eq!(p.remaining_chunks(), 4);
+        let chunks: Vec<_> = p.collect();
+        assert_eq!(chunks, [100..102, 102..105, 105..109, 109..111]);
+        let mut p = ChunkPlan::listed(0..100, 10, list(&[5; 20]));
+        p.next();
+        p.stop();
+        assert_eq!(p.next(), None);
     }
 
     #[test]

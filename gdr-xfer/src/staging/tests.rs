@@ -649,3 +649,58 @@ fn short_ranges_use_every_bounce_buffer() {
     assert_eq!(got, pattern(512 << 10, 6));
     assert_eq!(p.engine.log.borrow().max_in_flight, 4);
 }
+
+/// With the NIC's rate known, ranges follow the least-time cut (the same one for the same
+/// length, kept), in both directions, and every byte still arrives once.
+#[test]
+fn a_known_nic_rate_cuts_for_least_time_and_moves_every_byte() {
+    let len = 16 << 20;
+    let config = StagingConfig {
+        nic_rate: 50_000_000_000,
+        ..StagingConfig::new(8 << 20, 4)
+    };
+    let want_d2h = super::cut::least_time(
+        len,
+        Direction::DeviceToHost,
+        config.nic_rate,
+        super::cut::CopyModel::DEVICE_TO_HOST,
+        StagingConfig::CUT_FLOOR,
+        config.chunk_size,
+    )
+    .unwrap();
+    assert!(want_d2h.len() > 4, "{want_d2h:?}");
+    let mut p = Pipeline::new(FakeEngine::new(config, 1, true), config).unwrap();
+    let d = dev(len, 3);
+    for _ in 0..2 {
+        let mut lens = Vec::new();
+        let mut got = Vec::new();
+        p.copy_d2h(d.clone(), 0..len, |_, b| {
+            lens.push(b.len());
+            got.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(lens, want_d2h);
+        assert!(got == pattern(len, 3), "D2H bytes");
+    }
+    assert_eq!(p.cuts.len(), 1, "one cut kept for one length");
+    let src = pattern(len, 4);
+    let mut lens = Vec::new();
+    p.copy_h2d(d.clone(), 0..len, |off, buf| {
+        lens.push(buf.len());
+        buf.copy_from_slice(&src[off..off + buf.len()]);
+        Ok(())
+    })
+    .unwrap();
+    assert!(*d.bytes.lock().unwrap() == src, "H2D bytes");
+    assert!(
+        lens.len() > 4 && lens.iter().sum::<usize>() == len,
+        "{lens:?}"
+    );
+    // Ranges of many lengths: the kept cuts stay few.
+    for k in 1..40usize {
+        p.copy_d2h(d.clone(), 0..k * 4096 + 1, |_, _| Ok(()))
+            .unwrap();
+    }
+    assert!(p.cuts.len() <= super::pipeline::CUTS_KEPT);
+}
