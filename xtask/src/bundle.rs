@@ -213,10 +213,11 @@ run_bench() {
     local name=$1 dir=$2 rc
     echo
     echo "==== $name (benchmark) ===="
-    (cd "$root/$dir" && "$here/benches/$name" --bench) 2>&1 | tee "$logs/$name.log"
+    # A test target may have the same name: the log and the summary line say "bench".
+    (cd "$root/$dir" && "$here/benches/$name" --bench) 2>&1 | tee "$logs/$name--bench.log"
     rc=${PIPESTATUS[0]}
-    echo "==== exit $rc: $name ====" | tee -a "$logs/$name.log"
-    echo "$name $rc" >>"$logs/summary.txt"
+    echo "==== exit $rc: $name (benchmark) ====" | tee -a "$logs/$name--bench.log"
+    echo "$name--bench $rc" >>"$logs/summary.txt"
     ran=$((ran + 1))
     [ "$rc" -eq 0 ] || failed=$((failed + 1))
 }

@@ -66,9 +66,9 @@ impl StagingConfig {
     /// A range is cut into this many pieces where `min_piece` and `chunk_size` allow: with
     /// copies and RDMA overlapped, the fill and drain cost about one piece's time of the sixteen.
     pub const PIECES: usize = 16;
-    /// The shortest piece of a cut for a known [`nic_rate`](Self::nic_rate): 64 KiB (or
+    /// The shortest piece of a cut for a known [`nic_rate`](Self::nic_rate): 256 KiB (or
     /// `chunk_size` when that is shorter).
-    pub const CUT_FLOOR: usize = 64 << 10;
+    pub const CUT_FLOOR: usize = 256 << 10;
     /// The largest bounce allocation accepted: 16 GiB of pinned memory.
     pub const MAX_TOTAL: usize = 16 << 30;
     /// The most chunks accepted.

@@ -263,9 +263,17 @@ impl Stager {
                 s.regions.first().map_or(0, Vec::len)
             ),
         };
+        let cut = if c.nic_rate > 0 {
+            format!(
+                ", runs cut for least time against {:.1} GB/s",
+                c.nic_rate as f64 / 1e9
+            )
+        } else {
+            String::new()
+        };
         format!(
             "GPU cuda:{} staged through host: {} x {} pinned bounce buffers ({reg}), \
-             pipelined cuMemcpyAsync on one stream",
+             pipelined cuMemcpyAsync on one stream{cut}",
             self.ordinal,
             c.chunks,
             bytes_text(c.chunk_size)
