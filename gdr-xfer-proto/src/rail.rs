@@ -225,14 +225,23 @@ impl RailLink {
     }
 
     /// The scheduler's cost of adding `bytes` to this rail: the time its queued bytes take at
-    /// its measured throughput (an unmeasured rail is assumed fast, so it gets measured).
-    pub(crate) fn cost(&self, bytes: u64) -> f64 {
+    /// its measured throughput. An unmeasured rail is assumed fast, so it gets measured: as fast
+    /// as the fastest measured one (`measured_best`) when there is one, else [`UNMEASURED`]. A rail
+    /// taken back into service after a failure is unmeasured; credited with 1 GB/s beside rails
+    /// measured at a fraction of that (Soft-RoCE: tens of MB/s), it drew a whole 16 MiB paged
+    /// write before its first sample (the cluster tier's t1 saw `rails_used: 1`).
+    pub(crate) fn cost_among(&self, bytes: u64, measured_best: Option<f64>) -> f64 {
         let t = if self.measured {
             self.stats.throughput
         } else {
-            UNMEASURED
+            measured_best.unwrap_or(UNMEASURED)
         };
         (self.stats.inflight_bytes + bytes) as f64 / t
+    }
+
+    /// Its throughput, when measured.
+    pub(crate) fn measured_throughput(&self) -> Option<f64> {
+        self.measured.then_some(self.stats.throughput)
     }
 }
 
@@ -273,9 +282,16 @@ mod tests {
     fn the_cheaper_rail_is_the_faster_or_emptier_one() {
         let t0 = Instant::now();
         let (mut fast, mut slow) = (RailLink::new(1, t0), RailLink::new(1, t0));
-        assert_eq!(fast.cost(100), slow.cost(100), "unmeasured rails are equal");
+        assert_eq!(
+            fast.cost_among(100, None),
+            slow.cost_among(100, None),
+            "unmeasured rails are equal"
+        );
         fast.stats.inflight_bytes = 10;
-        assert!(fast.cost(100) > slow.cost(100), "queued bytes count");
+        assert!(
+            fast.cost_among(100, None) > slow.cost_among(100, None),
+            "queued bytes count"
+        );
         for (r, bytes) in [(&mut fast, 4_000_000u64), (&mut slow, 1_000_000)] {
             r.stats.inflight_bytes = 0;
             r.posted(bytes, t0);
@@ -287,7 +303,7 @@ mod tests {
         assert!(fast.stats.throughput > 3.0 * slow.stats.throughput);
         fast.stats.inflight_bytes = 3_000_000;
         slow.stats.inflight_bytes = 1_000_000;
-        assert!(fast.cost(65536) < slow.cost(65536));
+        assert!(fast.cost_among(65536, None) < slow.cost_among(65536, None));
         // An idle rail keeps its estimate.
         let before = slow.stats.throughput;
         slow.stats.inflight_bytes = 0;
@@ -306,10 +322,10 @@ mod tests {
             slow.stats.throughput,
             fast.stats.throughput
         );
-        assert!(slow.cost(65536) > 100.0 * fast.cost(65536));
+        assert!(slow.cost_among(65536, None) > 100.0 * fast.cost_among(65536, None));
         slow.admit(t0, 1);
         slow.stats.inflight_bytes = 0;
-        assert!(slow.cost(65536) < fast.cost(65536));
+        assert!(slow.cost_among(65536, None) < fast.cost_among(65536, None));
         // Idle time does not count: a fast rail that waited between short bursts keeps its
         // speed (4 MB in 10 ms of busy time in a 1 s window is 400 MB/s, not 4 MB/s).
         // Bursty completions do not swing it: a rail completing 2 MB every 100 ms, busy all
@@ -348,6 +364,17 @@ mod tests {
         fresh.posted(1 << 20, t0);
         fresh.busy_since = Some(t0);
         fresh.sample(t0 + SAMPLE);
-        assert_eq!(fresh.cost(0), (1u64 << 20) as f64 / UNMEASURED);
+        assert_eq!(fresh.cost_among(0, None), (1u64 << 20) as f64 / UNMEASURED);
+        // Beside a rail measured at 50 MB/s, it is assumed that fast, not 1 GB/s: equal queues,
+        // equal costs.
+        let mut steady = RailLink::new(1, t0);
+        steady.measured = true;
+        steady.stats.throughput = 5.0e7;
+        steady.stats.inflight_bytes = 1 << 20;
+        let best = steady.measured_throughput();
+        assert_eq!(best, Some(5.0e7));
+        assert_eq!(fresh.measured_throughput(), None);
+        assert_eq!(fresh.cost_among(0, best), steady.cost_among(0, best));
+        assert!(fresh.cost_among(65536, best) > 10.0 * fresh.cost_among(65536, None));
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! Requests are cut from the front transfer (its retry ranges first), up to [`CHUNK`] per
 //! post ([`STRIPE_CHUNK`] on several rails), all of one local segment; only the last of a batch is signalled. Each batch goes to the
-//! rail with the lowest cost (its queued bytes over its measured throughput) among the active
-//! rails with room, so a faster or emptier rail takes more; a transfer of at most `stripe_min`
+//! rail with the lowest cost (its queued bytes over its measured throughput; a rail not measured
+//! yet is assumed as fast as the fastest measured one) among the active rails with room, so a
+//! faster or emptier rail takes more; a transfer of at most `stripe_min`
 //! bytes keeps to the rail its first batch went to.
 
 use std::time::Instant;
@@ -99,6 +100,11 @@ impl<I: Io> Connection<I> {
         } else {
             u32::MAX
         };
+        // What an unmeasured rail is assumed to carry: the fastest measured active rail's rate.
+        let measured_best = (0..self.cfg.rails)
+            .filter(|&r| self.rails[r].is_active())
+            .filter_map(|r| self.rails[r].measured_throughput())
+            .reduce(f64::max);
         let mut best: Option<(f64, usize, u64)> = None;
         for r in 0..self.cfg.rails {
             if !self.rails[r].is_active() || pin.is_some_and(|p| p != r) || mask & bit(r) == 0 {
@@ -113,7 +119,7 @@ impl<I: Io> Connection<I> {
             else {
                 continue;
             };
-            let cost = self.rails[r].cost(bytes);
+            let cost = self.rails[r].cost_among(bytes, measured_best);
             if best.is_none_or(|(c, _, _)| cost < c) {
                 best = Some((cost, lane, room));
             }
