@@ -20,8 +20,9 @@ pub const MAX_COOLDOWN: Duration = Duration::from_secs(5);
 pub const HEALTHY: Duration = Duration::from_secs(10);
 /// How often the throughput estimate takes a sample.
 pub const SAMPLE: Duration = Duration::from_millis(20);
-/// The throughput a rail is credited with before it was measured (bytes per second): equal
-/// for all rails, so that unmeasured rails share by queued bytes alone.
+/// The throughput a rail is credited with before it was measured, while no rail of the
+/// connection is measured (bytes per second): equal for all rails, so that unmeasured rails
+/// share by queued bytes alone.
 const UNMEASURED: f64 = 1.0e9;
 /// The lowest estimate (bytes per second): a stalled rail is slow, not infinitely slow.
 const MIN_RATE: f64 = 1.0e3;
