@@ -123,7 +123,8 @@ pub(crate) fn least_time(
     };
     // A bound high enough for any cut: every piece the floor, each copy's whole time owed.
     let per_piece = model.per_copy_us + cap as f64 / model.rate;
-    let mut hi = model.per_copy_us + (len / floor + 2) as f64 * per_piece + 1.0;
+    // (In floating point: `len / floor + 2` overflows usize for len = usize::MAX, floor = 1.)
+    let mut hi = model.per_copy_us + ((len / floor) as f64 + 2.0) * per_piece + 1.0;
     if !walk(hi, None) {
         return None;
     }
@@ -260,6 +261,15 @@ mod tests {
         }
         assert_eq!(least_time(0, Direction::DeviceToHost, GBPS, m, 1, 1), None);
         assert_eq!(least_time(M, Direction::DeviceToHost, 0, m, 1, M), None);
+        // The longest length there is: no overflow, no panic; a valid cut or none.
+        for d in [Direction::DeviceToHost, Direction::HostToDevice] {
+            assert_eq!(least_time(usize::MAX, d, u64::MAX, m, 64 * K, 8 * M), None);
+            // A NIC of 1 byte/s: a few huge pieces, covering the range exactly.
+            if let Some(p) = least_time(usize::MAX, d, 1, m, 0, usize::MAX) {
+                let sum = p.iter().try_fold(0usize, |a, &x| a.checked_add(x));
+                assert_eq!(sum, Some(usize::MAX), "{p:?}");
+            }
+        }
         // Too many pieces: none (the caller keeps its fixed cut).
         assert_eq!(
             least_time(1 << 40, Direction::DeviceToHost, GBPS, m, 4096, 4096),
