@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use gdr::cuda::{self, DeviceBuffer, DmaHostBuffer, PinnedHostBuffer, Stream};
 use gdr_test_support::gpu;
+use gdr_xfer::staging::cut::{self, CopyModel};
 use gdr_xfer::staging::{Direction, Outcome, Stager, StagingConfig, StagingEvent};
 
 const MIB: usize = 1 << 20;
@@ -383,11 +384,11 @@ fn kv_sizes(costs: &CopyCosts) {
     // The least time any cut can take, from the copy costs measured before (GB/s).
     let best = |direction: Direction, nic: f64| {
         let c = costs.of(direction);
-        size as f64 / c.least_time(size, nic * 1e3) / 1e3
+        size as f64 / c.least_time(direction, size, nic * 1e3) / 1e3
     };
     for nic in [25.0, 50.0] {
         let line = |direction: Direction| {
-            let (extra, pieces) = costs.of(direction).least_extra(size, nic * 1e3);
+            let (extra, pieces) = costs.of(direction).least_extra(direction, size, nic * 1e3);
             let b = best(direction, nic);
             format!(
                 "{b:.1} GB/s = {:.3} of the NIC ({extra:.1} us over size / NIC and {:.1} us of latency, best cut {pieces} pieces)",
@@ -594,47 +595,24 @@ struct Costs {
 
 impl Costs {
     /// The least extra time (us) over `size / nic` that any cut of `size` bytes into copies
-    /// can take with these costs and a NIC of `nic` bytes per us, one queue each, and the number
-    /// of pieces of that best cut.
-    ///
-    /// D2H: piece k reaches the NIC after the copies of pieces 1..=k, and the NIC still has to
-    /// send pieces k.. after that, so for every k the time is at least
-    /// `latency + sum(i <= k)(per_copy + p_i / rate) + sum(i >= k) p_i / nic`, that is
-    /// `latency + size / nic + per_copy + p_k / rate + sum(i < k) g(p_i)` with
-    /// `g(p) = per_copy + p / rate - p / nic`. H2D is the same bound read backwards (the NIC
-    /// reads pieces 1..=k before the copies of k.. can all be done). The best cut keeps the
-    /// largest of those terms least: for a bound `b`, each piece as large as `b` allows
-    /// (`p_k = rate * (b - per_copy - sum(i < k) g(p_i))`); the least `b` whose pieces cover
-    /// `size` is found by bisection.
-    fn least_extra(&self, size: usize, nic: f64) -> (f64, usize) {
-        let pieces = |b: f64| -> Option<usize> {
-            let (mut owed, mut covered, mut n) = (0.0f64, 0.0f64, 0usize);
-            while covered < size as f64 {
-                let p = (self.rate * (b - self.per_copy - owed)).min(size as f64 - covered);
-                if p < 1.0 || n > 1_000_000 {
-                    return None;
-                }
-                covered += p;
-                n += 1;
-                owed += self.per_copy + p / self.rate - p / nic;
-            }
-            Some(n)
+    /// can take with these costs and a NIC of `nic` bytes per us (the bound of
+    /// `gdr_xfer::staging::cut`, its least-time cut without a floor or a cap on the pieces),
+    /// and the number of pieces of that cut.
+    fn least_extra(&self, direction: Direction, size: usize, nic: f64) -> (f64, usize) {
+        let model = CopyModel {
+            rate: self.rate,
+            per_copy_us: self.per_copy,
         };
-        let (mut lo, mut hi) = (0.0f64, 1e7f64);
-        for _ in 0..100 {
-            let mid = (lo + hi) / 2.0;
-            if pieces(mid).is_some() {
-                hi = mid;
-            } else {
-                lo = mid;
-            }
+        let rate = (nic * 1e6) as u64;
+        match cut::least_time(size, direction, rate, model, 1, size) {
+            Some(p) => (cut::time_over_nic(&p, direction, rate, model), p.len()),
+            None => (f64::NAN, 0),
         }
-        (hi, pieces(hi).unwrap_or(0))
     }
 
     /// The least time (us) any cut of `size` bytes takes with a NIC of `nic` bytes per us.
-    fn least_time(&self, size: usize, nic: f64) -> f64 {
-        self.latency + size as f64 / nic + self.least_extra(size, nic).0
+    fn least_time(&self, direction: Direction, size: usize, nic: f64) -> f64 {
+        self.latency + size as f64 / nic + self.least_extra(direction, size, nic).0
     }
 }
 

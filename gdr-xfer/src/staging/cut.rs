@@ -24,28 +24,28 @@ use super::chunk::Direction;
 /// The copy engine's costs as the cut sees them: its rate for long copies, and its fixed time
 /// per copy.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct CopyModel {
+pub struct CopyModel {
     /// Bytes per microsecond of a long copy.
-    pub(crate) rate: f64,
+    pub rate: f64,
     /// Microseconds the engine spends on each copy besides its bytes.
-    pub(crate) per_copy_us: f64,
+    pub per_copy_us: f64,
 }
 
 impl CopyModel {
     /// Device to host on a PCIe Gen5 GPU (an H200: 53.8 GB/s, 1.5 us per copy, measured by
     /// the `gpu_staging` benchmark's `copy_costs`).
-    pub(crate) const DEVICE_TO_HOST: CopyModel = CopyModel {
+    pub const DEVICE_TO_HOST: CopyModel = CopyModel {
         rate: 53_800.0,
         per_copy_us: 1.5,
     };
     /// Host to device on the same GPU (53.3 GB/s, 2.3 us per copy).
-    pub(crate) const HOST_TO_DEVICE: CopyModel = CopyModel {
+    pub const HOST_TO_DEVICE: CopyModel = CopyModel {
         rate: 53_300.0,
         per_copy_us: 2.3,
     };
 
     /// The model for `direction`.
-    pub(crate) fn of(direction: Direction) -> CopyModel {
+    pub fn of(direction: Direction) -> CopyModel {
         match direction {
             Direction::DeviceToHost => Self::DEVICE_TO_HOST,
             Direction::HostToDevice => Self::HOST_TO_DEVICE,
@@ -55,7 +55,7 @@ impl CopyModel {
 
 /// The most pieces a cut may have; a cut that needs more is not made (the caller falls back to
 /// its fixed cut).
-pub(crate) const MAX_PIECES: usize = 4096;
+pub const MAX_PIECES: usize = 4096;
 
 /// The pieces of a `len`-byte range moved in `direction` against a NIC of `nic_rate` bytes per
 /// second, for least time under `model`: each at least `floor` bytes (but one, what is left
@@ -63,7 +63,7 @@ pub(crate) const MAX_PIECES: usize = 4096;
 /// at most `cap`, multiples of `align` where possible, in the
 /// order they are moved, summing to `len`. `None` when there is nothing to cut (`len == 0`),
 /// the rate is zero, or the cut would need more than [`MAX_PIECES`] pieces.
-pub(crate) fn least_time(
+pub fn least_time(
     len: usize,
     direction: Direction,
     nic_rate: u64,
@@ -147,6 +147,30 @@ pub(crate) fn least_time(
     Some(best)
 }
 
+/// The model's least time (us) for moving `pieces` (in the order they are moved) in `direction`
+/// against a NIC of `nic_rate` bytes per second, beyond `len / nic` and the first copy's
+/// latency: the largest of the bound's terms (see the module documentation).
+pub fn time_over_nic(
+    pieces: &[usize],
+    direction: Direction,
+    nic_rate: u64,
+    model: CopyModel,
+) -> f64 {
+    let nic = nic_rate as f64 / 1e6;
+    let mut order = pieces.to_vec();
+    if direction == Direction::HostToDevice {
+        order.reverse();
+    }
+    let mut owed = 0.0;
+    let mut worst = 0.0f64;
+    for &p in &order {
+        let p = p as f64;
+        worst = worst.max(model.per_copy_us + p / model.rate + owed);
+        owed += model.per_copy_us + p / model.rate - p / nic;
+    }
+    worst
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,23 +191,11 @@ mod tests {
         assert!(short <= 1, "{pieces:?}");
     }
 
-    /// The model's time for `pieces` (the largest of the bound's terms, less the latency).
+    /// The model's time for `pieces` (us, less the latency).
     fn model_time(pieces: &[usize], direction: Direction, nic_gbps: f64) -> f64 {
-        let m = CopyModel::of(direction);
-        let nic = nic_gbps * 1e3;
-        let mut order = pieces.to_vec();
-        if direction == Direction::HostToDevice {
-            order.reverse();
-        }
         let len: usize = pieces.iter().sum();
-        let mut owed = 0.0;
-        let mut worst = 0.0f64;
-        for &p in &order {
-            let p = p as f64;
-            worst = worst.max(m.per_copy_us + p / m.rate + owed);
-            owed += m.per_copy_us + p / m.rate - p / nic;
-        }
-        len as f64 / nic + worst
+        let m = CopyModel::of(direction);
+        len as f64 / (nic_gbps * 1e3) + time_over_nic(pieces, direction, (nic_gbps * 1e9) as u64, m)
     }
 
     #[test]

@@ -55,7 +55,7 @@
 
 mod chunk;
 mod config;
-pub(crate) mod cut;
+pub mod cut;
 pub(crate) mod pipeline;
 mod plan;
 pub(crate) mod slots;
