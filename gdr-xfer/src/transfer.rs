@@ -427,10 +427,10 @@ impl Transfer {
     }
 
     /// Stops the transfer: nothing more of it is posted (its notification neither), and it
-    /// finishes with [`Error::Cancelled`] once its requests in flight are retired (or with
-    /// success, if everything had landed already). Returns at once; [`Transfer::wait`] for the
-    /// outcome, which says when the memory may be reused. Cancelling a finished transfer does
-    /// nothing.
+    /// finishes with [`Error::Cancelled`] once its requests in flight are retired, even when
+    /// they all land (the notification is not sent then). Returns at once; [`Transfer::wait`]
+    /// for the outcome, which says when the memory may be reused. Cancelling a finished
+    /// transfer does nothing: it keeps its outcome.
     pub fn cancel(&self) {
         let stopper = self.cell.lock().stopper.clone();
         match stopper {

@@ -79,7 +79,8 @@ struct RecvSlots {
 ///               └──────────────┴──> stopped: nothing more posted; in-flight requests are
 ///                                   credited, or fenced after `quiesce`; WRITEs whose queue
 ///                                   pairs were destroyed wait for the peer (or `quiesce`)
-///                                   ──> finished (Err, or Ok if everything had landed)
+///                                   ──> finished (Err; Ok if everything had landed, except
+///                                   after a cancel, which always ends Cancelled)
 /// ```
 pub struct Connection<I: Io> {
     cfg: Config,
@@ -398,9 +399,10 @@ impl<I: Io> Connection<I> {
         Ok(key)
     }
 
-    /// Cancels a transfer: nothing more of it is posted; its outcome ([`Failure::Cancelled`],
-    /// or success when everything had landed already) comes once its requests are retired.
-    /// Returns whether the transfer was still active.
+    /// Cancels a transfer: nothing more of it is posted; its outcome, [`Failure::Cancelled`],
+    /// comes once its requests are retired, even when every one of them then succeeds (the
+    /// caller asked for it to stop before it finished: its notification is never sent).
+    /// Returns whether the transfer was still active (a finished one keeps its outcome).
     pub fn cancel(&mut self, now: Instant, io: &mut I, key: TransferKey) -> bool {
         let active = self.transfers.get(key).is_some_and(Transfer::is_active);
         if active {
@@ -456,6 +458,12 @@ impl<I: Io> Connection<I> {
             return;
         };
         let result = match &t.phase {
+            // A cancel asked for before the transfer finished wins over requests that still
+            // landed: the caller is told what it asked for, once the memory is quiet.
+            Phase::Stopping {
+                failure: failure @ Failure::Cancelled,
+                ..
+            } => Err(failure.clone()),
             _ if t.is_complete() => Ok(()),
             Phase::Stopping { failure, .. } => Err(failure.clone()),
             Phase::Active => return,

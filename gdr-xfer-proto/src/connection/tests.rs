@@ -719,6 +719,30 @@ fn a_cancelled_transfer_posts_nothing_more_and_reports_when_quiet() {
 }
 
 #[test]
+fn a_cancel_while_everything_is_in_flight_still_reports_cancelled_once_quiet() {
+    // Every request posted before the cancel, and every one then lands: the caller asked for a
+    // stop before the transfer finished, so it is told Cancelled (not a success whose
+    // notification was never sent), once the memory is quiet.
+    let mut t = T::new(cfg(1, 1));
+    let k = t.submit(0, 1, Op::Write, 3, 0, None, Some(b"n")).unwrap();
+    assert_eq!(t.io.posts.len(), 1, "one batch with every request");
+    assert!(t.c.cancel(t.at(1), &mut t.io, k));
+    assert!(t.io.finished.is_empty(), "requests still in flight");
+    t.complete_all(2);
+    assert_eq!(t.io.outcome(1), Some(&Err(Failure::Cancelled)));
+    assert!(
+        t.io.messages.is_empty(),
+        "no notification for a cancelled transfer"
+    );
+    // A transfer that finished keeps its outcome: cancelling it does nothing.
+    let k2 = t.submit(3, 2, Op::Write, 1, 0, None, None).unwrap();
+    t.complete_all(4);
+    assert_eq!(t.io.outcome(2), Some(&Ok(())));
+    assert!(!t.c.cancel(t.at(5), &mut t.io, k2));
+    assert_eq!(t.io.outcome(2), Some(&Ok(())));
+}
+
+#[test]
 fn renewals_cross_the_initiator_wins_and_refusals_and_silence_pause_the_rail() {
     // Both sides offer at once: the initiator ignores the peer's offer; the other side takes it.
     for initiator in [true, false] {
