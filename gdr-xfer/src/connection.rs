@@ -168,8 +168,7 @@ impl Connection {
                             peer: self.name.clone(),
                             data,
                         },
-                        conn: me.clone(),
-                        receipt,
+                        slot: Some((me.clone(), receipt)),
                     });
                 }
             }

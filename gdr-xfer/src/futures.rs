@@ -16,7 +16,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -26,36 +25,47 @@ use crate::agent::{Agent, AgentShared};
 use crate::error::{Error, Result};
 use crate::notify::Notification;
 use crate::peer::Peer;
+use crate::wakers::Waiter;
 use crate::wire::SegmentInfo;
 
 impl Agent {
     /// The next notification, awaited ([`Agent::wait_notification`] without blocking a
-    /// thread).
+    /// thread). The future owns what it needs (it is `'static`, `Send` and `Unpin`): it may
+    /// outlive this borrow, and be kept across polls by a long-lived poller. Dropping it
+    /// removes its waker.
     ///
     /// # Errors
     /// [`Error::AgentClosed`] once the agent is shut down and every notification received
-    /// before was taken.
-    pub fn wait_notification_async(&self) -> WaitNotification<'_> {
+    /// (or put back with [`Agent::requeue_notification`]) before was taken.
+    pub fn wait_notification_async(&self) -> WaitNotification {
         WaitNotification {
-            shared: &self.shared,
+            shared: self.shared.clone(),
+            waiter: Waiter::default(),
         }
     }
 
     /// The notifications, as they arrive, as a [`Stream`]; it ends once the agent is shut
-    /// down and every notification received before was taken.
-    pub fn notifications(&self) -> Notifications<'_> {
+    /// down and every notification received before was taken. The stream owns what it needs
+    /// (`'static`, `Send`, `Unpin`); dropping it removes its waker.
+    pub fn notifications(&self) -> Notifications {
         Notifications {
-            shared: &self.shared,
+            shared: self.shared.clone(),
+            waiter: Waiter::default(),
         }
     }
 
     /// Waits until a peer with this name is connected ([`Agent::wait_peer`] without blocking
-    /// a thread).
+    /// a thread). The future owns a copy of the name (`'static`, `Send`, `Unpin`); dropping
+    /// it removes its waker.
     ///
     /// # Errors
     /// [`Error::AgentClosed`] once the agent is shut down.
-    pub fn wait_peer_async<'a>(&'a self, name: &'a str) -> WaitPeer<'a> {
-        WaitPeer { agent: self, name }
+    pub fn wait_peer_async(&self, name: &str) -> WaitPeer {
+        WaitPeer {
+            shared: self.shared.clone(),
+            name: name.to_string(),
+            waiter: Waiter::default(),
+        }
     }
 
     /// [`Agent::connect`], awaited: the handshake runs on a thread of its own.
@@ -74,116 +84,200 @@ impl Agent {
 
 impl Peer {
     /// Waits until the peer has announced a segment with this name
-    /// ([`Peer::wait_segment_named`] without blocking a thread).
+    /// ([`Peer::wait_segment_named`] without blocking a thread). The future owns a handle of
+    /// the peer and a copy of the name (`'static`, `Send`, `Unpin`); dropping it removes its
+    /// waker.
     ///
     /// # Errors
     /// [`Error::PeerLost`] when the connection is lost meanwhile.
-    pub fn wait_segment_named_async<'a>(&'a self, name: &'a str) -> WaitSegment<'a> {
-        WaitSegment { peer: self, name }
-    }
-}
-
-/// Polls `ready` with the waker registered in between (see [`crate::wakers`]).
-fn poll_ready<T>(
-    cx: &Context<'_>,
-    wakers: &crate::wakers::Wakers,
-    mut ready: impl FnMut() -> Option<T>,
-) -> Poll<T> {
-    if let Some(v) = ready() {
-        return Poll::Ready(v);
-    }
-    wakers.register(cx.waker());
-    match ready() {
-        Some(v) => Poll::Ready(v),
-        None => Poll::Pending,
+    pub fn wait_segment_named_async(&self, name: &str) -> WaitSegment {
+        WaitSegment {
+            peer: self.clone(),
+            name: name.to_string(),
+            waiter: Waiter::default(),
+        }
     }
 }
 
 /// A notification, or the end once the agent is closed and nothing is left.
 fn next_notification(shared: &AgentShared) -> Option<Option<Notification>> {
-    if let Some(n) = shared.pop_notification() {
-        return Some(Some(n));
-    }
-    if shared.closing.load(Ordering::SeqCst) {
-        return Some(None);
-    }
-    None
+    shared.notes.next()
 }
 
-/// The future of [`Agent::wait_notification_async`].
+/// The future of [`Agent::wait_notification_async`]: `'static`, `Send` and `Unpin`. Its
+/// waker is registered while it is pending and removed when it completes or is dropped.
 #[must_use = "futures do nothing unless awaited"]
-pub struct WaitNotification<'a> {
-    shared: &'a Arc<AgentShared>,
+pub struct WaitNotification {
+    shared: Arc<AgentShared>,
+    waiter: Waiter,
 }
 
-impl Future for WaitNotification<'_> {
+impl std::fmt::Debug for WaitNotification {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WaitNotification")
+            .field("agent", &self.shared.config.name)
+            .finish()
+    }
+}
+
+impl Future for WaitNotification {
     type Output = Result<Notification>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let shared = self.shared;
-        poll_ready(cx, &shared.notification_wakers, || {
-            next_notification(shared)
-        })
-        .map(|n| n.ok_or(Error::AgentClosed))
+        let this = self.get_mut();
+        let shared = &this.shared;
+        this.waiter
+            .poll(cx, &shared.notes.wakers, || next_notification(shared))
+            .map(|n| n.ok_or(Error::AgentClosed))
     }
 }
 
-/// The stream of [`Agent::notifications`].
-#[must_use = "streams do nothing unless polled"]
-pub struct Notifications<'a> {
-    shared: &'a Arc<AgentShared>,
+impl Drop for WaitNotification {
+    fn drop(&mut self) {
+        self.waiter.cancel(&self.shared.notes.wakers);
+    }
 }
 
-impl Stream for Notifications<'_> {
+/// The stream of [`Agent::notifications`]: `'static`, `Send` and `Unpin`. Its waker is
+/// registered while it is pending and removed when it yields or is dropped.
+#[must_use = "streams do nothing unless polled"]
+pub struct Notifications {
+    shared: Arc<AgentShared>,
+    waiter: Waiter,
+}
+
+impl std::fmt::Debug for Notifications {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifications")
+            .field("agent", &self.shared.config.name)
+            .finish()
+    }
+}
+
+impl Stream for Notifications {
     type Item = Notification;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Notification>> {
-        let shared = self.shared;
-        poll_ready(cx, &shared.notification_wakers, || {
-            next_notification(shared)
-        })
+        let this = self.get_mut();
+        let shared = &this.shared;
+        this.waiter
+            .poll(cx, &shared.notes.wakers, || next_notification(shared))
     }
 }
 
-/// The future of [`Agent::wait_peer_async`].
-#[must_use = "futures do nothing unless awaited"]
-pub struct WaitPeer<'a> {
-    agent: &'a Agent,
-    name: &'a str,
+impl Drop for Notifications {
+    fn drop(&mut self) {
+        self.waiter.cancel(&self.shared.notes.wakers);
+    }
 }
 
-impl Future for WaitPeer<'_> {
+/// The future of [`Agent::wait_peer_async`]: `'static`, `Send` and `Unpin`. Its waker is
+/// registered while it is pending and removed when it completes or is dropped.
+#[must_use = "futures do nothing unless awaited"]
+pub struct WaitPeer {
+    shared: Arc<AgentShared>,
+    name: String,
+    waiter: Waiter,
+}
+
+impl std::fmt::Debug for WaitPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WaitPeer")
+            .field("agent", &self.shared.config.name)
+            .field("peer", &self.name)
+            .finish()
+    }
+}
+
+impl Future for WaitPeer {
     type Output = Result<Peer>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (agent, name) = (self.agent, self.name);
-        poll_ready(cx, &agent.shared.peer_wakers, || {
-            if let Some(p) = agent.peer(name) {
-                return Some(Ok(p));
+        let this = self.get_mut();
+        let (shared, name) = (&this.shared, this.name.as_str());
+        this.waiter.poll(cx, &shared.peer_wakers, || {
+            // Closed first: after shutdown the answer is AgentClosed, as for every call.
+            if let Err(e) = shared.check_open() {
+                return Some(Err(e));
             }
-            agent.shared.check_open().err().map(Err)
+            shared.ready_peer(name).map(Ok)
         })
     }
 }
 
-/// The future of [`Peer::wait_segment_named_async`].
-#[must_use = "futures do nothing unless awaited"]
-pub struct WaitSegment<'a> {
-    peer: &'a Peer,
-    name: &'a str,
+impl Drop for WaitPeer {
+    fn drop(&mut self) {
+        self.waiter.cancel(&self.shared.peer_wakers);
+    }
 }
 
-impl Future for WaitSegment<'_> {
+/// The future of [`Peer::wait_segment_named_async`]: `'static`, `Send` and `Unpin`. Its waker
+/// is registered while it is pending and removed when it completes or is dropped.
+#[must_use = "futures do nothing unless awaited"]
+pub struct WaitSegment {
+    peer: Peer,
+    name: String,
+    waiter: Waiter,
+}
+
+impl std::fmt::Debug for WaitSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WaitSegment")
+            .field("peer", &self.peer.name())
+            .field("segment", &self.name)
+            .finish()
+    }
+}
+
+impl Future for WaitSegment {
     type Output = Result<SegmentInfo>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (peer, name) = (self.peer, self.name);
-        poll_ready(cx, &peer.conn.table_wakers, || {
+        let this = self.get_mut();
+        let (peer, name) = (&this.peer, this.name.as_str());
+        this.waiter.poll(cx, &peer.conn.table_wakers, || {
             if let Some(s) = peer.segment_named(name) {
                 return Some(Ok(s));
             }
             peer.check_connected().err().map(Err)
         })
+    }
+}
+
+impl Drop for WaitSegment {
+    fn drop(&mut self) {
+        self.waiter.cancel(&self.peer.conn.table_wakers);
+    }
+}
+
+/// How many async waits hold a waker in an agent's lists ([`Agent::waker_counts`]): one per
+/// pending future or stream at most; a dropped one holds none.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WakerCounts {
+    /// Waits for a notification ([`WaitNotification`], [`Notifications`]).
+    pub notifications: usize,
+    /// Waits for a peer ([`WaitPeer`]).
+    pub peers: usize,
+}
+
+impl Agent {
+    /// The wakers registered now by pending async waits (for tests: each pending future holds
+    /// at most one, a dropped one none).
+    #[doc(hidden)]
+    pub fn waker_counts(&self) -> WakerCounts {
+        WakerCounts {
+            notifications: self.shared.notes.wakers.len(),
+            peers: self.shared.peer_wakers.len(),
+        }
+    }
+}
+
+impl Peer {
+    /// The wakers registered now by pending [`WaitSegment`]s on this peer (for tests).
+    #[doc(hidden)]
+    pub fn waker_count(&self) -> usize {
+        self.conn.table_wakers.len()
     }
 }
 

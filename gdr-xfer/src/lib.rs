@@ -221,6 +221,8 @@ pub use cache::CacheStats;
 pub use config::{AgentConfig, GpuStaging, TransferOptions};
 pub use descriptor::{BlockTable, Desc, LocalList, Op, RemoteList, Side};
 pub use error::{Error, Hint, Result};
+#[doc(hidden)]
+pub use futures::WakerCounts;
 /// The gdr crate gdr-xfer is built on, so one dependency line is enough for what its API takes
 /// from it: [`gdr::cuda::DeviceBuffer`] and [`gdr::cuda::DeviceMemory`] for GPU memory,
 /// [`gdr::mr::HostMemory`] and [`gdr::mr::AlignedBuffer`] for host memory.

@@ -51,6 +51,9 @@ impl Agent {
             shared.closing.store(true, Ordering::SeqCst);
             shared.pending.load(Ordering::SeqCst)
         };
+        // Waits see the agent closed now, not after the grace time.
+        shared.notes.close();
+        shared.notify_peers_changed();
         let end = Instant::now().checked_add(grace);
         while shared.pending.load(Ordering::SeqCst) > 0 && end.is_none_or(|e| Instant::now() < e) {
             std::thread::sleep(Duration::from_millis(1));
@@ -73,6 +76,8 @@ impl Agent {
             let _peers = shared.lock_peers();
             shared.closing.store(true, Ordering::SeqCst);
         }
+        shared.notes.close();
+        shared.notify_peers_changed();
         #[cfg(feature = "etcd")]
         self.withdraw();
         {
@@ -112,7 +117,7 @@ impl Agent {
         }
         // Async waits see the agent closed.
         shared.peer_wakers.wake_all();
-        shared.notification_wakers.wake_all();
+        shared.notes.close();
     }
 }
 

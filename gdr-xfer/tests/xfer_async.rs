@@ -145,3 +145,77 @@ fn async_waits_end_with_a_typed_error_when_the_peer_or_the_agent_goes() {
         ));
     });
 }
+
+/// The futures own what they need: a long-lived poller (the Python binding's) keeps one across
+/// polls, on any thread.
+#[test]
+fn the_wait_futures_are_static_send_and_unpin() {
+    fn owned<T: Send + Unpin + 'static>() {}
+    owned::<gdr_xfer::futures::WaitNotification>();
+    owned::<gdr_xfer::futures::Notifications>();
+    owned::<gdr_xfer::futures::WaitPeer>();
+    owned::<gdr_xfer::futures::WaitSegment>();
+    owned::<gdr_xfer::futures::Connecting>();
+}
+
+struct Counting(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Counting {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn dropped_wait_futures_leave_no_waker_behind() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let a = agent("wakers-a");
+    let b = agent("wakers-b");
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    let pb = a.connect(&addr.to_string()).unwrap();
+    let counting = std::sync::Arc::new(Counting(0.into()));
+    let waker = Waker::from(counting.clone());
+    let mut cx = Context::from_waker(&waker);
+    const N: usize = 10_000;
+    for i in 0..N {
+        // Polled twice (the second poll replaces its own registration), then dropped.
+        let mut n = a.wait_notification_async();
+        assert!(Pin::new(&mut n).poll(&mut cx).is_pending());
+        assert!(Pin::new(&mut n).poll(&mut cx).is_pending());
+        let mut s = a.notifications();
+        assert!(Pin::new(&mut s).poll_next(&mut cx).is_pending());
+        assert!(Pin::new(&mut s).poll_next(&mut cx).is_pending());
+        let mut p = a.wait_peer_async("nobody");
+        assert!(Pin::new(&mut p).poll(&mut cx).is_pending());
+        assert!(Pin::new(&mut p).poll(&mut cx).is_pending());
+        let mut w = pb.wait_segment_named_async("never");
+        assert!(Pin::new(&mut w).poll(&mut cx).is_pending());
+        assert!(Pin::new(&mut w).poll(&mut cx).is_pending());
+        let held = a.waker_counts();
+        assert_eq!(
+            (held.notifications, held.peers, pb.waker_count()),
+            (2, 1, 1),
+            "one waker per pending future (round {i})"
+        );
+        drop((n, s, p, w));
+        let held = a.waker_counts();
+        assert_eq!(
+            (held.notifications, held.peers, pb.waker_count()),
+            (0, 0, 0),
+            "round {i}: {held:?} wakers held after their futures were dropped"
+        );
+    }
+    // A woken future, dropped after: nothing to remove, nothing left.
+    let mut n = a.wait_notification_async();
+    assert!(Pin::new(&mut n).poll(&mut cx).is_pending());
+    a.requeue_notification(gdr_xfer::Notification {
+        peer: "x".into(),
+        data: b"x".to_vec(),
+    });
+    assert!(counting.0.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    drop(n);
+    assert_eq!(a.waker_counts(), gdr_xfer::WakerCounts::default());
+    assert_eq!(a.take_notifications().len(), 1);
+}

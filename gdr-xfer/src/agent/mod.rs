@@ -1,7 +1,7 @@
 //! The agent: one per process, named; owns its rails (each a device port with its protection
 //! domain, completion queue and progress thread), segments and peers.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener};
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -24,7 +24,7 @@ use crate::config::AgentConfig;
 use crate::connection::Connection;
 use crate::control;
 use crate::error::{Error, Result};
-use crate::notify::{Delivered, Notification};
+use crate::notify::{Delivered, NoteQueue, Notification};
 use crate::peer::Peer;
 use crate::rail::AgentRail;
 use crate::segment::{Backing, Segment};
@@ -127,9 +127,7 @@ impl Agent {
             by_qpn: RwLock::new(HashMap::new()),
             retiring: Mutex::new(Vec::new()),
             drains: (0..nrails).map(|_| AtomicU64::new(0)).collect(),
-            notifications: Mutex::new(VecDeque::new()),
-            notified: Condvar::new(),
-            notification_wakers: Wakers::default(),
+            notes: NoteQueue::default(),
             peer_wakers: Wakers::default(),
             timers: Mutex::new(Instant::now()),
             peers_changed: Condvar::new(),
@@ -238,11 +236,7 @@ impl Agent {
 
     /// The connected peer with this name.
     pub fn peer(&self, name: &str) -> Option<Peer> {
-        let peers = self.shared.lock_peers();
-        peers
-            .get(name)
-            .filter(|c| c.is_ready())
-            .map(|c| Peer { conn: c.clone() })
+        self.shared.ready_peer(name)
     }
 
     /// The connected peers.
@@ -295,43 +289,39 @@ impl Agent {
     // ----- notifications -----
 
     /// Notifications received and not taken yet (at most [`AgentConfig::notify_queue`] plus
-    /// the receive slots, per peer).
+    /// the receive slots, per peer), with those put back.
     pub fn pending_notifications(&self) -> usize {
-        self.shared.lock_notifications().len()
+        self.shared.notes.len()
     }
 
     /// Takes every notification received so far (their receive slots are posted again: the
     /// peers may send more).
     pub fn take_notifications(&self) -> Vec<Notification> {
-        let taken: Vec<Delivered> = self.shared.lock_notifications().drain(..).collect();
-        taken.into_iter().map(Delivered::take).collect()
+        self.shared.notes.take_all()
     }
 
     /// Waits for the next notification (`Ok(None)` when `timeout` passes first).
     ///
     /// # Errors
-    /// None yet; the `Result` leaves room for a closed agent.
+    /// [`Error::AgentClosed`] once the agent is shut down and every notification received
+    /// (or put back) before was taken.
     pub fn wait_notification(&self, timeout: Duration) -> Result<Option<Notification>> {
-        let end = Instant::now().checked_add(timeout);
-        let mut q = self.shared.lock_notifications();
-        loop {
-            if let Some(n) = q.pop_front() {
-                drop(q);
-                return Ok(Some(n.take()));
-            }
-            let left = end.map_or(Duration::from_secs(3600), |e| {
-                e.saturating_duration_since(Instant::now())
-            });
-            if left.is_zero() {
-                return Ok(None);
-            }
-            q = self
-                .shared
-                .notified
-                .wait_timeout(q, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        self.shared.notes.wait(timeout)
+    }
+
+    /// Puts back a notification the application took but could not deliver (its consumer
+    /// went away, say): it goes to the FRONT of the agent's queue, so the next wait or take
+    /// ([`Agent::wait_notification`], [`Agent::wait_notification_async`],
+    /// [`Agent::notifications`], [`Agent::take_notifications`]) returns it first, and the
+    /// waiters wake as for a delivery. It holds no receive slot (its slot was posted again
+    /// when it was taken). It works after [`Agent::shutdown`] too: waits end with
+    /// [`Error::AgentClosed`] only once the queue is empty, so a notification put back is
+    /// still returned.
+    ///
+    /// Putting back notifications in the reverse order they were taken restores the queue's
+    /// order.
+    pub fn requeue_notification(&self, n: Notification) {
+        self.shared.notes.requeue(n);
     }
 }
 

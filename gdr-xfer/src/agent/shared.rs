@@ -29,12 +29,8 @@ pub(crate) struct AgentShared {
     /// Per rail, how many polls found its completion queue drained (fewer completions than
     /// asked for).
     pub(super) drains: Vec<AtomicU64>,
-    /// Notifications delivered and not taken yet; each holds its receive slot until taken, so
-    /// the queue is bounded by the peers' slots.
-    pub(super) notifications: Mutex<VecDeque<Delivered>>,
-    pub(super) notified: Condvar,
-    /// The async waits for notifications ([`crate::futures`]).
-    pub(crate) notification_wakers: Wakers,
+    /// Notifications delivered (or put back) and not taken yet, and their waiters.
+    pub(crate) notes: NoteQueue,
     /// The async waits for peers.
     pub(crate) peer_wakers: Wakers,
     /// When the connections' timers last ran; whichever progress thread finds it free and due
@@ -134,10 +130,6 @@ impl AgentShared {
 
     pub(crate) fn lock_peers(&self) -> MutexGuard<'_, HashMap<String, Arc<Connection>>> {
         self.peers.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn lock_notifications(&self) -> MutexGuard<'_, VecDeque<Delivered>> {
-        self.notifications.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Keeps a thread to join when the agent is dropped (finished ones are let go).
@@ -353,16 +345,17 @@ impl AgentShared {
         Some((c.clone(), *i))
     }
 
-    /// The next notification kept for the application, if any.
-    pub(crate) fn pop_notification(&self) -> Option<Notification> {
-        let n = self.lock_notifications().pop_front()?;
-        Some(n.take())
+    /// The connected (handshake done) peer with this name.
+    pub(crate) fn ready_peer(&self, name: &str) -> Option<Peer> {
+        let peers = self.lock_peers();
+        peers
+            .get(name)
+            .filter(|c| c.is_ready())
+            .map(|c| Peer { conn: c.clone() })
     }
 
     pub(crate) fn deliver(&self, n: Delivered) {
-        self.lock_notifications().push_back(n);
-        self.notified.notify_all();
-        self.notification_wakers.wake_all();
+        self.notes.push(n);
     }
 
     /// Runs every connection's timers when [`crate::progress::TICK`] has passed since they
