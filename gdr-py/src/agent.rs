@@ -9,7 +9,6 @@ use gdr_xfer::{Agent, AgentConfig, Error, Location, Notification};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::aio::Backlog;
 use crate::args::{duration, timeout, wait_until};
 use crate::directory::PyDirectory;
 use crate::errors::{invalid, to_py};
@@ -26,16 +25,6 @@ pub(crate) struct PyNotification {
     #[pyo3(get)]
     peer: String,
     data: Vec<u8>,
-}
-
-impl PyNotification {
-    /// A copy.
-    pub(crate) fn clone_inner(&self) -> Self {
-        PyNotification {
-            peer: self.peer.clone(),
-            data: self.data.clone(),
-        }
-    }
 }
 
 impl From<Notification> for PyNotification {
@@ -76,16 +65,12 @@ pub(crate) struct PyAgent {
     /// `None` only while it is dropped. Shared with gdr's asyncio thread while a future waits
     /// for a notification.
     agent: Option<Arc<Agent>>,
-    /// Notifications taken for an asyncio future that was cancelled first: taken before the
-    /// engine's queue.
-    backlog: Arc<Backlog>,
 }
 
 /// `Agent.notifications()`: an async iterator of the agent's notifications.
 #[pyclass(module = "gdr._gdr", name = "NotificationStream", frozen)]
 pub(crate) struct PyNotificationStream {
     agent: Arc<Agent>,
-    backlog: Arc<Backlog>,
 }
 
 #[pymethods]
@@ -94,12 +79,33 @@ impl PyNotificationStream {
         slf
     }
 
-    /// An asyncio future of the next notification; `StopAsyncIteration` once the agent is
-    /// shut down and every notification received before was taken.
-    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        crate::aio::notification_future(py, &self.agent, &self.backlog)
+    /// A coroutine of the next notification (`StopAsyncIteration` once the agent is shut
+    /// down and every notification received before was taken): it waits, without blocking the
+    /// event loop, until one is queued, then takes it itself in the awaiting task. A task
+    /// cancelled while it waits takes nothing, so no notification is ever lost to it.
+    fn __anext__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("gdr._aio")?
+            .getattr("_next_notification")?
+            .call1((slf,))
     }
 
+    /// Takes the next notification without waiting: `None` when there is none; raises
+    /// `StopAsyncIteration` once the agent is shut down and none is left.
+    fn _take(&self, py: Python<'_>) -> PyResult<Option<PyNotification>> {
+        let agent = &self.agent;
+        match py.allow_threads(|| agent.wait_notification(Duration::ZERO)) {
+            Ok(n) => Ok(n.map(Into::into)),
+            Err(Error::AgentClosed) => Err(pyo3::exceptions::PyStopAsyncIteration::new_err(())),
+            Err(e) => Err(to_py(e)),
+        }
+    }
+
+    /// An asyncio future of the running loop that completes (with `None`) once a notification
+    /// is queued or the agent is shut down; it takes nothing.
+    fn _ready<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        crate::aio::notification_ready_future(py, &self.agent)
+    }
     fn __repr__(&self) -> String {
         format!("NotificationStream(agent={:?})", self.agent.name())
     }
@@ -187,7 +193,6 @@ impl PyAgent {
         let agent = py.allow_threads(|| Agent::new(config)).map_err(to_py)?;
         Ok(PyAgent {
             agent: Some(Arc::new(agent)),
-            backlog: Arc::default(),
         })
     }
 
@@ -401,7 +406,8 @@ impl PyAgent {
     /// `Segment.path` says which and why.
     ///
     /// Raises `NotABuffer`, `ReadOnlyBuffer` (peers may write every segment, and READs write
-    /// into it), `NotContiguous`, `InvalidArgument` (empty), `TooLarge` (a name over 64 bytes),
+    /// into it), `NotContiguous`, `NotPlainData` (Python objects or pointers: numpy
+    /// `dtype=object`), `InvalidArgument` (empty), `TooLarge` (a name over 64 bytes),
     /// `Unsupported` (managed memory), `NotGpuMemory`, or the device's `RdmaError`
     /// (locked-memory limit, ...).
     #[pyo3(signature = (obj, name=String::new()), text_signature = "(self, obj, name='')")]
@@ -539,9 +545,6 @@ impl PyAgent {
     ) -> PyResult<Option<PyNotification>> {
         let agent = self.agent()?;
         let limit = timeout(timeout_s, "timeout_s")?;
-        if let Some(n) = self.backlog.pop() {
-            return Ok(Some(n.get().clone_inner()));
-        }
         let got = wait_until(py, limit, |slice| match agent.wait_notification(slice) {
             Ok(Some(n)) => Some(Ok(n)),
             Ok(None) => None,
@@ -557,27 +560,25 @@ impl PyAgent {
     /// Takes every notification received so far.
     fn take_notifications(&self) -> PyResult<Vec<PyNotification>> {
         let agent = self.agent()?;
-        let mut out: Vec<PyNotification> = self
-            .backlog
-            .take()
-            .iter()
-            .map(|n| n.get().clone_inner())
-            .collect();
-        out.extend(agent.take_notifications().into_iter().map(Into::into));
-        Ok(out)
+        Ok(agent
+            .take_notifications()
+            .into_iter()
+            .map(Into::into)
+            .collect())
     }
 
     /// Notifications received and not taken yet.
     #[getter]
     fn pending_notifications(&self) -> PyResult<usize> {
-        Ok(self.agent()?.pending_notifications() + self.backlog.len())
+        Ok(self.agent()?.pending_notifications())
     }
 
     /// The notifications as an async iterator: `async for note in agent.notifications():`
     /// waits without blocking the event loop (gdr's asyncio thread completes each step through
     /// `loop.call_soon_threadsafe`), and ends once the agent is shut down and every
     /// notification received before was taken. Cancelling a step loses nothing: a
-    /// notification taken for it meanwhile is the next one any wait gets.
+    /// notification taken for it meanwhile (or for a step whose event loop closed) goes back
+    /// to the front of the agent's queue, the next one any wait gets.
     fn notifications(&self) -> PyResult<PyNotificationStream> {
         let agent = self
             .agent
@@ -585,7 +586,6 @@ impl PyAgent {
             .ok_or_else(|| to_py(Error::AgentClosed))?;
         Ok(PyNotificationStream {
             agent: agent.clone(),
-            backlog: self.backlog.clone(),
         })
     }
 
@@ -601,6 +601,16 @@ impl PyAgent {
         let d = PyDict::new(py);
         d.set_item("pending", report.pending)?;
         d.set_item("failed", report.failed)?;
+        Ok(d)
+    }
+
+    /// For tests and leak checks: wakers the engine holds for pending waits, a dict
+    /// (`notifications`, `peers`). A wait that ended or was cancelled holds none.
+    fn _waker_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.agent()?.waker_counts();
+        let d = PyDict::new(py);
+        d.set_item("notifications", c.notifications)?;
+        d.set_item("peers", c.peers)?;
         Ok(d)
     }
 

@@ -15,8 +15,15 @@
 //!
 //! Cancelling the awaiting task cancels the asyncio future: for a transfer, its done callback
 //! cancels the transfer too (the transfer then ends as usual and the hub forgets it); for a
-//! notification, a peer or a segment, the hub drops the watch (nothing was taken: a
-//! notification taken meanwhile goes back to the agent's backlog). Connecting is the one wait
+//! notification, a peer or a segment, the hub drops the watch and with it the engine's future,
+//! whose waker the engine then forgets (nothing stays registered for a wait nobody awaits).
+//!
+//! A step of `notifications()` never has a notification in flight to it: the hub only watches
+//! for one to be queued ([`gdr_xfer::Agent::notification_ready_async`], which takes nothing),
+//! and the step's coroutine (`gdr._aio._next_notification`) takes it itself, in the awaiting
+//! task, once it runs again, as asyncio's `Queue.get` does. A task cancelled before that, a
+//! loop closed meanwhile, a future resolved too late: the notification is still queued, for
+//! the next wait of any kind. Connecting is the one wait
 //! the engine runs on a thread of its own (the TCP handshake blocks): the hub drops its future,
 //! and that thread still ends within the connect timeout; a peer it connected meanwhile stays
 //! connected (`Agent.peer(name)` finds it). Nothing stays behind either way.
@@ -24,7 +31,7 @@
 //! The blocking `Agent.connect_named` waits for the same [`Connecting`] future on the calling
 //! thread ([`wait_connecting`]), in slices, so that Ctrl-C interrupts it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,11 +41,10 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::Duration;
 
-use gdr_xfer::futures::Connecting;
-use gdr_xfer::{Agent, Notification, Peer, Result, SegmentInfo, Transfer, TransferStats};
+use gdr_xfer::futures::{Connecting, NotificationReady, WaitPeer, WaitSegment};
+use gdr_xfer::{Agent, Peer, Result, SegmentInfo, Transfer, TransferStats};
 use pyo3::prelude::*;
 
-use crate::agent::PyNotification;
 use crate::args::wait_until;
 use crate::errors::to_py;
 use crate::peer::{PyPeer, PyRemoteSegment};
@@ -67,64 +73,22 @@ impl SharedTransfer {
     }
 }
 
-/// Notifications the hub took for a future that was cancelled before it got them: the agent's
-/// next waits take them first, so cancelling never loses one.
-#[derive(Default)]
-pub(crate) struct Backlog(Mutex<VecDeque<Py<PyNotification>>>);
-
-impl Backlog {
-    /// The oldest notification put back, if any.
-    pub(crate) fn pop(&self) -> Option<Py<PyNotification>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).pop_front()
-    }
-
-    /// Takes every notification put back.
-    pub(crate) fn take(&self) -> Vec<Py<PyNotification>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-            .collect()
-    }
-
-    /// How many were put back.
-    pub(crate) fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-}
-
-/// Puts a notification whose future was cancelled back into its agent's backlog (called by
-/// `gdr._aio._resolve` on the loop's thread).
-#[pyclass(module = "gdr._gdr", name = "_Requeue", frozen)]
-struct Requeue {
-    backlog: Arc<Backlog>,
-}
-
-#[pymethods]
-impl Requeue {
-    fn __call__(&self, note: Py<PyNotification>) {
-        self.backlog
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(note);
-    }
-}
-
 /// A fresh key.
 fn next_key() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// What the hub watches.
+/// What the hub watches: the engine's futures, kept across polls (their wakers stay
+/// registered once, and go when the watch is dropped).
 enum What {
     Transfer(Arc<SharedTransfer>),
-    Notification(Arc<Agent>, Arc<Backlog>),
+    /// A notification queued (not taken), or the agent closed.
+    NotificationReady(NotificationReady),
     /// A peer of this name connected (either way).
-    Peer(Arc<Agent>, String),
+    Peer(WaitPeer),
     /// A segment of this name announced by the peer.
-    Segment(Peer, String),
+    Segment(WaitSegment),
     /// A connection being made on the engine's connect thread.
     Connect(Connecting),
 }
@@ -132,7 +96,7 @@ enum What {
 /// What became ready.
 enum Outcome {
     Transfer(Result<TransferStats>),
-    Notification(Option<Notification>),
+    NotificationReady,
     Peer(Result<Peer>),
     Segment(Result<SegmentInfo>),
 }
@@ -262,31 +226,18 @@ fn poll(entry: &mut Entry) -> Option<Outcome> {
                 Poll::Pending => None,
             }
         }
-        What::Notification(agent, _) => {
-            // A fresh future each time: it holds no state, and its waker stays registered.
-            let mut next = agent.wait_notification_async();
-            match Pin::new(&mut next).poll(&mut cx) {
-                Poll::Ready(Ok(n)) => Some(Outcome::Notification(Some(n))),
-                // Only `AgentClosed`: shut down, and every notification taken.
-                Poll::Ready(Err(_)) => Some(Outcome::Notification(None)),
-                Poll::Pending => None,
-            }
-        }
-        What::Peer(agent, name) => {
-            // Fresh futures too: they hold nothing but their arguments.
-            let mut found = agent.wait_peer_async(name);
-            match Pin::new(&mut found).poll(&mut cx) {
-                Poll::Ready(r) => Some(Outcome::Peer(r)),
-                Poll::Pending => None,
-            }
-        }
-        What::Segment(peer, name) => {
-            let mut found = peer.wait_segment_named_async(name);
-            match Pin::new(&mut found).poll(&mut cx) {
-                Poll::Ready(r) => Some(Outcome::Segment(r)),
-                Poll::Pending => None,
-            }
-        }
+        What::NotificationReady(ready) => match Pin::new(ready).poll(&mut cx) {
+            Poll::Ready(()) => Some(Outcome::NotificationReady),
+            Poll::Pending => None,
+        },
+        What::Peer(found) => match Pin::new(found).poll(&mut cx) {
+            Poll::Ready(r) => Some(Outcome::Peer(r)),
+            Poll::Pending => None,
+        },
+        What::Segment(found) => match Pin::new(found).poll(&mut cx) {
+            Poll::Ready(r) => Some(Outcome::Segment(r)),
+            Poll::Pending => None,
+        },
         What::Connect(connecting) => match Pin::new(connecting).poll(&mut cx) {
             Poll::Ready(r) => Some(Outcome::Peer(r)),
             Poll::Pending => None,
@@ -305,11 +256,7 @@ fn resolve(entry: Entry, outcome: Outcome) {
                 Err(e) => (Some(false), e.into_value(py).into_any()),
             },
             Outcome::Transfer(Err(e)) => (Some(false), to_py(e).into_value(py).into_any()),
-            Outcome::Notification(Some(n)) => match Py::new(py, PyNotification::from(n)) {
-                Ok(n) => (Some(true), n.into_any()),
-                Err(e) => (Some(false), e.into_value(py).into_any()),
-            },
-            Outcome::Notification(None) => (None, py.None()),
+            Outcome::NotificationReady => (Some(true), py.None()),
             Outcome::Peer(Ok(peer)) => match Py::new(py, PyPeer { peer }) {
                 Ok(p) => (Some(true), p.into_any()),
                 Err(e) => (Some(false), e.into_value(py).into_any()),
@@ -322,26 +269,14 @@ fn resolve(entry: Entry, outcome: Outcome) {
                 (Some(false), to_py(e).into_value(py).into_any())
             }
         };
-        let requeue = match &what {
-            What::Notification(_, backlog) => Py::new(
-                py,
-                Requeue {
-                    backlog: backlog.clone(),
-                },
-            )
-            .map(Py::into_any)
-            .unwrap_or_else(|_| py.None()),
-            _ => py.None(),
-        };
         let resolver = py.import("gdr._aio").and_then(|m| m.getattr("_resolve"));
         for (lp, fut) in waiters {
             let done = resolver
                 .as_ref()
                 .map_err(|e| e.clone_ref(py))
-                .and_then(|r| {
-                    lp.call_method1(py, "call_soon_threadsafe", (r, &fut, ok, &value, &requeue))
-                });
-            // A closed loop refuses the call: nobody awaits the future any more.
+                .and_then(|r| lp.call_method1(py, "call_soon_threadsafe", (r, &fut, ok, &value)));
+            // A closed loop refuses the call: nobody awaits the future any more (a notification
+            // step took nothing: what it watched for is still queued).
             if let Err(e) = done {
                 log::debug!("gdr-py: an asyncio future was not resolved: {e}");
             }
@@ -419,30 +354,15 @@ pub(crate) fn transfer_future<'py>(
     Ok(fut)
 }
 
-/// An asyncio future of the agent's next notification; it raises `StopAsyncIteration` once the
-/// agent is shut down and every notification was taken. Cancelling it drops the watch; a
-/// notification taken for it meanwhile goes to the agent's backlog.
-pub(crate) fn notification_future<'py>(
+/// An asyncio future (of the running loop) that completes with `None` once a notification is
+/// queued or the agent is shut down; it takes nothing. Cancelling it drops the watch.
+pub(crate) fn notification_ready_future<'py>(
     py: Python<'py>,
-    agent: &Arc<Agent>,
-    backlog: &Arc<Backlog>,
+    agent: &Agent,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let (lp, fut) = new_future(py)?;
-    if let Some(n) = backlog.pop() {
-        fut.call_method1("set_result", (n,))?;
-        return Ok(fut);
-    }
-    let key = next_key();
-    fut.call_method1("add_done_callback", (Py::new(py, ForgetWatch { key })?,))?;
-    hub()?
-        .send(Job::Watch {
-            key,
-            what: What::Notification(agent.clone(), backlog.clone()),
-            lp: lp.unbind(),
-            fut: fut.clone().unbind(),
-        })
-        .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("gdr: the asyncio thread ended"))?;
-    Ok(fut)
+    watched_future(py, |_| {
+        What::NotificationReady(agent.notification_ready_async())
+    })
 }
 
 /// An asyncio future of the outcome of what `what` makes (once the running loop is known),
@@ -474,7 +394,7 @@ pub(crate) fn peer_future<'py>(
     agent: &Arc<Agent>,
     name: String,
 ) -> PyResult<Bound<'py, PyAny>> {
-    watched_future(py, |_| What::Peer(agent.clone(), name))
+    watched_future(py, |_| What::Peer(agent.wait_peer_async(&name)))
 }
 
 /// An asyncio future of the peer's segment named `name`, once announced; it raises `PeerLost`
@@ -484,7 +404,7 @@ pub(crate) fn segment_future<'py>(
     peer: &Peer,
     name: String,
 ) -> PyResult<Bound<'py, PyAny>> {
-    watched_future(py, |_| What::Segment(peer.clone(), name))
+    watched_future(py, |_| What::Segment(peer.wait_segment_named_async(&name)))
 }
 
 /// An asyncio future of a connection the engine makes on a thread of its own, which `start`

@@ -92,11 +92,48 @@ pub(crate) fn blocks(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
             "give a list, range or numpy array of block indices",
         )
     })?;
-    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+    let mut out = Vec::with_capacity(presize(obj));
     for (i, item) in iter.enumerate() {
-        out.push(index(i, &item?)?);
+        push(&mut out, index(i, &item?)?)?;
     }
     Ok(out)
+}
+
+/// The most items a list is sized for from what its `__len__` claims: a longer list grows as
+/// its items actually come, so a `__len__` that lies (2**40, 2**62) allocates nothing.
+const PRESIZE_MAX: usize = 1 << 16;
+
+/// The capacity to start a list of `obj`'s items with: its `__len__`, up to [`PRESIZE_MAX`].
+pub(crate) fn presize(obj: &Bound<'_, PyAny>) -> usize {
+    obj.len().unwrap_or(0).min(PRESIZE_MAX)
+}
+
+/// Pushes `v`, growing `out` with `try_reserve`: an iterable too long for memory raises
+/// `MemoryError` instead of aborting the process.
+pub(crate) fn push<T>(out: &mut Vec<T>, v: T) -> PyResult<()> {
+    if out.len() == out.capacity() {
+        out.try_reserve(out.len().max(16)).map_err(|e| {
+            pyo3::exceptions::PyMemoryError::new_err(format!(
+                "gdr: a list of {} items cannot grow ({e})",
+                out.len()
+            ))
+        })?;
+    }
+    out.push(v);
+    Ok(())
+}
+
+/// A copy of `data`, or `MemoryError` when it cannot be allocated (never an abort).
+pub(crate) fn copied(data: &[u8]) -> PyResult<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(data.len()).map_err(|e| {
+        pyo3::exceptions::PyMemoryError::new_err(format!(
+            "gdr: cannot copy {} bytes ({e})",
+            data.len()
+        ))
+    })?;
+    v.extend_from_slice(data);
+    Ok(v)
 }
 
 /// Block indices from a one-dimensional numpy array of integers, read in one piece: its bytes
@@ -163,7 +200,13 @@ fn integer_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Vec<u32>
             "give a list, range or numpy array of block indices",
         ));
     }
-    let mut out = Vec::with_capacity(raw.len() / size);
+    let mut out = Vec::new();
+    out.try_reserve_exact(raw.len() / size).map_err(|e| {
+        pyo3::exceptions::PyMemoryError::new_err(format!(
+            "gdr: {what}: {} indices ({e})",
+            raw.len() / size
+        ))
+    })?;
     for (i, b) in raw.chunks_exact(size).enumerate() {
         let mut word = [0u8; 8];
         if big {
@@ -197,20 +240,22 @@ fn integer_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Vec<u32>
 /// Bytes from `bytes`, `bytearray`, `str` (UTF-8) or any object with the buffer protocol.
 pub(crate) fn bytes(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u8>> {
     if let Ok(b) = obj.downcast::<PyBytes>() {
-        return Ok(b.as_bytes().to_vec());
+        return copied(b.as_bytes());
     }
     if let Ok(b) = obj.downcast::<PyByteArray>() {
-        return Ok(b.to_vec());
+        // SAFETY: the GIL is held and no Python code runs while the bytes are copied, so the
+        // bytearray cannot be resized meanwhile.
+        return copied(unsafe { b.as_bytes() });
     }
     if let Ok(s) = obj.downcast::<PyString>() {
-        return Ok(s.to_cow()?.as_bytes().to_vec());
+        return copied(s.to_cow()?.as_bytes());
     }
-    let copied = PyModule::import(obj.py(), "builtins")?
+    let exported = PyModule::import(obj.py(), "builtins")?
         .getattr("memoryview")?
         .call1((obj,))
         .and_then(|v| v.call_method0("tobytes"));
-    match copied {
-        Ok(b) => Ok(b.downcast::<PyBytes>()?.as_bytes().to_vec()),
+    match exported {
+        Ok(b) => copied(b.downcast::<PyBytes>()?.as_bytes()),
         Err(_) => Err(invalid(
             "NotABuffer",
             format!("{what} is a {}, not bytes", type_name(obj)),

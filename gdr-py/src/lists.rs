@@ -4,7 +4,7 @@
 use gdr_xfer::{LocalList, RemoteList, SegmentId};
 use pyo3::prelude::*;
 
-use crate::args::{remote, u64_arg};
+use crate::args::{presize, push, remote, u64_arg};
 use crate::buffer::type_name;
 use crate::errors::{invalid, to_py};
 use crate::peer::PyPeer;
@@ -27,24 +27,30 @@ fn triples<'py, T>(
     let iter = obj
         .try_iter()
         .map_err(|_| bad(format!("ranges is a {}, not a list", type_name(obj))))?;
-    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+    let mut out = Vec::with_capacity(presize(obj));
     for (i, item) in iter.enumerate() {
         let item = item?;
         let fields: Vec<Bound<'py, PyAny>> = match item.try_iter() {
-            Ok(it) => it.collect::<PyResult<_>>()?,
+            // One more than needed tells a wrong length, whatever the item claims.
+            Ok(it) => it.take(4).collect::<PyResult<_>>()?,
             Err(_) => return Err(bad(format!("ranges[{i}] is a {}", type_name(&item)))),
         };
         let [what, offset, length] = fields.as_slice() else {
             return Err(bad(format!(
                 "ranges[{i}] has {} items, not 3",
-                fields.len()
+                if fields.len() > 3 {
+                    "more".to_string()
+                } else {
+                    fields.len().to_string()
+                }
             )));
         };
-        out.push((
+        let entry = (
             first(what, i)?,
             u64_arg(offset, &format!("ranges[{i}][1] (offset)"))?,
             u64_arg(length, &format!("ranges[{i}][2] (length)"))?,
-        ));
+        );
+        push(&mut out, entry)?;
     }
     Ok(out)
 }

@@ -5,7 +5,7 @@
 
 use pyo3::prelude::*;
 
-use crate::buffer::{not_a_buffer, try_export, HeldView};
+use crate::buffer::{not_a_buffer, try_export};
 use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_MANAGED};
 use crate::release::Held;
 
@@ -55,7 +55,7 @@ pub(crate) fn take(obj: &Bound<'_, PyAny>) -> PyResult<Taken> {
             kind: Kind::Host,
             protocol: "buffer",
             device: "cpu".into(),
-            held: Box::new(HeldView(e.view)),
+            held: Box::new(e.held),
         });
     }
     if device.is_some() {

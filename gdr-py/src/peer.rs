@@ -112,15 +112,23 @@ fn pool_lines<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<PoolLine<'py>>> {
     let iter = obj
         .try_iter()
         .map_err(|_| bad(format!("pools is a {}, not a list", type_name(obj))))?;
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(crate::args::presize(obj));
     for (i, item) in iter.enumerate() {
         let item = item?;
         let fields: Vec<Bound<'py, PyAny>> = match item.try_iter() {
-            Ok(it) => it.collect::<PyResult<_>>()?,
+            // One more than needed tells a wrong length, whatever the item claims.
+            Ok(it) => it.take(5).collect::<PyResult<_>>()?,
             Err(_) => return Err(bad(format!("pools[{i}] is a {}", type_name(&item)))),
         };
         let [seg, local_base, remote_seg, remote_base] = fields.as_slice() else {
-            return Err(bad(format!("pools[{i}] has {} items, not 4", fields.len())));
+            return Err(bad(format!(
+                "pools[{i}] has {} items, not 4",
+                if fields.len() > 4 {
+                    "more".to_string()
+                } else {
+                    fields.len().to_string()
+                }
+            )));
         };
         let seg = seg.downcast::<PySegment>().map_err(|_| {
             bad(format!(
@@ -128,12 +136,13 @@ fn pool_lines<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Vec<PoolLine<'py>>> {
                 type_name(seg)
             ))
         })?;
-        out.push((
+        let line = (
             seg.clone(),
             u64_arg(local_base, &format!("pools[{i}][1] (local_base)"))?,
             remote(remote_seg, &format!("pools[{i}][2] (remote_segment)"))?,
             u64_arg(remote_base, &format!("pools[{i}][3] (remote_base)"))?,
-        ));
+        );
+        crate::args::push(&mut out, line)?;
     }
     Ok(out)
 }

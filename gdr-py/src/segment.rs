@@ -89,10 +89,19 @@ impl PySegment {
                 )
             })?;
         let seg = &self.seg;
-        let data = py
-            .allow_threads(|| seg.to_vec(offset, len))
-            .map_err(to_py)?;
-        Ok(PyBytes::new(py, &data).unbind())
+        // Read straight into the new bytes object (no Python code sees it before it is
+        // filled), the GIL released meanwhile; Python's allocation failing raises MemoryError.
+        let mut failed = None;
+        let out = PyBytes::new_with(py, len, |buf| {
+            if let Err(e) = py.allow_threads(|| seg.read(offset, buf)) {
+                failed = Some(e);
+            }
+            Ok(())
+        })?;
+        match failed {
+            Some(e) => Err(to_py(e)),
+            None => Ok(out.unbind()),
+        }
     }
 
     /// Copies `data` (bytes, bytearray, str or any buffer) into the segment at `offset`.

@@ -99,8 +99,9 @@ impl PyTransfer {
     }
 
     /// Stops the transfer: nothing more of it is posted, and it finishes with `Cancelled` once
-    /// its requests in flight are retired (or with success if everything had landed). Returns
-    /// at once; `wait` for the outcome.
+    /// its requests in flight are retired, even when they all land (its notification is not
+    /// sent); a transfer that had finished keeps its outcome. Returns at once; `wait` for the
+    /// outcome.
     fn cancel(&self, py: Python<'_>) {
         let shared = &self.shared;
         py.allow_threads(|| shared.get().cancel());

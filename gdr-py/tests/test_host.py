@@ -58,7 +58,7 @@ def test_every_class_is_a_gdr_error_and_exported():
 
 
 def test_hierarchy_mirrors_the_concepts():
-    for sub in (gdr.TooLarge, gdr.OutOfSegment, gdr.BlockOutOfSegment, gdr.LengthMismatch,
+    for sub in (gdr.TooLarge, gdr.OutOfSegment, gdr.BlockOutOfSegment, gdr.LengthMismatch, gdr.NotPlainData,
                 gdr.IndexOutOfRange, gdr.ForeignSegment, gdr.NotABuffer, gdr.ReadOnlyBuffer,
                 gdr.NotContiguous):
         assert issubclass(sub, gdr.InvalidArgument)
@@ -88,7 +88,7 @@ def test_each_variant_maps_to_its_class_with_its_fields(name):
 
 def test_every_variant_class_is_covered():
     # Binding-only classes (raised before the engine sees the input) and the base.
-    binding = {"GdrError", "NotABuffer", "ReadOnlyBuffer", "NotContiguous"}
+    binding = {"GdrError", "NotABuffer", "ReadOnlyBuffer", "NotContiguous", "NotPlainData"}
     assert set(_errors.__all__) - binding == set(VARIANTS)
     assert _gdr._error_for_test("NoSuchVariant") is None
 
@@ -177,7 +177,7 @@ def test_stubtest_finds_the_stubs_exact(tmp_path):
     assert "Success" in p.stdout, p.stdout
 
 
-def test_the_asyncio_resolver_sets_once_and_requeues_what_a_cancelled_future_missed():
+def test_the_asyncio_resolver_sets_once_and_leaves_a_cancelled_future_alone():
     import asyncio
 
     from gdr import _aio
@@ -189,14 +189,50 @@ def test_the_asyncio_resolver_sets_once_and_requeues_what_a_cancelled_future_mis
         _aio._resolve(err, False, gdr.Cancelled("x"))
         _aio._resolve(end, None, None)
         cancelled.cancel()
-        requeued = []
-        _aio._resolve(cancelled, True, "note", requeued.append)
-        _aio._resolve(ok, True, "ignored: already done", requeued.append)
+        _aio._resolve(cancelled, True, None)
+        _aio._resolve(ok, True, "ignored: already done")
         assert await ok == {"bytes": 1}
         with pytest.raises(gdr.Cancelled):
             await err
         with pytest.raises(StopAsyncIteration):
             await end
-        return requeued
+        return cancelled.cancelled()
 
-    assert asyncio.run(main()) == ["note", "ignored: already done"]
+    assert asyncio.run(main())
+
+
+def test_a_notification_step_takes_its_notification_itself_after_waking():
+    # The step's coroutine takes the notification in the awaiting task: a task cancelled while
+    # it waits (or after the wake-up, before it runs) has taken nothing.
+    import asyncio
+
+    from gdr import _aio
+
+    class Stream:
+        def __init__(self):
+            self.queue, self.taken, self.fut = [], [], None
+
+        def _take(self):
+            if self.queue:
+                self.taken.append(self.queue.pop(0))
+                return self.taken[-1]
+            return None
+
+        def _ready(self):
+            self.fut = asyncio.get_running_loop().create_future()
+            return self.fut
+
+    async def main():
+        s = Stream()
+        task = asyncio.ensure_future(_aio._next_notification(s))
+        await asyncio.sleep(0)
+        s.queue.append("n1")
+        s.fut.set_result(None)  # woken ...
+        task.cancel()  # ... and cancelled before it ran again
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert s.queue == ["n1"] and s.taken == [], "the cancelled step took nothing"
+        # The next step takes it.
+        return await _aio._next_notification(s)
+
+    assert asyncio.run(main()) == "n1"

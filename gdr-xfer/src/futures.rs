@@ -44,6 +44,20 @@ impl Agent {
         }
     }
 
+    /// Completes once a wait for a notification would end at once: a notification is queued,
+    /// or the agent is shut down. It takes nothing: the caller takes the notification itself
+    /// ([`Agent::wait_notification`] with a zero timeout), so a caller cancelled between the
+    /// wake-up and the take loses nothing (how asyncio's `Queue.get` stays exact; the Python
+    /// binding's `notifications()` is built on it). Several may complete for one notification:
+    /// one takes it, the others find the queue empty and wait again. `'static`, `Send`,
+    /// `Unpin`; dropping it removes its waker.
+    pub fn notification_ready_async(&self) -> NotificationReady {
+        NotificationReady {
+            shared: self.shared.clone(),
+            waiter: Waiter::default(),
+        }
+    }
+
     /// The notifications, as they arrive, as a [`Stream`]; it ends once the agent is shut
     /// down and every notification received before was taken. The stream owns what it needs
     /// (`'static`, `Send`, `Unpin`); dropping it removes its waker.
@@ -133,6 +147,40 @@ impl Future for WaitNotification {
 }
 
 impl Drop for WaitNotification {
+    fn drop(&mut self) {
+        self.waiter.cancel(&self.shared.notes.wakers);
+    }
+}
+
+/// The future of [`Agent::notification_ready_async`]: `'static`, `Send` and `Unpin`. Its
+/// waker is registered while it is pending and removed when it completes or is dropped.
+#[must_use = "futures do nothing unless awaited"]
+pub struct NotificationReady {
+    shared: Arc<AgentShared>,
+    waiter: Waiter,
+}
+
+impl std::fmt::Debug for NotificationReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotificationReady")
+            .field("agent", &self.shared.config.name)
+            .finish()
+    }
+}
+
+impl Future for NotificationReady {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let shared = &this.shared;
+        this.waiter.poll(cx, &shared.notes.wakers, || {
+            shared.notes.ready().then_some(())
+        })
+    }
+}
+
+impl Drop for NotificationReady {
     fn drop(&mut self) {
         self.waiter.cancel(&self.shared.notes.wakers);
     }

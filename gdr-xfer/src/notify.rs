@@ -107,6 +107,12 @@ impl NoteQueue {
         self.wake();
     }
 
+    /// Whether a wait would end now: a notification is queued, or the queue is closed.
+    pub(crate) fn ready(&self) -> bool {
+        let s = self.lock();
+        !s.queue.is_empty() || s.closed
+    }
+
     /// The next notification; `Some(None)` once the queue is closed and empty; `None` while it
     /// is open and empty.
     pub(crate) fn next(&self) -> Option<Option<Notification>> {

@@ -79,7 +79,7 @@ pub fn gpu_bundle() -> Result<()> {
         copy(&t.executable, &bundle.join(sub).join(file))?;
     }
     // The wheel is a zip of the package: unpacked, it is importable with PYTHONPATH (the abi3
-    // module loads in any CPython >= 3.9), no pip needed there.
+    // module loads in any CPython >= 3.11), no pip needed there.
     let unzip = Command::new(&wheel.python)
         .args(["-m", "zipfile", "-e"])
         .arg(&wheel.path)

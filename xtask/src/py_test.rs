@@ -21,7 +21,7 @@ pub struct PyTestOpts {
     /// Only the host pytest (no VM).
     #[arg(long)]
     pub host_only: bool,
-    /// The Python that creates the virtual environment (>= 3.9).
+    /// The Python that creates the virtual environment (>= 3.11).
     #[arg(long, default_value = "python3")]
     pub python: String,
     /// Extra pytest arguments (after `--`), for both runs (e.g. `-k transfer`).

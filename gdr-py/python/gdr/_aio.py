@@ -1,23 +1,16 @@
 """asyncio glue of ``gdr._gdr``: the callback its asyncio thread schedules on an event loop
 (``loop.call_soon_threadsafe``) to hand an outcome to a future, on the loop's own thread."""
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 import asyncio
 
 
-def _resolve(
-    fut: "asyncio.Future[Any]",
-    ok: Optional[bool],
-    value: Any,
-    requeue: Optional[Callable[[Any], None]] = None,
-) -> None:
+def _resolve(fut: "asyncio.Future[Any]", ok: Optional[bool], value: Any) -> None:
     """Sets ``value`` as the result (``ok`` true) or the exception (``ok`` false) of ``fut``, or
-    ``StopAsyncIteration`` (``ok`` None: the end of a notification stream). A future cancelled
-    meanwhile is left alone; a notification it would have received goes to ``requeue`` (the
-    agent's backlog), so that the next wait takes it."""
+    ``StopAsyncIteration`` (``ok`` None). A future cancelled meanwhile is left alone: what it
+    waited for carried nothing that could be lost (a notification step takes its notification
+    itself, in :func:`_next_notification`)."""
     if fut.done():
-        if ok and requeue is not None:
-            requeue(value)
         return
     if ok is None:
         fut.set_exception(StopAsyncIteration())
@@ -25,3 +18,15 @@ def _resolve(
         fut.set_result(value)
     else:
         fut.set_exception(value)
+
+
+async def _next_notification(stream: Any) -> Any:
+    """One step of ``Agent.notifications()``: the next notification, taken in the awaiting task
+    once one is queued (as ``asyncio.Queue.get`` takes its item). A task cancelled while it
+    waits took nothing, so a cancel never loses a notification; ``StopAsyncIteration`` once the
+    agent is shut down and none is left."""
+    while True:
+        note = stream._take()
+        if note is not None:
+            return note
+        await stream._ready()

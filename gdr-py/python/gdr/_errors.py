@@ -17,6 +17,7 @@ gdr's errors as well::
     |   +-- NotABuffer (TypeError)         register() of an object without the buffer protocol
     |   +-- ReadOnlyBuffer                 register() of a read-only buffer
     |   +-- NotContiguous                  register() of a buffer that is not C-contiguous
+    |   +-- NotPlainData                   register() of Python objects or pointers (dtype=object)
     +-- UnknownSegment (LookupError)       a segment id that names no segment
     +-- UnknownPeer (LookupError)          no peer of that name
     +-- PeerLost (ConnectionError)         the peer is gone; its transfers failed
@@ -50,6 +51,7 @@ __all__ = [
     "NotABuffer",
     "ReadOnlyBuffer",
     "NotContiguous",
+    "NotPlainData",
     "UnknownSegment",
     "UnknownPeer",
     "PeerLost",
@@ -139,6 +141,12 @@ class ReadOnlyBuffer(InvalidArgument):
 
 class NotContiguous(InvalidArgument):
     """``Agent.register`` was given a buffer that is not C-contiguous (a strided view)."""
+
+
+class NotPlainData(InvalidArgument):
+    """``register()`` of a buffer whose items are not plain data: Python objects (numpy
+    ``dtype=object``, struct format ``O``) or pointers (``P``). A peer may write any byte of a
+    segment, so such memory is never registered."""
 
 
 class UnknownSegment(GdrError, LookupError):

@@ -1,7 +1,7 @@
 """Type stubs of the native module ``gdr._gdr`` (re-exported by ``gdr``)."""
 
 import asyncio
-from typing import Any, Dict, Generator, Iterable, List, Literal, Optional, Tuple, Union, final
+from typing import Any, Coroutine, Dict, Generator, Iterable, List, Literal, Optional, Tuple, Union, final
 
 __all__ = [
     "Agent",
@@ -124,9 +124,10 @@ class NotificationStream:
     """``Agent.notifications()``: ``async for note in agent.notifications():``."""
 
     def __aiter__(self) -> "NotificationStream": ...
-    def __anext__(self) -> "asyncio.Future[Notification]":
-        """The next notification; ``StopAsyncIteration`` once the agent is shut down and
-        every notification was taken."""
+    def __anext__(self) -> Coroutine[Any, Any, Notification]:
+        """The next notification, taken by the awaiting task itself once one is queued (a
+        task cancelled while it waits takes nothing); ``StopAsyncIteration`` once the agent is
+        shut down and every notification was taken."""
 
 @final
 class Peer:
@@ -324,7 +325,8 @@ class Agent:
         (GPUDirect, else staged: ``Segment.path`` says), host memory through the buffer
         protocol (numpy, bytearray, mmap) or DLPack (torch CPU tensors); the segment keeps
         ``obj`` and its export until no request uses it (``NotABuffer``, ``ReadOnlyBuffer``,
-        ``NotContiguous``, ``TooLarge``, ``Unsupported`` for managed memory,
+        ``NotContiguous``, ``NotPlainData`` (Python objects, pointers), ``TooLarge``,
+        ``Unsupported`` for managed memory,
         ``NotGpuMemory``)."""
     def alloc(self, length: int, name: str = "") -> Segment:
         """Allocates and registers ``length`` zeroed bytes."""
