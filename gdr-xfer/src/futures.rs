@@ -103,7 +103,8 @@ impl Peer {
     /// waker.
     ///
     /// # Errors
-    /// [`Error::PeerLost`] when the connection is lost meanwhile.
+    /// [`Error::PeerLost`] when the connection is lost meanwhile; [`Error::AgentClosed`] once
+    /// this agent is shut down.
     pub fn wait_segment_named_async(&self, name: &str) -> WaitSegment {
         WaitSegment {
             peer: self.clone(),
@@ -284,6 +285,9 @@ impl Future for WaitSegment {
         let this = self.get_mut();
         let (peer, name) = (&this.peer, this.name.as_str());
         this.waiter.poll(cx, &peer.conn.table_wakers, || {
+            if let Err(e) = peer.check_agent() {
+                return Some(Err(e));
+            }
             if let Some(s) = peer.segment_named(name) {
                 return Some(Ok(s));
             }

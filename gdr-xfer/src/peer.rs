@@ -86,7 +86,8 @@ impl Peer {
     /// Waits until the peer has announced a segment with this name.
     ///
     /// # Errors
-    /// [`Error::Timeout`], or [`Error::PeerLost`] when the connection is lost meanwhile.
+    /// [`Error::Timeout`], or [`Error::PeerLost`] when the connection is lost meanwhile;
+    /// [`Error::AgentClosed`] once this agent is shut down.
     pub fn wait_segment_named(
         &self,
         name: &str,
@@ -95,6 +96,7 @@ impl Peer {
         // No end for a timeout past what the clock can count (`Duration::MAX`).
         let end = Instant::now().checked_add(timeout);
         loop {
+            self.check_agent()?;
             if let Some(s) = self.segment_named(name) {
                 return Ok(s);
             }
@@ -107,6 +109,14 @@ impl Peer {
                 });
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// [`Error::AgentClosed`] once this peer's agent is shut down (or dropped).
+    pub(crate) fn check_agent(&self) -> Result<()> {
+        match self.conn.agent.upgrade() {
+            Some(a) => a.check_open(),
+            None => Err(Error::AgentClosed),
         }
     }
 
@@ -126,8 +136,9 @@ impl Peer {
     ///
     /// # Errors
     /// [`Error::UnknownSegment`], [`Error::OutOfSegment`], or [`Error::InvalidArgument`] for an
-    /// empty range.
+    /// empty range; [`Error::AgentClosed`] once this agent is shut down.
     pub fn prepare_remote(&self, ranges: &[(SegmentId, u64, u64)]) -> Result<RemoteList> {
+        self.check_agent()?;
         let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
         for (i, &(id, offset, len)) in ranges.iter().enumerate() {
             let s = table.get(&id).ok_or_else(|| Error::UnknownSegment {

@@ -58,6 +58,9 @@ pub(crate) struct Planner<'t> {
     descriptors: u64,
 }
 
+/// The most runs a plan allocates room for before its descriptors were checked.
+const MAX_PREALLOCATED_RUNS: usize = 1 << 16;
+
 impl<'t> Planner<'t> {
     pub(crate) fn new(
         peer: &'t str,
@@ -76,7 +79,10 @@ impl<'t> Planner<'t> {
             remote_ids: HashMap::new(),
             rkeys: Vec::new(),
             last_remote: None,
-            runs: Vec::with_capacity(capacity),
+            // A hint from the caller's sizes (pools x blocks may claim far more than the
+            // checks will let through): preallocated up to a bound, grown past it only by runs
+            // that exist.
+            runs: Vec::with_capacity(capacity.min(MAX_PREALLOCATED_RUNS)),
             descriptors: 0,
         }
     }

@@ -202,8 +202,9 @@ impl Segment {
     }
 
     fn check_range(&self, offset: u64, len: usize) -> Result<usize> {
+        let len = u64::try_from(len).unwrap_or(u64::MAX);
         offset
-            .checked_add(len as u64)
+            .checked_add(len)
             .filter(|&end| end <= self.len())
             .map(|_| self.inner.base + offset as usize)
             .ok_or_else(|| Error::OutOfSegment {
@@ -211,9 +212,9 @@ impl Segment {
                 side: crate::descriptor::Side::Local,
                 segment: self.id(),
                 offset,
-                len: len as u64,
+                len,
                 segment_len: self.len(),
-                hint: "stay inside the segment".into(),
+                hint: "stay inside the segment: offset + len must be at most Segment::len".into(),
             })
     }
 
@@ -247,8 +248,26 @@ impl Segment {
     ///
     /// # Errors
     /// As [`Segment::read`].
+    /// The range is checked against the segment before anything is allocated, and the
+    /// allocation itself is fallible: a length no segment has is [`Error::OutOfSegment`], never
+    /// a panic or an abort.
+    ///
+    /// # Errors
+    /// As [`Segment::read`]; [`Error::Io`] (`OutOfMemory`) when the process cannot allocate
+    /// the copy of a range that does lie inside the segment.
     pub fn to_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let mut v = vec![0u8; len];
+        self.check_range(offset, len)?;
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).map_err(|e| {
+            Error::io(
+                format!(
+                    "allocating {len} bytes for a copy of segment {} at offset {offset} ({e}): read it in smaller ranges (Segment::read into your own buffer)",
+                    self.id()
+                ),
+                std::io::ErrorKind::OutOfMemory.into(),
+            )
+        })?;
+        v.resize(len, 0);
         self.read(offset, &mut v)?;
         Ok(v)
     }
@@ -301,5 +320,67 @@ impl RegistrationWeak {
         self.host.iter().filter(|w| w.strong_count() > 0).count()
             + self.gpu.iter().filter(|w| w.strong_count() > 0).count()
             + self.staged.iter().filter(|w| w.strong_count() > 0).count()
+    }
+}
+
+#[cfg(all(test, feature = "emulated-gpu"))]
+mod tests {
+    use super::*;
+    use crate::staged::{EmulatedGpu, StagedDevice};
+
+    /// A 4 KiB segment on an emulated GPU (a staged segment: no device needed).
+    fn segment() -> Segment {
+        let len = 4096;
+        let info = SegmentInfo {
+            id: SegmentId::new(7),
+            name: "s".into(),
+            addr: 0,
+            len: len as u64,
+            rkeys: Vec::new(),
+            location: Location::Cuda { ordinal: 0 },
+        };
+        let m = StagedMemory {
+            device: StagedDevice::Emulated(EmulatedGpu::new(0, len)),
+            bounce: 0,
+            describe: String::new(),
+        };
+        Segment::new(info, Backing::Staged(Arc::new(m)), 0, 1).unwrap()
+    }
+
+    fn out_of_segment(r: Result<impl std::fmt::Debug>, offset: u64, len: u64) {
+        match r {
+            Err(Error::OutOfSegment {
+                offset: o,
+                len: l,
+                segment_len: 4096,
+                segment,
+                ..
+            }) => {
+                assert_eq!((o, l), (offset, len));
+                assert_eq!(segment, SegmentId::new(7));
+            }
+            other => panic!("{offset}..+{len}: expected OutOfSegment, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lying_sizes_are_out_of_segment_before_anything_is_allocated() {
+        let s = segment();
+        // Each of these panicked (capacity overflow) or aborted the process (SIGABRT) when the
+        // copy was allocated before the range was checked.
+        out_of_segment(s.to_vec(0, usize::MAX), 0, u64::MAX);
+        out_of_segment(s.to_vec(0, 1 << 40), 0, 1 << 40);
+        out_of_segment(s.to_vec(u64::MAX, 1), u64::MAX, 1);
+        out_of_segment(s.to_vec(4096, 1), 4096, 1);
+        out_of_segment(s.to_vec(1, 4096), 1, 4096);
+        out_of_segment(s.write(u64::MAX, b"x"), u64::MAX, 1);
+        out_of_segment(s.write(4095, b"xy"), 4095, 2);
+        let mut buf = [0u8; 2];
+        out_of_segment(s.read(u64::MAX - 1, &mut buf), u64::MAX - 1, 2);
+        // What lies inside works, to the last byte; an empty range at the end too.
+        s.write(4095, b"z").unwrap();
+        assert_eq!(s.to_vec(4095, 1).unwrap(), b"z");
+        assert_eq!(s.to_vec(0, 4096).unwrap().len(), 4096);
+        assert!(s.to_vec(4096, 0).unwrap().is_empty());
     }
 }

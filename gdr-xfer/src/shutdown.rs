@@ -54,6 +54,9 @@ impl Agent {
         // Waits see the agent closed now, not after the grace time.
         shared.notes.close();
         shared.notify_peers_changed();
+        for c in shared.peer_list() {
+            c.table_wakers.wake_all();
+        }
         let end = Instant::now().checked_add(grace);
         while shared.pending.load(Ordering::SeqCst) > 0 && end.is_none_or(|e| Instant::now() < e) {
             std::thread::sleep(Duration::from_millis(1));

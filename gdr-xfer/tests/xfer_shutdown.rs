@@ -47,8 +47,9 @@ fn a_shutdown_lets_pending_transfers_end_then_refuses_new_work() {
     let one = [Desc::new(&src, 0, r.id, 0, 1)];
     assert!(matches!(
         pb.write(&one, &TransferOptions::new()),
-        Err(Error::AgentClosed | Error::PeerLost { .. })
+        Err(Error::AgentClosed)
     ));
+    every_call_says_agent_closed(&a, &pb, &src, r.id);
     assert!(matches!(
         a.alloc_host(4096, "late"),
         Err(Error::AgentClosed)
@@ -73,6 +74,97 @@ fn a_shutdown_lets_pending_transfers_end_then_refuses_new_work() {
     // A second shutdown, and the drop, do nothing more.
     assert_eq!(a.shutdown(Duration::ZERO).pending, 0);
     drop(a);
+}
+
+/// Every call of a shut-down agent, and of a handle of its peers: `AgentClosed` at once (or
+/// the call's documented meaning after shutdown), never a timeout.
+fn every_call_says_agent_closed(
+    a: &gdr_xfer::Agent,
+    pb: &gdr_xfer::Peer,
+    src: &gdr_xfer::Segment,
+    remote: gdr_xfer::SegmentId,
+) {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, Waker};
+    let started = Instant::now();
+    let long = Duration::from_secs(30);
+    let closed = |what: &str, r: Result<(), Error>| match r {
+        Err(Error::AgentClosed) => {}
+        other => panic!("{what} after shutdown: expected AgentClosed, got {other:?}"),
+    };
+    closed("wait_peer", a.wait_peer("sb", long).map(drop));
+    closed("wait_peer (unknown)", a.wait_peer("nobody", long).map(drop));
+    closed("wait_notification", a.wait_notification(long).map(drop));
+    closed(
+        "wait_segment_named",
+        pb.wait_segment_named("dst", long).map(drop),
+    );
+    closed(
+        "prepare_remote",
+        pb.prepare_remote(&[(remote, 0, 1)]).map(drop),
+    );
+    closed(
+        "send_notification",
+        pb.send_notification(b"x".to_vec(), &TransferOptions::new())
+            .map(drop),
+    );
+    closed(
+        "read",
+        pb.read(&[Desc::new(src, 0, remote, 0, 1)], &TransferOptions::new())
+            .map(drop),
+    );
+    closed(
+        "register_within",
+        a.register_within(src, 0, 1, "sub").map(drop),
+    );
+    // The async forms: ready at the first poll.
+    let mut cx = Context::from_waker(Waker::noop());
+    fn ready<F: Future + Unpin>(cx: &mut Context<'_>, mut f: F) -> F::Output {
+        match Pin::new(&mut f).poll(cx) {
+            Poll::Ready(v) => v,
+            Poll::Pending => panic!("pending after shutdown"),
+        }
+    }
+    closed(
+        "wait_peer_async",
+        ready(&mut cx, a.wait_peer_async("sb")).map(drop),
+    );
+    closed(
+        "wait_notification_async",
+        ready(&mut cx, a.wait_notification_async()).map(drop),
+    );
+    closed(
+        "wait_segment_named_async",
+        ready(&mut cx, pb.wait_segment_named_async("dst")).map(drop),
+    );
+    let mut notes = a.notifications();
+    assert!(matches!(
+        futures_core::Stream::poll_next(Pin::new(&mut notes), &mut cx),
+        Poll::Ready(None)
+    ));
+    // A notification put back after shutdown is still given, then the end.
+    a.requeue_notification(gdr_xfer::Notification {
+        peer: "sb".into(),
+        data: b"back".to_vec(),
+    });
+    assert_eq!(a.pending_notifications(), 1);
+    assert_eq!(a.wait_notification(long).unwrap().unwrap().data, b"back");
+    closed(
+        "wait_notification (drained)",
+        a.wait_notification(long).map(drop),
+    );
+    // What keeps its meaning: nothing connected, the segments still readable, deregistering
+    // still lets go.
+    assert!(a.peer("sb").is_none());
+    assert!(a.take_notifications().is_empty());
+    a.deregister(src)
+        .expect("deregister after shutdown lets go");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "every call answered at once, not after its timeout: {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]

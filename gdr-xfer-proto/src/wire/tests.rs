@@ -351,3 +351,39 @@ fn a_large_segment_table_is_split_by_encoded_size_and_every_part_fits_a_frame() 
     assert_eq!(back, list);
     assert!(segment_messages::<TestCodec>(&[]).is_empty());
 }
+
+#[test]
+fn counts_claiming_more_than_the_bytes_hold_are_refused() {
+    // Within the limits, but with nothing behind them: refused as truncated (the decoder
+    // reserves no more than the bytes received can hold, so a claim costs no memory).
+    let header = |kind: u8| {
+        let mut v = Msg::Ready.encode().unwrap();
+        v[6] = kind;
+        v.truncate(8);
+        v
+    };
+    let ready = Msg::Ready.encode().unwrap();
+    assert_eq!(ready.len(), 8, "the header alone");
+    for (kind, what) in [(KIND_SEGMENTS, "segments"), (KIND_REMOVED, "removed")] {
+        for n in [1u16, MAX_SEGMENTS_PER_MESSAGE as u16] {
+            let mut m = header(kind);
+            m.extend_from_slice(&n.to_be_bytes());
+            assert!(is_protocol(Msg::decode("evil", &m)), "{what} {n}");
+        }
+        let mut m = header(kind);
+        m.extend_from_slice(&u16::MAX.to_be_bytes());
+        let e = Msg::decode("evil", &m).unwrap_err();
+        assert!(e.to_string().contains("exceeds the limit"), "{e}");
+    }
+    // A hello claiming the most rails and queue pairs, with no endpoint behind them.
+    let mut hello = header(KIND_HELLO);
+    hello.push(1);
+    hello.push(b'a');
+    hello.push(MAX_RAILS as u8);
+    hello.push(MAX_QPS as u8);
+    assert!(is_protocol(Msg::decode("evil", &hello)));
+    // A bye reason longer than the bytes after it.
+    let mut bye = header(KIND_BYE);
+    bye.extend_from_slice(&(MAX_REASON as u16).to_be_bytes());
+    assert!(is_protocol(Msg::decode("evil", &bye)));
+}

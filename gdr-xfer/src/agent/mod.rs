@@ -254,11 +254,15 @@ impl Agent {
     /// Waits until a peer with this name is connected (it connected to us, or we to it).
     ///
     /// # Errors
-    /// [`Error::Timeout`].
+    /// [`Error::Timeout`]; [`Error::AgentClosed`] at once after [`Agent::shutdown`] (a wait in
+    /// progress when it begins ends with it).
     pub fn wait_peer(&self, name: &str, timeout: Duration) -> Result<Peer> {
         let end = Instant::now().checked_add(timeout);
         let mut peers = self.shared.lock_peers();
         loop {
+            // Checked under the peers' lock, which shutdown sets the flag under before it
+            // wakes the waiters: none misses it.
+            self.shared.check_open()?;
             if let Some(c) = peers.get(name).filter(|c| c.is_ready()) {
                 return Ok(Peer { conn: c.clone() });
             }
@@ -282,6 +286,7 @@ impl Agent {
     }
 
     /// Closes the connection to a peer: its pending transfers fail with [`Error::PeerLost`].
+    /// After [`Agent::shutdown`] every connection is closed already: it does nothing.
     pub fn disconnect(&self, peer: &Peer) {
         self.shared.disconnect(peer);
     }
@@ -295,7 +300,8 @@ impl Agent {
     }
 
     /// Takes every notification received so far (their receive slots are posted again: the
-    /// peers may send more).
+    /// peers may send more). After [`Agent::shutdown`] it still gives what was received
+    /// before.
     pub fn take_notifications(&self) -> Vec<Notification> {
         self.shared.notes.take_all()
     }

@@ -307,6 +307,9 @@ impl Agent {
     /// with it as their local side fail the same way). Its memory is deregistered once no
     /// segment and no request in flight uses the registration any more.
     ///
+    /// After [`Agent::shutdown`] it still lets go of the segment (no peer is connected to be
+    /// told): memory is released as it would be.
+    ///
     /// # Errors
     /// [`Error::UnknownSegment`] when it is not (or no longer) registered with this agent.
     pub fn deregister(&self, segment: &Segment) -> Result<()> {
