@@ -281,6 +281,20 @@ impl Connection {
         self.drive(|core, io, now| core.submit(now, io, spec))
     }
 
+    /// Queues a transfer without posting any of it (see
+    /// [`gdr_xfer_proto::Connection::submit_queued`]).
+    pub(crate) fn submit_queued(&self, spec: Spec<Lanes>) -> Result<TransferKey, Failure> {
+        if let Some(reason) = self.gone_reason() {
+            return Err(Failure::PeerLost { reason });
+        }
+        self.drive(|core, _, now| core.submit_queued(now, spec))
+    }
+
+    /// Posts what is queued and fits.
+    pub(crate) fn post_queued(&self) {
+        self.drive(|core, io, now| core.post_queued(now, io));
+    }
+
     /// Cancels a transfer (see [`gdr_xfer_proto::Connection::cancel`]).
     pub(crate) fn cancel(&self, key: TransferKey) {
         self.drive(|core, io, now| {

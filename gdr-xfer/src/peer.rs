@@ -190,6 +190,14 @@ impl Peer {
         self.transfer(Op::Read, descs, opts)
     }
 
+    /// Posts the requests of transfers to this peer that were queued without posting
+    /// ([`TransferOptions::post_inline_max`]) and fit the queues now; what does not fit is
+    /// posted as completions free room, as always. Cheap when nothing is queued. Meant for a
+    /// thread other than the one that submitted (an event loop's helper thread).
+    pub fn post_queued(&self) {
+        self.conn.post_queued();
+    }
+
     /// Moves a descriptor list in direction `op` (as [`Peer::write`]).
     ///
     /// # Errors
@@ -401,7 +409,13 @@ impl Peer {
                 handle: cell.clone(),
             };
             // Refused at once (peer gone, no rail left): the same error the transfer would give.
-            let key = self.conn.submit(spec).map_err(|f| cell.error(&f))?;
+            let queued = opts.post_inline_max.is_some_and(|max| bytes > max);
+            let key = if queued {
+                self.conn.submit_queued(spec)
+            } else {
+                self.conn.submit(spec)
+            }
+            .map_err(|f| cell.error(&f))?;
             cell.set_stopper(Stopper::Core(Arc::downgrade(&self.conn), key));
         }
         cell.set_times(plan_time, started.elapsed());

@@ -285,6 +285,27 @@ impl<I: Io> Connection<I> {
         io: &mut I,
         spec: Spec<I>,
     ) -> Result<TransferKey, Failure> {
+        let key = self.enqueue(now, spec)?;
+        self.pump(now, io);
+        Ok(key)
+    }
+
+    /// [`Connection::submit`] without posting anything: the transfer is checked and queued
+    /// (refused at once as `submit` would refuse it), and its requests are posted by the next
+    /// [`Connection::post_queued`], or by the next completion or timer that posts. For a
+    /// caller whose thread must not spend the provider's post time (an event loop: a software
+    /// NIC does the NIC's work inside the post call).
+    pub fn submit_queued(&mut self, now: Instant, spec: Spec<I>) -> Result<TransferKey, Failure> {
+        self.enqueue(now, spec)
+    }
+
+    /// Posts what is queued and fits (what a completion would post).
+    pub fn post_queued(&mut self, now: Instant, io: &mut I) {
+        self.pump(now, io);
+    }
+
+    /// Checks and queues a transfer.
+    fn enqueue(&mut self, now: Instant, spec: Spec<I>) -> Result<TransferKey, Failure> {
         let rejected = |detail: String| Err(Failure::Rejected { detail });
         if spec.runs.is_empty() && spec.notify.is_none() {
             return rejected("a transfer without runs and without a notification".into());
@@ -395,7 +416,6 @@ impl<I: Io> Connection<I> {
         } else {
             self.pending.push_back(key);
         }
-        self.pump(now, io);
         Ok(key)
     }
 

@@ -56,6 +56,9 @@ impl World {
         let notify = self.draw_notify(x, message, misuse);
         let rkeys = self.remote_keys(peer, &drawn.remote_segs);
         let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
+        // Some are queued without posting (as an event loop's submissions are), posted a while
+        // later by the application's post thread or by whatever posts first.
+        let queued = self.rng.percent(25);
         {
             let mut net = self.net.borrow_mut();
             net.xfers.list.push(Xfer {
@@ -100,8 +103,16 @@ impl World {
         });
         let mut result = None;
         self.call(agent, peer, |core, io, now| {
-            result = Some(core.submit(now, io, spec))
+            result = Some(if queued {
+                core.submit_queued(now, spec)
+            } else {
+                core.submit(now, io, spec)
+            })
         });
+        if queued && matches!(result, Some(Ok(_))) {
+            let d = self.us(0, 3000);
+            self.at(d, Ev::PostQueued { agent, peer });
+        }
         self.submitted(x, cancel, result);
     }
 

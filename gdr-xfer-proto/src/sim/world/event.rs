@@ -56,6 +56,11 @@ pub(crate) enum Ev {
     Cancel {
         xfer: usize,
     },
+    /// The application's post thread posts what `agent` queued for `peer`.
+    PostQueued {
+        agent: usize,
+        peer: usize,
+    },
     Consume {
         agent: usize,
         peer: usize,

@@ -387,6 +387,10 @@ impl World {
             Ev::Control { from, to, bytes } => self.on_control(from, to, &bytes),
             Ev::Submit { agent, peer, left } => self.submit(agent, peer, left),
             Ev::Cancel { xfer } => self.on_cancel(xfer),
+            Ev::PostQueued { agent, peer } => {
+                self.log(|| format!("post queued {agent}->{peer}"));
+                self.call(agent, peer, |core, io, now| core.post_queued(now, io));
+            }
             Ev::Consume { agent, peer } => {
                 let r = self.conns[agent][peer]
                     .as_mut()
