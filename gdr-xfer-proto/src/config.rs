@@ -32,7 +32,8 @@ pub struct Config {
     /// Notifications delivered and not yet taken by the application that the connection
     /// buffers while it keeps posting receive slots; past that, each new one holds its slot
     /// until taken, and the peer's next messages wait (receiver not ready) instead of piling
-    /// up. What a peer can make us hold is at most this plus the slots.
+    /// up. What a peer can make us hold is at most this plus the slots. The driver may bound
+    /// it further across its connections ([`crate::Io::buffer_notification`]).
     pub recv_buffered: u32,
     /// Largest notification we may send (the smaller of our send slots and the peer's limit).
     pub notify_max: u32,

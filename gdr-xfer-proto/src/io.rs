@@ -259,6 +259,22 @@ pub trait Io {
     /// # Errors
     /// The driver's description of what failed.
     fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String>;
+    /// A notification arrived and the connection's own bound ([`crate::Config::recv_buffered`])
+    /// lets it be kept without holding its receive slot: whether the driver's bound across its
+    /// connections lets it too. `true` takes one place of that bound, which the driver gives
+    /// back when the application takes the notification (its [`Receipt`] says `holds:
+    /// false`); `false` makes it hold its slot until taken, like one over the connection's
+    /// bound. The default has no bound of its own.
+    fn buffer_notification(&mut self) -> bool {
+        true
+    }
+    /// Whether receive slots may be posted now beyond those given back one for one (a taken
+    /// notification's slot, the slots a renewal moves to new queue pairs): the driver's bound
+    /// across its connections. When it answers `false`, the slots stay unposted until the
+    /// driver calls [`crate::Connection::rearm`]. The default always lets them be posted.
+    fn may_arm_recv(&mut self) -> bool {
+        true
+    }
     /// Creates one queue pair per entry of `lanes` (all of rail `rail`), posts every receive
     /// slot on the first, and returns their endpoints.
     ///

@@ -47,11 +47,19 @@ pub struct AgentConfig {
     /// receives, in bytes (default 1024, at most 64 KiB): each receive slot holds one, so a
     /// peer takes `notify_slots` of them per rail in memory.
     pub notify_max: u32,
-    /// Notifications from one peer the agent keeps for the application before it stops
-    /// posting that peer's receive slots (default 1024). Past it, each further notification
-    /// holds its slot until the application takes one, and the peer's next notifications wait
-    /// in its NIC (receiver not ready, retried without limit; their transfers' deadlines still
-    /// apply): a peer cannot make the agent hold more than this plus `notify_slots` per rail.
+    /// Notifications the agent keeps for the application without their receive slot, counted
+    /// across all its peers and connections (default 1024; those put back with
+    /// [`crate::Agent::requeue_notification`] count too). Past it, each further notification
+    /// holds its slot until the application takes it (the slot is not posted again), and that
+    /// peer's next notifications wait in its NIC (receiver not ready, retried without limit;
+    /// their transfers' deadlines still apply): nothing is dropped.
+    ///
+    /// So the untaken notifications number at most `notify_queue` (plus what the application
+    /// put back) plus the receive slots the agent's connections hold (`notify_slots` per rail
+    /// and connection, at most [`AgentConfig::max_peers`] connected). Reconnecting does not
+    /// add to that: when a connection closes, the notifications holding its slots stay queued
+    /// (they were delivered), and until the application took them no connection posts a
+    /// receive slot beyond those given back one for one; the peers wait meanwhile.
     pub notify_queue: u32,
     /// Deadline of a transfer when its options give none (default 30 s).
     pub default_timeout: Duration,
@@ -216,8 +224,8 @@ impl AgentConfig {
         self
     }
 
-    /// Sets how many notifications from one peer are kept for the application before that
-    /// peer is held back ([`AgentConfig::notify_queue`]).
+    /// Sets how many notifications (from all peers together) are kept for the application
+    /// before the peers are held back ([`AgentConfig::notify_queue`]).
     pub fn notify_queue(mut self, n: u32) -> Self {
         self.notify_queue = n;
         self

@@ -26,7 +26,7 @@ use gdr_xfer_proto::{
 
 use crate::agent::AgentShared;
 use crate::lanes::{After, Lanes};
-use crate::notify::{split_recv_wr_id, Delivered, Notification};
+use crate::notify::{split_recv_wr_id, Arrival, Delivered, Notification, SlotLedger};
 use crate::rail::RailStats;
 use crate::transfer::Failure;
 use crate::wakers::Wakers;
@@ -51,6 +51,8 @@ pub(crate) struct Connection {
     /// The async waits for a segment of this peer, woken when its table changes or the peer
     /// goes ([`crate::futures`]).
     pub(crate) table_wakers: Wakers,
+    /// What the agent's notification bound knows of this connection ([`crate::notify::NoteQueue`]).
+    pub(crate) ledger: Arc<SlotLedger>,
     /// The largest notification that can be sent to the peer (the smaller of its limit and
     /// our send slots).
     pub(crate) notify_max: u32,
@@ -89,6 +91,7 @@ impl Connection {
         let notify_max = cfg.notify_max;
         let nrails = cfg.rails;
         let qps_per_rail = cfg.lanes_per_rail;
+        let ledger = Arc::new(SlotLedger::default());
         Arc::new_cyclic(|me| {
             let core = Core::new(cfg, Instant::now());
             let io = Lanes {
@@ -103,6 +106,7 @@ impl Connection {
                     .map(|(i, qp)| vec![(i as u64, qp)])
                     .collect(),
                 notify: p.notify,
+                ledger: ledger.clone(),
                 batch: Default::default(),
                 after: After::default(),
             };
@@ -114,6 +118,7 @@ impl Connection {
                 rail_names: p.rail_names,
                 remote: RwLock::new(HashMap::new()),
                 table_wakers: Wakers::default(),
+                ledger,
                 notify_max,
                 writer: Mutex::new(p.writer),
                 socket: p.socket,
@@ -168,7 +173,11 @@ impl Connection {
                             peer: self.name.clone(),
                             data,
                         },
-                        slot: Some((me.clone(), receipt)),
+                        from: Some(Arrival {
+                            conn: me.clone(),
+                            receipt,
+                            ledger: self.ledger.clone(),
+                        }),
                     });
                 }
             }
@@ -224,7 +233,30 @@ impl Connection {
         c.get_or_insert(reason.clone());
         drop(c);
         self.drive(|core, _, _| core.closing(reason));
+        self.seal_notes();
         self.table_wakers.wake_all();
+    }
+
+    /// The connection closes: its notifications in the agent's queue hold no slot any more,
+    /// and it posts no new one (the agent's bound, [`crate::notify::NoteQueue`]).
+    fn seal_notes(&self) {
+        if let Some(a) = self.agent.upgrade() {
+            a.notes.seal(&self.ledger);
+        }
+    }
+
+    /// Posts the receive slots the agent's bound deferred, as far as it lets now.
+    pub(crate) fn rearm(&self) {
+        self.drive(|core, io, _| core.rearm(io));
+    }
+
+    /// Posts the receive slots a new connection starts with, as far as the agent's bound lets
+    /// (the others once it does).
+    pub(crate) fn post_first_slots(&self) {
+        self.drive(|core, io, _| {
+            core.recv_slots_unposted();
+            core.rearm(io);
+        });
     }
 
     /// Why the peer is gone, if it is (closing or lost).
@@ -396,6 +428,7 @@ impl Connection {
         }
         self.lost.store(true, Ordering::Release);
         self.drive(|core, io, now| core.close(now, io, failure));
+        self.seal_notes();
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
         self.table_wakers.wake_all();
     }
@@ -507,6 +540,14 @@ pub(crate) fn apply_to(
         Message::RailRenew(_) | Message::RailRenewed(_) | Message::RailRefused { .. } => {
             Err("a rail renewal during the handshake".into())
         }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Every way of closing seals it already; a connection dropped without closing (a
+        // handshake that failed early) has nothing in the queue, but is sealed all the same.
+        self.seal_notes();
     }
 }
 

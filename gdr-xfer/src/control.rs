@@ -165,6 +165,8 @@ pub(crate) fn establish(
         writer,
         socket,
     });
+    // Before the peer may send: it sends nothing before it has our table.
+    conn.post_first_slots();
     send_our_table(agent, &conn, &mut reader)?;
     if let Err(e) = receive_their_table(&conn, &mut reader) {
         conn.lose(Failure::PeerLost {
@@ -306,8 +308,8 @@ fn exchange_hellos(
 }
 
 /// The lanes: every rail's queue pairs in rail-major order (lane `i` starts with generation
-/// `i`, as the core does), each rail's receive slots posted on its first lane, every queue
-/// pair connected to the peer's of the same position.
+/// `i`, as the core does) and its notification buffers, every queue pair connected to the
+/// peer's of the same position.
 fn build_lanes(
     agent: &Arc<AgentShared>,
     rails: Vec<Vec<QueuePair>>,
@@ -318,8 +320,8 @@ fn build_lanes(
     let mut notify = Vec::with_capacity(rails.len());
     for (r, rail_qps) in rails.into_iter().enumerate() {
         let pool = NotifyPool::new(&agent.rails[r].pd, cfg.notify_slots, cfg.notify_max)?;
-        let first = qps.len();
-        pool.post_all(&rail_qps[0], first as u64)?;
+        // The receive slots are posted once the connection exists, as far as the agent's
+        // notification bound lets (Connection::post_first_slots).
         qps.extend(rail_qps);
         notify.push(pool);
     }

@@ -89,6 +89,8 @@ pub(crate) struct Lanes {
     /// renewal).
     pub(crate) qps: Vec<Vec<(u64, QueuePair)>>,
     pub(crate) notify: Vec<NotifyPool>,
+    /// The connection's part of the agent's notification bound.
+    pub(crate) ledger: Arc<crate::notify::SlotLedger>,
     pub(crate) batch: Batch,
     pub(crate) after: After,
 }
@@ -199,6 +201,18 @@ impl Io for Lanes {
         match qp.post_send(&SendRequest::send(&[staged]).id(wr_id)) {
             Ok(()) => PostResult::Posted,
             Err(e) => post_error(e, &format!("posting a message on QP {:#x}", qp.qp_num())),
+        }
+    }
+
+    fn buffer_notification(&mut self) -> bool {
+        // The agent's bound across its connections (an agent gone keeps nothing anyway).
+        self.agent.upgrade().is_none_or(|a| a.notes.try_buffer())
+    }
+
+    fn may_arm_recv(&mut self) -> bool {
+        match self.agent.upgrade() {
+            Some(a) => a.notes.may_arm(&self.ledger, &self.conn),
+            None => false,
         }
     }
 

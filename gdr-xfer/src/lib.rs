@@ -164,11 +164,16 @@
 //! ## Notifications: bounded
 //!
 //! A notification's receive slot is posted again as soon as its message is copied out, while
-//! the agent keeps fewer than [`AgentConfig::notify_queue`] (1,024) untaken notifications of
-//! that peer; past that, each holds its slot until the application takes one
-//! ([`Agent::take_notifications`], [`Agent::wait_notification`]), and the peer's further
-//! notifications wait in its NIC (receiver not ready). A peer faster than the application is
-//! held back, nothing is lost, and what it can make the agent hold is bounded.
+//! the agent keeps fewer than [`AgentConfig::notify_queue`] (1,024) untaken notifications
+//! without their slot, counted across all peers and connections; past that, each holds its
+//! slot until the application takes it ([`Agent::take_notifications`],
+//! [`Agent::wait_notification`]), and the peer's further notifications wait in its NIC
+//! (receiver not ready). A peer faster than the application is held back, nothing is lost,
+//! and the agent holds at most `notify_queue` plus its connections' receive slots
+//! (`notify_slots` per rail and connection) untaken notifications, plus what the application
+//! put back ([`Agent::requeue_notification`]). Reconnecting does not reset the bound: the
+//! notifications a closed connection's slots held stay queued, and no connection posts a new
+//! slot until they are taken.
 //!
 //! ## Memory the engine keeps per transfer
 //!

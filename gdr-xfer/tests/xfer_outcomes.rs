@@ -420,6 +420,115 @@ fn a_peer_faster_than_the_application_is_held_back_and_loses_nothing() {
     assert_eq!(b.pending_notifications(), 0);
 }
 
+/// The audit's reconnect attack: a peer that disconnects and reconnects under the same name
+/// made the target hold `notify_queue` plus the slots again per connection (5000 notifications
+/// for a bound of 1088). The bound is the agent's: across five connections the target keeps at
+/// most `notify_queue` plus one connection's slots, the notifications of closed connections
+/// stay queued (none lost), and once the application took them the last connection's slots are
+/// posted again and its waiting transfers complete.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn reconnecting_does_not_grow_the_notification_bound() {
+    let slots = 4u16;
+    let queue = 8u32;
+    let b = agent_with(
+        AgentConfig::new("f3rb")
+            .notify_slots(slots)
+            .notify_queue(queue),
+    );
+    let addr = b.listen("127.0.0.1:0").unwrap().to_string();
+    let _dst = b.alloc_host(4096, "dst").unwrap();
+    let a = agent("f3ra");
+    let src = a.alloc_host(4096, "src").unwrap();
+    let rails = b.rails().len();
+    let cap = queue as usize + usize::from(slots) * rails;
+    let per_round = 3 * cap;
+    let rounds = 5;
+    let mut last = Vec::new();
+    let mut peak = 0;
+    for round in 0..rounds {
+        // The same name again: b forgets the old connection once a's goodbye arrived.
+        let end = Instant::now() + WAIT;
+        let pb = loop {
+            match a.connect(&addr) {
+                Ok(p) => break p,
+                Err(e) if Instant::now() < end => {
+                    println!("round {round}: connect: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("round {round}: {e}"),
+            }
+        };
+        let r = pb.wait_segment_named("dst", WAIT).unwrap();
+        let last_round = round == rounds - 1;
+        let timeout = if last_round {
+            WAIT
+        } else {
+            Duration::from_secs(3)
+        };
+        let transfers: Vec<_> = (0..per_round)
+            .map(|i| {
+                let id = (round * per_round + i) as u64;
+                pb.write(
+                    &[Desc::new(&src, 0, r.id, 0, 64)],
+                    &TransferOptions::new()
+                        .notify(id.to_be_bytes().to_vec())
+                        .timeout(timeout),
+                )
+                .unwrap()
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(1));
+        let held = b.pending_notifications();
+        peak = peak.max(held);
+        println!("round {round}: {held} notifications kept (bound {cap})");
+        assert!(
+            held <= cap,
+            "round {round}: {held} kept, over the agent's bound {cap}"
+        );
+        if last_round {
+            last = transfers;
+        } else {
+            a.disconnect(&pb);
+            for t in transfers {
+                let _ = t.wait(WAIT);
+            }
+        }
+    }
+    // Every notification kept arrives once; then the last connection's slots are posted again
+    // and its transfers complete, their notifications arriving too.
+    let mut seen = std::collections::HashSet::new();
+    let mut got = 0;
+    let end = Instant::now() + WAIT;
+    while last.iter().any(|t| t.status() == Status::Pending) || b.pending_notifications() > 0 {
+        assert!(
+            Instant::now() < end,
+            "the last connection was never re-armed"
+        );
+        for n in b.take_notifications() {
+            let id = u64::from_be_bytes(n.data[..8].try_into().unwrap());
+            assert!(seen.insert(id), "notification {id} twice");
+            got += 1;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for t in &last {
+        t.wait(WAIT)
+            .expect("the last connection's transfers complete once taken");
+    }
+    for n in b.take_notifications() {
+        let id = u64::from_be_bytes(n.data[..8].try_into().unwrap());
+        assert!(seen.insert(id), "notification {id} twice");
+        got += 1;
+    }
+    let last_ids = ((rounds - 1) * per_round) as u64..(rounds * per_round) as u64;
+    assert!(
+        last_ids.clone().all(|i| seen.contains(&i)),
+        "the last round's notifications all arrived"
+    );
+    println!("{got} notifications taken, peak {peak} kept (bound {cap})");
+}
+
 /// A cancelled transfer reports once its requests are retired; its memory is then quiet and
 /// the connection serves the next transfer.
 #[test]

@@ -166,9 +166,12 @@ impl<I: Io> Connection<I> {
                 None
             }
         };
+        // A slot that delivered nothing is posted again one for one; one whose notification is
+        // kept without its slot is a new post, which the driver's bound may defer.
+        let mut given_back = 1;
         if let Some(data) = deliver {
             self.untaken = self.untaken.saturating_add(1);
-            let holds = self.untaken > self.cfg.recv_buffered;
+            let holds = self.untaken > self.cfg.recv_buffered || !io.buffer_notification();
             if holds {
                 self.recv[rail].held += 1;
             }
@@ -176,7 +179,8 @@ impl<I: Io> Connection<I> {
             if holds {
                 return;
             }
+            given_back = 0;
         }
-        self.arm_free_slots(io, rail);
+        self.arm_free_slots(io, rail, given_back);
     }
 }

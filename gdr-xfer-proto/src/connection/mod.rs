@@ -661,11 +661,31 @@ impl<I: Io> Connection<I> {
             return;
         };
         slots.held = slots.held.saturating_sub(1);
-        self.arm_free_slots(io, rail);
+        self.arm_free_slots(io, rail, 1);
     }
 
-    /// Posts the receive slots of rail `rail` that are free and not held for the application.
-    fn arm_free_slots(&mut self, io: &mut I, rail: usize) {
+    /// Posts every receive slot that is free and not held for the application, as far as the
+    /// driver lets ([`Io::may_arm_recv`]): the driver calls it once slots it deferred may be
+    /// posted.
+    pub fn rearm(&mut self, io: &mut I) {
+        for rail in 0..self.recv.len() {
+            self.arm_free_slots(io, rail, 0);
+        }
+    }
+
+    /// The driver did not post the receive slots a new connection starts with (every slot of
+    /// every rail, posted before [`Connection::new`]): they count as free, and the next
+    /// [`Connection::rearm`] posts them.
+    pub fn recv_slots_unposted(&mut self) {
+        for r in &mut self.recv {
+            r.armed.iter_mut().for_each(|a| *a = false);
+        }
+    }
+
+    /// Posts the receive slots of rail `rail` that are free and not held for the application:
+    /// `given_back` of them at once (slots given back one for one), the others only when the
+    /// driver lets ([`Io::may_arm_recv`]).
+    fn arm_free_slots(&mut self, io: &mut I, rail: usize, given_back: usize) {
         if self.is_closed() {
             return;
         }
@@ -680,6 +700,9 @@ impl<I: Io> Connection<I> {
         let armed = slots.armed.iter().filter(|a| **a).count();
         let want = usize::from(self.cfg.recv_slots).saturating_sub(usize::from(slots.held));
         let mut missing = want.saturating_sub(armed);
+        if missing > given_back && !io.may_arm_recv() {
+            missing = given_back;
+        }
         for (slot, a) in slots.armed.iter_mut().enumerate() {
             if missing == 0 {
                 break;

@@ -36,8 +36,10 @@ impl<I: Io> Connection<I> {
         let endpoints = io.create_lanes(rail, &refs)?;
         let recv = &mut self.recv[rail];
         recv.gen = refs.first().map(|l| l.gen);
+        // The slots posted on the old queue pair move to the new one, one for one.
+        let moved = recv.armed.iter().filter(|a| **a).count();
         recv.armed.iter_mut().for_each(|a| *a = false);
-        self.arm_free_slots(io, rail);
+        self.arm_free_slots(io, rail, moved);
         Ok((refs, endpoints))
     }
 

@@ -53,6 +53,11 @@ struct Mock {
     script: Vec<PostResult>,
     /// Local segments the driver refuses (another protection domain).
     foreign: Vec<u8>,
+    /// The driver's bound across connections: places left to keep a notification without its
+    /// slot (`None`: unbounded).
+    buffer_places: Option<usize>,
+    /// The driver defers new receive slots.
+    defer_slots: bool,
 }
 
 impl Io for Mock {
@@ -96,6 +101,19 @@ impl Io for Mock {
     fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String> {
         self.armed.push((lane, slot));
         Ok(())
+    }
+    fn buffer_notification(&mut self) -> bool {
+        match &mut self.buffer_places {
+            None => true,
+            Some(0) => false,
+            Some(n) => {
+                *n -= 1;
+                true
+            }
+        }
+    }
+    fn may_arm_recv(&mut self) -> bool {
+        !self.defer_slots
     }
     fn create_lanes(&mut self, _rail: usize, lanes: &[LaneRef]) -> Result<Vec<u32>, String> {
         self.created.extend_from_slice(lanes);
@@ -905,4 +923,65 @@ fn a_message_is_a_notification_without_data_held_back_by_the_send_slots() {
         Err(Failure::Rejected { .. })
     ));
     assert_eq!(t.c.transfers(), 0);
+}
+
+#[test]
+fn the_drivers_bound_holds_slots_and_defers_new_posts_until_rearm() {
+    let mut c = cfg(1, 1);
+    c.recv_slots = 4;
+    c.recv_buffered = 100;
+    let mut t = T::new(c);
+    let l = lane(0, 0);
+    let msg = |id: u64| {
+        let mut m = Header { flags: 0, id }.encode().to_vec();
+        m.push(b'x');
+        m
+    };
+    let now = t.at(1);
+    // One place left in the driver's bound: the first is kept without its slot (posted
+    // again), the second holds its slot although the connection's own bound has room.
+    t.io.buffer_places = Some(1);
+    t.c.handle_recv(now, &mut t.io, l, 0, Some(&msg(1)));
+    t.c.handle_recv(now, &mut t.io, l, 1, Some(&msg(2)));
+    let holds: Vec<bool> = t.io.delivered.iter().map(|(_, r)| r.holds).collect();
+    assert_eq!(holds, [false, true]);
+    assert_eq!(t.io.armed, [(l, 0)], "only the first's slot posted again");
+    // The driver defers new posts: a slot whose notification is kept without it stays
+    // unposted; a slot given back one for one (a taken notification's own, a probe's) is
+    // posted all the same.
+    t.io.defer_slots = true;
+    t.io.buffer_places = Some(1);
+    t.c.handle_recv(now, &mut t.io, l, 2, Some(&msg(3)));
+    assert_eq!(t.io.armed.len(), 1, "deferred");
+    let probe = Header {
+        flags: Header::PROBE,
+        id: 0,
+    }
+    .encode();
+    t.c.handle_recv(now, &mut t.io, l, 3, Some(&probe));
+    assert_eq!(t.io.armed.len(), 2, "a probe's slot is given back");
+    let held = t.io.delivered[1].1;
+    t.c.consumed(&mut t.io, held);
+    assert_eq!(
+        t.io.armed.len(),
+        3,
+        "a taken notification's slot is given back"
+    );
+    // Once the driver lets, rearm posts what was deferred: every slot is posted again.
+    t.c.rearm(&mut t.io);
+    assert_eq!(t.io.armed.len(), 3);
+    t.io.defer_slots = false;
+    t.c.rearm(&mut t.io);
+    let mut slots: Vec<u16> = t.io.armed[1..].iter().map(|(_, s)| *s).collect();
+    slots.sort_unstable();
+    assert_eq!(slots, [1, 2, 3]);
+    // A new connection's slots, not posted by the driver, are posted by rearm.
+    let mut t = T::new(cfg(1, 1));
+    t.c.recv_slots_unposted();
+    t.io.defer_slots = true;
+    t.c.rearm(&mut t.io);
+    assert!(t.io.armed.is_empty());
+    t.io.defer_slots = false;
+    t.c.rearm(&mut t.io);
+    assert_eq!(t.io.armed.len(), 2);
 }

@@ -115,6 +115,7 @@ impl Agent {
             config.busy_poll,
         ));
         static AGENTS: AtomicU64 = AtomicU64::new(1);
+        let notes = NoteQueue::new(config.notify_queue);
         let shared = Arc::new(AgentShared {
             config,
             id: AGENTS.fetch_add(1, Ordering::Relaxed),
@@ -127,7 +128,7 @@ impl Agent {
             by_qpn: RwLock::new(HashMap::new()),
             retiring: Mutex::new(Vec::new()),
             drains: (0..nrails).map(|_| AtomicU64::new(0)).collect(),
-            notes: NoteQueue::default(),
+            notes,
             peer_wakers: Wakers::default(),
             timers: Mutex::new(Instant::now()),
             peers_changed: Condvar::new(),
@@ -293,8 +294,9 @@ impl Agent {
 
     // ----- notifications -----
 
-    /// Notifications received and not taken yet (at most [`AgentConfig::notify_queue`] plus
-    /// the receive slots, per peer), with those put back.
+    /// Notifications received (or put back) and not taken yet: at most
+    /// [`AgentConfig::notify_queue`] plus the receive slots of the agent's connections, plus
+    /// those put back (see [`AgentConfig::notify_queue`]).
     pub fn pending_notifications(&self) -> usize {
         self.shared.notes.len()
     }
