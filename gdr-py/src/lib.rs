@@ -23,7 +23,9 @@
 //!   `await agent.connect_async(addr)` and `await agent.connect_named_async(directory, name)`,
 //!   completed by one thread of this module that polls the engine's futures (`src/aio.rs`):
 //!   the event loop never blocks, no thread waits per transfer, and no engine thread takes the
-//!   GIL.
+//!   GIL. A transfer of more than 64 KiB submitted on an event loop's thread is checked and
+//!   queued there and posted by another thread of this module (`src/post.rs`): a software
+//!   NIC does the NIC's work inside the post call.
 //! * **Peers found by name through etcd**: `gdr.Directory` (gdr-xfer's `EtcdDirectory`),
 //!   `Agent.publish` and `Agent.connect_named` (`src/directory.rs`).
 //! * **Exceptions by variant**: every [`gdr_xfer::Error`] becomes the Python class of its
@@ -51,6 +53,7 @@ mod inspect;
 mod lists;
 mod memory;
 mod peer;
+mod post;
 mod release;
 mod segment;
 mod staging_check;

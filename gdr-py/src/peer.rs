@@ -83,6 +83,7 @@ impl PyPeer {
         let remote_offset = u64_arg(remote_offset, "remote_offset")?;
         let length = u64_arg(length, "length")?;
         let opts = options(notify, timeout_s)?;
+        let (opts, deferred) = crate::post::options(py, opts, length);
         let seg = &local_segment.get().seg;
         let peer = &self.peer;
         let t = py
@@ -91,6 +92,7 @@ impl PyPeer {
                 peer.transfer(direction, &[desc], &opts)
             })
             .map_err(to_py)?;
+        crate::post::queued(&self.peer, &t, deferred);
         Ok(PyTransfer::new(t))
     }
 }
@@ -349,6 +351,11 @@ impl PyPeer {
         let local_base = local_base.map_or(Ok(0), |b| u64_arg(b, "local_base"))?;
         let remote_base = remote_base.map_or(Ok(0), |b| u64_arg(b, "remote_base"))?;
         let opts = options(notify, timeout_s)?;
+        let (opts, deferred) = crate::post::options(
+            py,
+            opts,
+            (local_blocks.len() as u64).saturating_mul(block_len),
+        );
         let seg = &local_segment.get().seg;
         let peer = &self.peer;
         let t = py
@@ -360,6 +367,7 @@ impl PyPeer {
                 peer.transfer_blocks(direction, &table, &opts)
             })
             .map_err(to_py)?;
+        crate::post::queued(&self.peer, &t, deferred);
         Ok(PyTransfer::new(t))
     }
 
@@ -401,6 +409,13 @@ impl PyPeer {
         let local_stride = local_stride.map_or(Ok(block_len), |s| u64_arg(s, "local_stride"))?;
         let remote_stride = remote_stride.map_or(Ok(block_len), |s| u64_arg(s, "remote_stride"))?;
         let opts = options(notify, timeout_s)?;
+        let (opts, deferred) = crate::post::options(
+            py,
+            opts,
+            (local_blocks.len() as u64)
+                .saturating_mul(block_len)
+                .saturating_mul(lines.len() as u64),
+        );
         let lines: Vec<_> = lines
             .iter()
             .map(|(seg, lb, rs, rb)| (&seg.get().seg, *lb, *rs, *rb))
@@ -416,6 +431,7 @@ impl PyPeer {
                 peer.transfer_pools(direction, &table, &opts)
             })
             .map_err(to_py)?;
+        crate::post::queued(&self.peer, &t, deferred);
         Ok(PyTransfer::new(t))
     }
 
@@ -446,6 +462,7 @@ impl PyPeer {
         let local_idx = blocks(local_indices, "local_indices")?;
         let remote_idx = blocks(remote_indices, "remote_indices")?;
         let opts = options(notify, timeout_s)?;
+        let (opts, deferred) = crate::post::options(py, opts, u64::MAX);
         let (local, remote) = (&local.get().list, &remote.get().list);
         let peer = &self.peer;
         let t = py
@@ -453,6 +470,7 @@ impl PyPeer {
                 peer.transfer_indexed(direction, local, &local_idx, remote, &remote_idx, &opts)
             })
             .map_err(to_py)?;
+        crate::post::queued(&self.peer, &t, deferred);
         Ok(PyTransfer::new(t))
     }
 
