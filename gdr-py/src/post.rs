@@ -8,7 +8,7 @@
 //! queued on the loop (its errors still raise from the call) with
 //! [`gdr_xfer::TransferOptions::post_inline_max`], and posted by this module's thread
 //! (`gdr-py-post`) with [`gdr_xfer::Peer::post_queued`], or by the connection's next
-//! completion, whichever comes first. Smaller transfers, and every transfer submitted outside
+//! completion or timer tick, whichever comes first. Smaller transfers, and every transfer submitted outside
 //! an event loop, are posted at once as before. The thread never takes the GIL.
 
 use std::sync::mpsc::{channel, Sender};

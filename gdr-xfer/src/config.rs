@@ -348,7 +348,8 @@ impl TransferOptions {
     /// Posts the transfer's requests on the submitting thread only when it moves at most
     /// `bytes`; a larger one is checked, planned and queued there (errors still come from the
     /// submitting call) and posted by [`Peer::post_queued`](crate::Peer::post_queued), called
-    /// from another thread, or by the connection's next completion, whichever comes first.
+    /// from another thread, or by the connection's next completion or timer tick (a progress
+    /// thread runs them every 5 ms), whichever comes first.
     /// For a thread that must not spend the provider's time in `ibv_post_send`: an event
     /// loop. A software NIC such as Soft-RoCE does the NIC's work inside that call (measured
     /// in the Soft-RoCE VM: 0.06 ms to plan a 16 MiB write, 400 ms to post it). Staged

@@ -27,6 +27,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "staged_outcome_before_quiet",
         "a failed staged transfer reports at once, its copies and children still running",
     ),
+    (
+        "queued_waits_for_completions",
+        "a transfer queued without posting (an event loop's) waits for a completion instead of the next timer",
+    ),
 ];
 
 #[derive(clap::Args)]

@@ -87,6 +87,9 @@ pub struct Connection<I: Io> {
     transfers: Slab<Transfer<I>>,
     /// Transfers with requests not yet posted, oldest first.
     pending: VecDeque<TransferKey>,
+    /// Since when a transfer was queued without posting ([`Connection::submit_queued`]) and
+    /// no pump has run: the next timer posts it, if nothing else did first.
+    unposted_since: Option<Instant>,
     /// Transfers whose data is done and whose notification waits for a send slot.
     notify_due: VecDeque<TransferKey>,
     /// Deadlines of active transfers.
@@ -194,6 +197,7 @@ impl<I: Io> Connection<I> {
             cfg,
             transfers: Slab::new(),
             pending: VecDeque::new(),
+            unposted_since: None,
             notify_due: VecDeque::new(),
             deadlines: BTreeSet::new(),
             settling: Vec::new(),
@@ -292,11 +296,15 @@ impl<I: Io> Connection<I> {
 
     /// [`Connection::submit`] without posting anything: the transfer is checked and queued
     /// (refused at once as `submit` would refuse it), and its requests are posted by the next
-    /// [`Connection::post_queued`], or by the next completion or timer that posts. For a
+    /// [`Connection::post_queued`], completion or timer, whichever comes first
+    /// ([`Connection::poll_timeout`] is due at once while such a transfer waits). For a
     /// caller whose thread must not spend the provider's post time (an event loop: a software
     /// NIC does the NIC's work inside the post call).
     pub fn submit_queued(&mut self, now: Instant, spec: Spec<I>) -> Result<TransferKey, Failure> {
-        self.enqueue(now, spec)
+        let key = self.enqueue(now, spec)?;
+        // Due at once for the timers: posted by the next tick at the latest.
+        self.unposted_since.get_or_insert(now);
+        Ok(key)
     }
 
     /// Posts what is queued and fits (what a completion would post).
@@ -564,6 +572,11 @@ impl<I: Io> Connection<I> {
         }
         let mut next = self.deadlines.first().map(|&(d, _)| d);
         let mut at = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        if let Some(t) = self.unposted_since {
+            if !cfg!(gdr_mutant = "queued_waits_for_completions") {
+                at(t);
+            }
+        }
         for &key in &self.settling {
             let Some(t) = self.transfers.get(key) else {
                 continue;

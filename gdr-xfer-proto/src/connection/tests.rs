@@ -160,6 +160,8 @@ struct T {
     c: Connection<Mock>,
     io: Mock,
     t0: Instant,
+    /// Submit with `submit_queued` (nothing posted) instead of `submit`.
+    queue_only: bool,
 }
 
 fn cfg(rails: usize, lanes: usize) -> Config {
@@ -182,6 +184,7 @@ impl T {
             c: Connection::new(cfg, t0),
             io: Mock::default(),
             t0,
+            queue_only: false,
         }
     }
 
@@ -221,6 +224,9 @@ impl T {
             handle,
         };
         let now = self.at(ms);
+        if self.queue_only {
+            return self.c.submit_queued(now, spec);
+        }
         self.c.submit(now, &mut self.io, spec)
     }
 
@@ -757,6 +763,34 @@ fn a_cancel_while_everything_is_in_flight_still_reports_cancelled_once_quiet() {
     t.complete_all(4);
     assert_eq!(t.io.outcome(2), Some(&Ok(())));
     assert!(!t.c.cancel(t.at(5), &mut t.io, k2));
+    assert_eq!(t.io.outcome(2), Some(&Ok(())));
+}
+
+#[test]
+fn a_queued_transfer_is_checked_at_once_and_posted_by_post_queued_or_the_next_timer() {
+    let mut t = T::new(cfg(1, 1));
+    t.queue_only = true;
+    // Refused at once, as submit refuses it.
+    assert!(t.submit(0, 9, Op::Write, 0, 0, None, None).is_err());
+    let _ = t.submit(0, 1, Op::Write, 3, 0, None, None).unwrap();
+    assert!(t.io.posts.is_empty(), "queued, nothing posted");
+    // The timers are due at once while it waits: the next tick posts it.
+    assert_eq!(t.c.poll_timeout(), Some(t.at(0)));
+    t.tick(1);
+    assert_eq!(t.io.posts.len(), 1, "posted by the timer");
+    assert!(
+        t.c.poll_timeout().is_none_or(|d| d > t.at(1)),
+        "nothing due now"
+    );
+    t.complete_all(2);
+    assert_eq!(t.io.outcome(1), Some(&Ok(())));
+    // Or by post_queued, before any timer.
+    let _ = t.submit(3, 2, Op::Write, 2, 0, None, None).unwrap();
+    assert!(t.io.posts.is_empty());
+    let now = t.at(3);
+    t.c.post_queued(now, &mut t.io);
+    assert_eq!(t.io.posts.len(), 1);
+    t.complete_all(4);
     assert_eq!(t.io.outcome(2), Some(&Ok(())));
 }
 

@@ -57,7 +57,7 @@ impl World {
         let rkeys = self.remote_keys(peer, &drawn.remote_segs);
         let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
         // Some are queued without posting (as an event loop's submissions are), posted a while
-        // later by the application's post thread or by whatever posts first.
+        // later by the application's post thread, or by whatever posts first.
         let queued = self.rng.percent(25);
         {
             let mut net = self.net.borrow_mut();
@@ -109,7 +109,9 @@ impl World {
                 core.submit(now, io, spec)
             })
         });
-        if queued && matches!(result, Some(Ok(_))) {
+        // Half of them get the post thread's call; the others wait for the next completion or
+        // timer.
+        if queued && matches!(result, Some(Ok(_))) && self.rng.percent(50) {
             let d = self.us(0, 3000);
             self.at(d, Ev::PostQueued { agent, peer });
         }
