@@ -352,3 +352,44 @@ def test_a_large_submission_from_a_coroutine_is_posted_off_the_loop(pair):
     print(f"16 MiB write: the caller's thread spent {1e3 * inline:.1f} ms outside a loop "
           f"(posted inline), {1e3 * on_loop:.2f} ms on an event loop (ratio {on_loop / inline:.3f})")
     assert on_loop < 0.25 * inline, (on_loop, inline)
+
+
+def test_queued_submissions_cancelled_disconnected_or_dropped_at_once_keep_their_promises(pair):
+    # The adversary's turn on the post thread: a transfer queued on the loop and cancelled,
+    # its peer disconnected, or its handles dropped, before gdr's post thread posted it.
+    import asyncio
+
+    a, b, pb, pa = pair
+    n = 4 << 20
+    dst = np.zeros(n, np.uint8)
+    b.register(dst, "q-dst")
+    remote = pb.wait_segment("q-dst", timeout_s=10)
+    src = a.alloc(n, "q-src")
+    src.write(0, b"\x77" * n)
+
+    async def main():
+        # Cancelled before anything was posted: Cancelled, nothing of it lands afterwards.
+        t = pb.write(src, 0, remote, 0, n, timeout_s=WAIT)
+        t.cancel()
+        with pytest.raises(gdr.Cancelled):
+            await t
+        # Many queued at once, every handle dropped at once: each still lands.
+        for i in range(8):
+            pb.write(src, 0, remote, 0, n, timeout_s=WAIT)
+        last = pb.write(src, 0, remote, 0, n, notify=b"last", timeout_s=WAIT)
+        await last
+        note = b.wait_notification(timeout_s=10)
+        assert note is not None and note.data == b"last"
+        assert bytes(dst[:16]) == b"\x77" * 16 and dst[-1] == 0x77
+        # Queued, then the peer disconnected before the post thread ran: PeerLost.
+        t2 = pb.write(src, 0, remote, 0, n, timeout_s=WAIT)
+        a.disconnect(pb)
+        try:
+            await t2  # landed before the disconnect, or failed with it
+        except gdr.PeerLost:
+            pass
+        assert t2.status in ("done", "failed")
+
+    asyncio.run(main())
+    # Nothing is left pending: the agent shuts down at once.
+    assert a.shutdown(5.0)["pending"] == 0
