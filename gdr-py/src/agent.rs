@@ -425,10 +425,13 @@ impl PyAgent {
         let seg = match taken.kind {
             Kind::Host => {
                 // SAFETY: `addr..addr + len` is host memory of a writable, C-contiguous export
-                // that `held` keeps: a buffer export (PEP 3118 binds the exporter to keep the
-                // memory allocated and in place until the export is released; a bytearray,
-                // numpy array or mmap refuses to resize or close meanwhile) or a DLPack tensor
-                // (the exporter keeps its memory until the deleter runs). It lasts until the
+                // of plain data (no object pointers) that `held` keeps: a buffer export that
+                // gdr owns in a `Py_buffer` no Python object stands for (PEP 3118 binds the
+                // exporter to keep the memory allocated and in place until the export is
+                // released; a bytearray, array.array or mmap refuses to resize or close
+                // meanwhile), with exports of the objects it borrows its memory from and weak
+                // references that make numpy refuse to resize (`crate::buffer`), or a DLPack
+                // tensor (the exporter keeps its memory until the deleter runs). It lasts until the
                 // release closure has run: the closure moves `held` to the release thread,
                 // which gives it back under the GIL; a failed registration drops the value, so
                 // the closure runs then too. The bytes were initialised by their Python owner.

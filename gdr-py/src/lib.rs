@@ -1,7 +1,7 @@
 //! # gdr-py: gdr's transfer engine for Python
 //!
 //! The native module `gdr._gdr` of the Python package `gdr` (built with maturin into one abi3
-//! wheel for CPython >= 3.9): [`gdr_xfer`]'s agents, peers, segments and transfers as Python
+//! wheel for CPython >= 3.11): [`gdr_xfer`]'s agents, peers, segments and transfers as Python
 //! classes. What it adds to the Rust API:
 //!
 //! * **Python memory, kept alive by its segment.** `Agent.register(obj, name)` takes CUDA

@@ -6,6 +6,7 @@ says the attack and what the audit saw before the fix. Device tests: they need G
 import array
 import gc
 import mmap
+import time
 
 import numpy as np
 import pytest
@@ -393,3 +394,75 @@ def test_queued_submissions_cancelled_disconnected_or_dropped_at_once_keep_their
     asyncio.run(main())
     # Nothing is left pending: the agent shuts down at once.
     assert a.shutdown(5.0)["pending"] == 0
+
+
+def test_notifications_reach_each_exactly_once_across_loops_threads_and_random_cancels(pair):
+    # The class of the lost message, attacked at once from several event loops in several
+    # threads, with blocking waits beside them and steps cancelled at random moments.
+    import asyncio
+    import random
+    import threading
+
+    a, b, pb, pa = pair
+    total = 120
+    got = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def async_consumer(seed):
+        rng = random.Random(seed)
+
+        async def main():
+            stream = b.notifications()
+            while not stop.is_set():
+                step = asyncio.ensure_future(stream.__anext__())
+                done, _ = await asyncio.wait({step}, timeout=rng.uniform(0, 0.02))
+                if step in done:
+                    with lock:
+                        got.append(step.result().data)
+                else:
+                    step.cancel()
+                    try:
+                        note = await step
+                    except asyncio.CancelledError:
+                        continue
+                    with lock:
+                        got.append(note.data)  # it completed before the cancel took
+
+        asyncio.run(main())
+
+    def blocking_consumer():
+        while not stop.is_set():
+            note = b.wait_notification(timeout_s=0.01)
+            if note is not None:
+                with lock:
+                    got.append(note.data)
+
+    threads = [threading.Thread(target=async_consumer, args=(s,)) for s in range(3)]
+    threads.append(threading.Thread(target=blocking_consumer))
+    for t in threads:
+        t.start()
+    try:
+        for i in range(total):
+            pb.send_notification(f"m{i}".encode(), timeout_s=WAIT).wait(WAIT)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            with lock:
+                if len(got) >= total:
+                    break
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert sorted(got) == sorted(f"m{i}".encode() for i in range(total)), (len(got), total)
+    assert b.take_notifications() == []
+
+
+def test_impossible_allocations_are_typed_errors_not_aborts(pair):
+    a, b, pb, pa = pair
+    for n in (2**62, 2**64 - 1):
+        with pytest.raises(gdr.GdrError):
+            a.alloc(n, "huge")
+    with pytest.raises(gdr.InvalidArgument):
+        a.alloc(2**64, "huge")
