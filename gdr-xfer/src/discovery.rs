@@ -11,6 +11,13 @@
 //! |---|---|
 //! | `<agent>/endpoint` | the agent record: the `host:port` peers connect to ([`wire::AgentRecord`]) |
 //! | `<agent>/segments/<id>` | one segment, as a [`Message::Segments`] of one entry |
+//!
+//! A name belongs to the agent that published it first: the endpoint key is an
+//! [`EtcdDirectory::claim`] of the scope `<agent>/`, made only when no key lies under it, and
+//! the segment keys are written and deleted under that claim. A second agent publishing the
+//! same name (through another directory or the same one) is refused with
+//! [`Error::NameTaken`] and can neither replace nor delete the holder's records, so the
+//! holder's peers never lose it to a name taken over.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
@@ -18,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::agent::{Agent, AgentShared};
 use crate::connection::Connection;
-use crate::directory::{EtcdDirectory, WatchEvent};
+use crate::directory::{Claim, EtcdDirectory, WatchEvent};
 use crate::error::{Error, Result};
 use crate::peer::Peer;
 use crate::segment::Segment;
@@ -55,9 +62,10 @@ fn check_publishable(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The directory an agent published itself in.
+/// The directory an agent published itself in, and its claim of its name there.
 pub(crate) struct Published {
     pub(crate) dir: Arc<EtcdDirectory>,
+    claim: Claim,
 }
 
 impl Published {
@@ -65,7 +73,10 @@ impl Published {
         let value = Message::Segments(vec![seg.info().clone()])
             .encode()
             .map_err(Error::from);
-        let r = value.and_then(|v| self.dir.put(&segment_key(agent, seg.id()), &v));
+        let r = value.and_then(|v| {
+            self.dir
+                .put_claimed(&self.claim, &segment_key(agent, seg.id()), &v)
+        });
         if let Err(e) = r {
             log::warn!(
                 "{agent}: publishing segment {} in the directory: {e}",
@@ -75,7 +86,10 @@ impl Published {
     }
 
     pub(crate) fn delete_segment(&self, agent: &str, id: SegmentId) {
-        if let Err(e) = self.dir.delete(&segment_key(agent, id)) {
+        if let Err(e) = self
+            .dir
+            .delete_claimed(&self.claim, &segment_key(agent, id))
+        {
             log::warn!("{agent}: withdrawing segment {id} from the directory: {e}");
         }
     }
@@ -86,14 +100,25 @@ impl Agent {
     /// [`Agent::listen`] listens) and every segment, now and as they are registered and
     /// deregistered, all bound to the directory's lease.
     ///
-    /// The records are deleted when the agent shuts down or is dropped; a record of an agent
-    /// that died goes when the directory's lease ends.
+    /// The name belongs to this agent from then on: it is claimed in one etcd transaction
+    /// that succeeds only when no key lies under `<name>/` ([`EtcdDirectory::claim`]), so of
+    /// agents publishing one name only the first gets it, and no other agent can replace or
+    /// delete its records. The records are deleted when the agent shuts down or is dropped
+    /// (its segments, then its endpoint: the name stays held until all of them are gone); a
+    /// record of an agent that died goes when the directory's lease ends. Then the name is
+    /// free again.
+    ///
+    /// If the directory's lease is lost (etcd unreachable for its TTL), the records are gone
+    /// and another agent may take the name; this agent's later segment records are refused
+    /// (logged). Publish again from a new agent with a new directory.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a name with `/`, when already published, or for an
-    /// address peers cannot connect to (`0.0.0.0`, `::`, port 0: what `listen("0.0.0.0:0")`
-    /// binds, not where peers reach it); [`Error::Directory`] when etcd refuses;
-    /// [`Error::AgentClosed`] after [`Agent::shutdown`].
+    /// [`Error::NameTaken`] when another agent holds the name (published it through another
+    /// directory or this one, and has not withdrawn, and its lease has not ended); nothing of
+    /// it was touched. [`Error::InvalidArgument`] for a name with `/`, when already published,
+    /// or for an address peers cannot connect to (`0.0.0.0`, `::`, port 0: what
+    /// `listen("0.0.0.0:0")` binds, not where peers reach it); [`Error::Directory`] when etcd
+    /// refuses; [`Error::AgentClosed`] after [`Agent::shutdown`].
     pub fn publish(&self, dir: Arc<EtcdDirectory>, advertise: SocketAddr) -> Result<()> {
         let shared = self.shared();
         shared.check_open()?;
@@ -110,8 +135,24 @@ impl Agent {
         let record = AgentRecord {
             addr: advertise.to_string(),
         };
-        dir.put(&endpoint_key(name), &record.encode()?)?;
-        let published = Published { dir };
+        let claim = dir
+            .claim(&format!("{name}/"), &endpoint_key(name), &record.encode()?)
+            .map_err(|e| match e {
+                Error::NameTaken {
+                    key,
+                    holder_lease,
+                    hint,
+                    ..
+                } => Error::NameTaken {
+                    call: "Agent::publish",
+                    name: name.clone(),
+                    key,
+                    holder_lease,
+                    hint,
+                },
+                other => other,
+            })?;
+        let published = Published { dir, claim };
         // Segments registered from now on are published by the registration itself (it sees
         // `slot` set once we release it); the ones registered before, here.
         for seg in shared.lock_segments().values().filter(|s| s.is_published()) {
@@ -234,18 +275,18 @@ fn connect_named(
 }
 
 impl Agent {
-    /// Deletes this agent's records from the directory it published itself in, the endpoint
-    /// first (so that no one finds it any more), then its segments; later registrations are
-    /// not published. Best effort: what etcd refuses goes when the lease ends.
+    /// Deletes this agent's records from the directory it published itself in, its segments
+    /// first, then its endpoint (the claim of its name: the name stays held until every
+    /// record under it is gone, so that a new holder never shares it with the old one's
+    /// records); later registrations are not published. Only records of this agent's claim are
+    /// deleted. Best effort: what etcd refuses goes when the lease ends (and the name stays
+    /// held until then).
     pub(crate) fn withdraw(&self) {
         let shared = self.shared();
         let Some(published) = shared.lock_published().take() else {
             return;
         };
         let name = &shared.config.name;
-        if let Err(e) = published.dir.delete(&endpoint_key(name)) {
-            log::warn!("{name}: withdrawing from the directory: {e}");
-        }
         let ids: Vec<SegmentId> = shared
             .lock_segments()
             .values()
@@ -254,6 +295,9 @@ impl Agent {
             .collect();
         for id in ids {
             published.delete_segment(name, id);
+        }
+        if let Err(e) = published.dir.release(&published.claim) {
+            log::warn!("{name}: withdrawing from the directory: {e}");
         }
     }
 }

@@ -255,6 +255,27 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// A directory name is held by someone else (another agent, through another directory's
+    /// lease or through this same directory), or a key is another lease's: nothing was put, and
+    /// the holder's records are untouched. A name belongs to the agent that published it first
+    /// until it withdraws (shutdown, drop) or its lease ends.
+    #[error("{call}: the name {name:?} is taken: {key:?} is held by {}{hint}", holder_text(*.holder_lease))]
+    NameTaken {
+        /// The call refused (`Agent::publish`, `EtcdDirectory::claim`, `EtcdDirectory::put`,
+        /// `EtcdDirectory::put_claimed`).
+        call: &'static str,
+        /// The name asked for: the agent's name, or the scope or key (relative to the
+        /// directory's prefix) of a directory call.
+        name: String,
+        /// The etcd key found held (prefix included, as `etcdctl get` takes it).
+        key: String,
+        /// The holder's etcd lease (`etcdctl lease list` shows it in hex); 0 when the key is
+        /// bound to no lease.
+        holder_lease: i64,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// An operating-system call failed (sockets, threads).
     #[error("{what}: {source}")]
     Io {
@@ -269,6 +290,15 @@ pub enum Error {
 /// `descriptor N: ` for a descriptor's error, nothing for another range's.
 pub(crate) fn descriptor_prefix(index: Option<usize>) -> String {
     index.map_or_else(String::new, |i| format!("descriptor {i}: "))
+}
+
+/// Who holds a taken directory name, for [`Error::NameTaken`].
+fn holder_text(lease: i64) -> String {
+    if lease == 0 {
+        "a record bound to no lease".into()
+    } else {
+        format!("etcd lease {lease:#x}")
+    }
 }
 
 /// The hint of [`Error::PeerLost`].

@@ -674,3 +674,290 @@ fn usable_from_inside_another_tokio_runtime() {
         drop(d);
     });
 }
+
+/// Revokes `lease` from another client, as an operator (`etcdctl lease revoke`) or etcd itself
+/// (the lease expired while this process was cut off) would.
+fn revoke_behind_its_back(etcd: &EtcdServer, lease: i64) {
+    let endpoint = etcd.endpoint();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let mut raw = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap();
+        raw.lease_revoke(lease).await.unwrap();
+    });
+}
+
+/// The holder's lease of a refused name, checked to be `holder`'s.
+fn taken_by(err: &Error, call: &str, name: &str, holder: &EtcdDirectory) {
+    match err {
+        Error::NameTaken {
+            call: c,
+            name: n,
+            holder_lease,
+            hint,
+            ..
+        } => {
+            assert_eq!(*c, call, "{err}");
+            assert_eq!(n, name, "{err}");
+            assert_eq!(*holder_lease, holder.lease_id(), "{err}");
+            assert!(hint.text().is_some(), "{err}");
+        }
+        other => panic!("expected NameTaken, got {other}"),
+    }
+}
+
+#[test]
+fn put_never_replaces_a_key_of_another_lease() {
+    let etcd = EtcdServer::start();
+    let a = connect(&etcd, "/t/");
+    let b = connect(&etcd, "/t/");
+    a.put("svc/endpoint", b"a's").unwrap();
+    a.put("svc/endpoint", b"a's again").unwrap();
+    let err = b.put("svc/endpoint", b"b's").unwrap_err();
+    taken_by(&err, "EtcdDirectory::put", "svc/endpoint", &a);
+    let text = err.to_string();
+    assert!(
+        text.contains("EtcdDirectory::put: the name \"svc/endpoint\" is taken")
+            && text.contains(&format!("{:#x}", a.lease_id())),
+        "{text}"
+    );
+    assert!(!b.delete("svc/endpoint").unwrap());
+    drop(b);
+    assert_eq!(
+        a.get("svc/endpoint").unwrap().as_deref(),
+        Some(&b"a's again"[..])
+    );
+    // Once a's key is gone, the key is anyone's; a's own delete does not touch the new one.
+    assert!(a.delete("svc/endpoint").unwrap());
+    let c = connect(&etcd, "/t/");
+    c.put("svc/endpoint", b"c's").unwrap();
+    assert!(!a.delete("svc/endpoint").unwrap());
+    assert_eq!(a.get("svc/endpoint").unwrap().as_deref(), Some(&b"c's"[..]));
+    // A key put with no lease (another client) is nobody's to replace either.
+    let endpoint = etcd.endpoint();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async move {
+            let mut raw = etcd_client::Client::connect([endpoint], None)
+                .await
+                .unwrap();
+            raw.put("/t/bare", "v", None).await.unwrap();
+        });
+    match c.put("bare", b"x").unwrap_err() {
+        Error::NameTaken {
+            holder_lease: 0,
+            key,
+            ..
+        } => assert_eq!(key, "/t/bare"),
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn a_claimed_name_is_refused_to_every_other_claim_and_its_records_are_untouched() {
+    let etcd = EtcdServer::start();
+    let a = connect(&etcd, "/t/");
+    let watcher = connect(&etcd, "/t/");
+    let claim = a.claim("svc/", "svc/endpoint", b"a's address").unwrap();
+    assert_eq!((claim.scope(), claim.key()), ("svc/", "svc/endpoint"));
+    assert!(claim.revision() > 0);
+    // Values at the bound go through the guarded put (etcd's request bound is 1.5 MiB).
+    let big = vec![5u8; MAX_VALUE_LEN];
+    a.put_claimed(&claim, "svc/segments/1", &big).unwrap();
+    a.put_claimed(&claim, "svc/segments/1", b"seg 1").unwrap();
+    let before = a.list("svc/").unwrap();
+    let (_, w) = watcher.list_and_watch("svc/").unwrap();
+
+    // Another directory, and another caller of the same directory: refused, naming a's lease.
+    let b = connect(&etcd, "/t/");
+    let err = b.claim("svc/", "svc/endpoint", b"b's address").unwrap_err();
+    taken_by(&err, "EtcdDirectory::claim", "svc/", &a);
+    assert!(
+        err.to_string().contains("choose another agent name"),
+        "{err}"
+    );
+    let err = a.claim("svc/", "svc/endpoint", b"again").unwrap_err();
+    taken_by(&err, "EtcdDirectory::claim", "svc/", &a);
+    assert!(err.to_string().contains("same directory"), "{err}");
+    // b can neither replace nor delete a's records, nor use a's claim.
+    taken_by(
+        &b.put("svc/endpoint", b"b's").unwrap_err(),
+        "EtcdDirectory::put",
+        "svc/endpoint",
+        &a,
+    );
+    assert!(!b.delete("svc/endpoint").unwrap());
+    assert!(!b.delete("svc/segments/1").unwrap());
+    assert!(matches!(
+        b.put_claimed(&claim, "svc/segments/2", b"x"),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        b.release(&claim),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        a.put_claimed(&claim, "other/x", b"x"),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        a.claim("svc/", "other/endpoint", b"x"),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        a.claim("", "svc/endpoint", b"x"),
+        Err(Error::InvalidArgument { .. })
+    ));
+    // The refused directory goes (its lease is revoked): a's records stay, and a watcher of
+    // them saw nothing at all.
+    drop(b);
+    assert_eq!(a.list("svc/").unwrap().entries, before.entries);
+    assert!(
+        w.recv_timeout(Duration::from_secs(1)).is_none(),
+        "a's records did not change"
+    );
+}
+
+#[test]
+fn a_name_is_free_again_once_its_holder_released_it_or_its_lease_ended() {
+    let etcd = EtcdServer::start();
+    let a = connect(&etcd, "/t/");
+    let b = connect(&etcd, "/t/");
+    let claim = a.claim("svc/", "svc/endpoint", b"a").unwrap();
+    a.put_claimed(&claim, "svc/segments/1", b"seg").unwrap();
+    // Released with a record left under the name: still held.
+    assert!(a.release(&claim).unwrap());
+    assert!(!a.release(&claim).unwrap(), "released once");
+    taken_by(
+        &b.claim("svc/", "svc/endpoint", b"b").unwrap_err(),
+        "EtcdDirectory::claim",
+        "svc/",
+        &a,
+    );
+    // A released claim writes nothing more.
+    let err = a.put_claimed(&claim, "svc/segments/2", b"x").unwrap_err();
+    assert!(
+        matches!(&err, Error::Directory { op: "put", detail, .. } if detail.contains("claim")),
+        "{err}"
+    );
+    // Every record gone: free.
+    assert!(a.delete("svc/segments/1").unwrap());
+    let claim_b = b.claim("svc/", "svc/endpoint", b"b").unwrap();
+    assert!(claim_b.revision() > claim.revision());
+    // Lease ended (revoked behind the holder's back, as when it expires): free again.
+    b.put_claimed(&claim_b, "svc/segments/1", b"b's seg")
+        .unwrap();
+    revoke_behind_its_back(&etcd, b.lease_id());
+    assert!(a.list("svc/").unwrap().entries.is_empty());
+    let c = connect(&etcd, "/t/");
+    c.claim("svc/", "svc/endpoint", b"c").unwrap();
+}
+
+#[test]
+fn a_former_holder_never_deletes_or_replaces_the_records_of_a_later_one() {
+    let etcd = EtcdServer::start();
+    // Another lease took the name after ours ended.
+    let a = connect(&etcd, "/t/");
+    let claim = a.claim("svc/", "svc/endpoint", b"a").unwrap();
+    a.put_claimed(&claim, "svc/segments/1", b"a's seg").unwrap();
+    revoke_behind_its_back(&etcd, a.lease_id());
+    let b = connect(&etcd, "/t/");
+    let claim_b = b.claim("svc/", "svc/endpoint", b"b").unwrap();
+    b.put_claimed(&claim_b, "svc/segments/1", b"b's seg")
+        .unwrap();
+    let held = b.list("svc/").unwrap().entries;
+    assert!(!a.delete_claimed(&claim, "svc/segments/1").unwrap());
+    assert!(!a.delete("svc/segments/1").unwrap());
+    assert!(!a.release(&claim).unwrap());
+    // Before a's keepalive notices the loss, etcd refuses; after, the directory does.
+    assert!(a.put_claimed(&claim, "svc/segments/2", b"x").is_err());
+    assert!(a.put("svc/endpoint", b"x").is_err());
+    assert_eq!(b.list("svc/").unwrap().entries, held);
+    // Publishing again with a new directory: the name is b's now.
+    let a2 = connect(&etcd, "/t/");
+    taken_by(
+        &a2.claim("svc/", "svc/endpoint", b"a2").unwrap_err(),
+        "EtcdDirectory::claim",
+        "svc/",
+        &b,
+    );
+
+    // The same lease: a claim released and made again through one directory (two agents of
+    // one name in turn, sharing it). The old claim's deletes do not touch the new claim's
+    // records, although both are this lease's.
+    let d = connect(&etcd, "/t/");
+    let first = d.claim("x/", "x/endpoint", b"first").unwrap();
+    d.put_claimed(&first, "x/segments/1", b"first's").unwrap();
+    assert!(d.delete_claimed(&first, "x/segments/1").unwrap());
+    assert!(d.release(&first).unwrap());
+    let second = d.claim("x/", "x/endpoint", b"second").unwrap();
+    d.put_claimed(&second, "x/segments/1", b"second's").unwrap();
+    assert!(!d.delete_claimed(&first, "x/segments/1").unwrap());
+    assert!(!d.release(&first).unwrap());
+    assert!(d.put_claimed(&first, "x/segments/2", b"stale").is_err());
+    let keys: Vec<_> = d.list("x/").unwrap().entries;
+    assert_eq!(
+        keys,
+        [
+            ("x/endpoint".to_string(), b"second".to_vec()),
+            ("x/segments/1".to_string(), b"second's".to_vec())
+        ]
+    );
+}
+
+#[test]
+fn of_directories_claiming_one_name_at_once_exactly_one_wins() {
+    let etcd = EtcdServer::start();
+    let dirs: Vec<_> = (0..6)
+        .map(|_| std::sync::Arc::new(connect(&etcd, "/t/")))
+        .collect();
+    for round in 0..5 {
+        let scope = format!("race-{round}/");
+        let key = format!("race-{round}/endpoint");
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(dirs.len()));
+        let results: Vec<_> = dirs
+            .iter()
+            .map(|d| {
+                let (d, barrier, scope, key) =
+                    (d.clone(), barrier.clone(), scope.clone(), key.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let r = d.claim(&scope, &key, &d.lease_id().to_le_bytes());
+                    // A plain put of the same key at once by everyone: still only the winner's.
+                    let p = d.put(&key, &d.lease_id().to_le_bytes());
+                    (d.lease_id(), r, p)
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        let winners: Vec<i64> = results
+            .iter()
+            .filter(|(_, r, _)| r.is_ok())
+            .map(|(l, _, _)| *l)
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        let winner = winners[0];
+        for (lease, r, p) in &results {
+            if *lease == winner {
+                p.as_ref().unwrap();
+                continue;
+            }
+            for e in [r.as_ref().unwrap_err(), p.as_ref().unwrap_err()] {
+                assert!(
+                    matches!(e, Error::NameTaken { holder_lease, .. } if *holder_lease == winner),
+                    "{e}"
+                );
+            }
+        }
+        let value = dirs[0].get(&key).unwrap().unwrap();
+        assert_eq!(value, winner.to_le_bytes());
+    }
+}

@@ -301,3 +301,95 @@ fn a_stale_record_fails_connect_named_within_its_timeout_and_names_the_address()
     // agent's 30 s connect timeout.
     assert!(took < timeout + Duration::from_secs(3), "{took:?}");
 }
+
+/// A second agent publishing a live agent's name (through its own directory or the holder's)
+/// is refused with `NameTaken` and touches nothing of the holder: when it leaves, the holder's
+/// records are still there and a client connected by name keeps the holder. Once the holder
+/// withdrew, the name is free and a new agent takes it.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_published_name_is_not_taken_over_and_is_free_again_once_withdrawn() {
+    let etcd = EtcdServer::start();
+    let dir_a = directory(&etcd);
+    let holder = agent("svc");
+    let addr = holder.listen("127.0.0.1:0").unwrap();
+    holder.publish(dir_a.clone(), addr).unwrap();
+    let seg = holder.alloc_host(1 << 16, "kv").unwrap();
+    let records = dir_a.list("svc/").unwrap().entries;
+    assert_eq!(records.len(), 2, "endpoint and segment: {records:?}");
+    // A client of the holder, found by name: it watches the holder's records.
+    let dir_c = directory(&etcd);
+    let client = agent("client");
+    let peer = client
+        .connect_named(&dir_c, "svc", Duration::from_secs(10))
+        .unwrap();
+    let remote = peer
+        .wait_segment_named("kv", Duration::from_secs(10))
+        .unwrap();
+
+    let dir_b = directory(&etcd);
+    let intruder = agent("svc");
+    let iaddr = intruder.listen("127.0.0.1:0").unwrap();
+    for dir in [&dir_b, &dir_a] {
+        let e = intruder.publish(dir.clone(), iaddr).unwrap_err();
+        match &e {
+            Error::NameTaken {
+                call,
+                name,
+                holder_lease,
+                ..
+            } => {
+                assert_eq!(*call, "Agent::publish");
+                assert_eq!(name, "svc");
+                assert_eq!(*holder_lease, dir_a.lease_id());
+            }
+            other => panic!("expected NameTaken, got {other}"),
+        }
+        assert!(
+            e.to_string()
+                .starts_with("Agent::publish: the name \"svc\" is taken"),
+            "{e}"
+        );
+        println!("{e}");
+    }
+    // Its segments are not published under the name either.
+    let _theirs = intruder.alloc_host(4096, "intruder").unwrap();
+    assert_eq!(dir_a.list("svc/").unwrap().entries, records);
+    // It leaves, its directory too (its lease is revoked): the holder's records stay and its
+    // client keeps it.
+    intruder.shutdown(Duration::from_secs(1));
+    drop(intruder);
+    drop(dir_b);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(dir_a.list("svc/").unwrap().entries, records);
+    assert!(peer.is_connected());
+    assert!(client.peer("svc").is_some());
+    let src = client.alloc_host(4096, "src").unwrap();
+    peer.write(
+        &[Desc::new(&src, 0, remote.id, 0, 4096)],
+        &TransferOptions::new().timeout(Duration::from_secs(60)),
+    )
+    .unwrap()
+    .wait(Duration::from_secs(60))
+    .unwrap();
+    // The holder's own deregistration deletes its segment record only.
+    holder.deregister(&seg).unwrap();
+    let left = dir_a.list("svc/").unwrap().entries;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].0, "svc/endpoint");
+    // The holder shuts down: its records go and the name is free for a new agent.
+    holder.shutdown(Duration::from_secs(1));
+    assert!(dir_a.list("svc/").unwrap().entries.is_empty());
+    let end = Instant::now() + Duration::from_secs(10);
+    while client.peer("svc").is_some() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dir_n = directory(&etcd);
+    let next = agent("svc");
+    let naddr = next.listen("127.0.0.1:0").unwrap();
+    next.publish(dir_n.clone(), naddr).unwrap();
+    let again = client
+        .connect_named(&dir_c, "svc", Duration::from_secs(10))
+        .unwrap();
+    assert_eq!(again.name(), "svc");
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, PutOptions, Txn, TxnOp,
-    WatchClient, WatchOptions,
+    TxnOpResponse, WatchClient, WatchOptions,
 };
 
 use super::keys::{self, accept, check_value, display_key, full_key, prefix_end, shorten};
@@ -76,6 +76,35 @@ pub struct Listing {
     pub refused: Vec<(String, String)>,
 }
 
+/// A name held in the directory, from [`EtcdDirectory::claim`]: its key, created at one
+/// revision under this directory's lease, holds every key under its scope for this directory
+/// alone until [`release`](EtcdDirectory::release) deletes it or the lease ends. It is that key
+/// at that revision: a key of the same name created later (by anyone) is another claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    scope: String,
+    key: String,
+    revision: i64,
+    lease: i64,
+}
+
+impl Claim {
+    /// The scope held, relative to the directory's prefix (e.g. `prefill-0/`).
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The key that holds it, relative to the directory's prefix (e.g. `prefill-0/endpoint`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// etcd's revision at which the key was created.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+}
+
 /// A directory of lease-bound records in etcd (feature `etcd`).
 ///
 /// At connect it grants a lease and keeps it alive from its own runtime thread; every key it puts
@@ -83,6 +112,14 @@ pub struct Listing {
 /// [`Delete`](super::WatchEvent::Delete) for each, when the lease ends: at [`revoke`](Self::revoke),
 /// at drop, or within the TTL after this process dies. Every call is blocking and returns within
 /// the configured timeout (plus half a second at most), whatever etcd does.
+///
+/// A key belongs to the lease that created it: [`put`](Self::put) replaces only a key of this
+/// directory and [`delete`](Self::delete) deletes only one, so no directory can take over or
+/// remove another's records (a key held by another lease is refused with
+/// [`Error::NameTaken`]). A whole name (every key under a scope such as `prefill-0/`) is held
+/// with [`claim`](Self::claim): created only when nothing lies under the scope, written and
+/// deleted through [`put_claimed`](Self::put_claimed), [`delete_claimed`](Self::delete_claimed)
+/// and [`release`](Self::release), which act only while that claim stands.
 ///
 /// If the lease is lost while the process lives (etcd unreachable for a TTL), every watch of this
 /// directory ends with [`Lost`](super::WatchEvent::Lost), [`put`](Self::put) fails, and
@@ -244,52 +281,351 @@ impl EtcdDirectory {
         self.state.lost()
     }
 
-    /// Puts `value` at `key` (relative to the prefix), bound to this directory's lease.
-    /// Fails with [`Error::TooLarge`] for a key over [`MAX_KEY_LEN`](super::MAX_KEY_LEN)
-    /// (prefix included) or a value over [`MAX_VALUE_LEN`](super::MAX_VALUE_LEN), and with
-    /// [`Error::Directory`] when the lease is lost or etcd fails.
+    /// Puts `value` at `key` (relative to the prefix), bound to this directory's lease, if no
+    /// key is there or the one there is this directory's (bound to its lease): one etcd
+    /// transaction, so a key of another directory is never replaced.
+    ///
+    /// # Errors
+    /// [`Error::NameTaken`] when the key is held by another lease (or by none); nothing was put.
+    /// [`Error::TooLarge`] for a key over [`MAX_KEY_LEN`](super::MAX_KEY_LEN) (prefix included)
+    /// or a value over [`MAX_VALUE_LEN`](super::MAX_VALUE_LEN); [`Error::Directory`] when the
+    /// lease is lost or etcd fails.
     pub fn put(&self, key: &str, value: &[u8]) -> Result<()> {
         let full = full_key(&self.config.prefix, key, "put")?;
         check_value(key, value)?;
-        if let Some(reason) = self.state.lost() {
-            return Err(Error::Directory {
-                op: "put",
-                key: full,
-                detail: format!("the directory's lease is lost: {reason}"),
-                hint: Hint::new("connect a new EtcdDirectory and publish again"),
-            });
+        self.check_lease("put", &full)?;
+        match self.owned_put(&full, value, None)? {
+            PutOutcome::Done => Ok(()),
+            PutOutcome::Held { key: k, lease } | PutOutcome::GuardHeld { key: k, lease } => {
+                Err(self.taken("EtcdDirectory::put", key, &full, vec![(k, lease)]))
+            }
+            PutOutcome::GuardGone => unreachable!("no guard was given"),
         }
-        let mut kv = self.kv.clone();
-        let value = value.to_vec();
+    }
+
+    /// Holds the name `scope` (relative to the prefix, e.g. `prefill-0/`): puts `value` at
+    /// `key`, which lies under `scope`, bound to this directory's lease, if and only if no key
+    /// at all lies under `scope` (one etcd transaction: every key in the scope's range has
+    /// create revision 0). Exactly one of several directories (or callers sharing one
+    /// directory) claiming a free scope at once wins.
+    ///
+    /// The claim lasts until [`release`](Self::release) or the end of the lease; meanwhile
+    /// every other claim of the scope is refused, including one through this same directory.
+    /// The scope is free again once every key under it is gone.
+    ///
+    /// # Errors
+    /// [`Error::NameTaken`] when some key lies under `scope` (the error names one and its
+    /// lease); [`Error::InvalidArgument`] for an empty `scope` or a `key` outside it; as
+    /// [`put`](Self::put) otherwise.
+    pub fn claim(&self, scope: &str, key: &str, value: &[u8]) -> Result<Claim> {
+        let full_scope = full_key(&self.config.prefix, scope, "claim")?;
+        let full = full_key(&self.config.prefix, key, "claim")?;
+        check_value(key, value)?;
+        if scope.is_empty() || !key.starts_with(scope) {
+            return Err(Error::invalid(
+                format!("directory claim: key {:?} does not lie under the scope {:?}", shorten(key), shorten(scope)),
+                "claim a scope such as \"prefill-0/\" with a key under it such as \"prefill-0/endpoint\"",
+            ));
+        }
+        self.check_lease("claim", &full)?;
         let lease = self.lease_id;
+        let end = prefix_end(full_scope.as_bytes());
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(full_scope.clone(), CompareOp::Equal, 0)
+                    .with_range(end.clone()),
+            ])
+            .and_then([TxnOp::put(full.clone(), value.to_vec(), with_lease(lease))])
+            .or_else([TxnOp::get(
+                full_scope.clone(),
+                Some(
+                    GetOptions::new()
+                        .with_range(end)
+                        .with_keys_only()
+                        .with_limit(16),
+                ),
+            )]);
+        let mut kv = self.kv.clone();
         let eps = self.config.endpoints.clone();
         let k = full.clone();
-        self.call("put", &full, async move {
-            kv.put(k.clone(), value, Some(PutOptions::new().with_lease(lease)))
-                .await
-                .map_err(|e| map_err("put", &k, &eps, e))?;
-            Ok(())
+        let resp = self.call("claim", &full, async move {
+            kv.txn(txn).await.map_err(|e| map_err("claim", &k, &eps, e))
+        })?;
+        if !resp.succeeded() {
+            let found = resp
+                .op_responses()
+                .into_iter()
+                .filter_map(|op| match op {
+                    TxnOpResponse::Get(get) => Some(get),
+                    _ => None,
+                })
+                .flat_map(|get| {
+                    get.kvs()
+                        .iter()
+                        .map(|e| (e.key().to_vec(), e.lease()))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            return Err(self.taken("EtcdDirectory::claim", scope, &full_scope, found));
+        }
+        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        if revision <= 0 {
+            return Err(Error::Directory {
+                op: "claim",
+                key: shorten(&full),
+                detail: "etcd's answer has no revision".into(),
+                hint: Hint::new("is the endpoint an etcd v3 server?"),
+            });
+        }
+        Ok(Claim {
+            scope: scope.to_owned(),
+            key: key.to_owned(),
+            revision,
+            lease,
         })
+    }
+
+    /// [`put`](Self::put) of a `key` under `claim`'s scope, done only while the claim stands
+    /// (its key is still the one created at its revision), in one etcd transaction.
+    ///
+    /// # Errors
+    /// [`Error::NameTaken`] when the claim's key is now another's, or `key` is held by another
+    /// lease; [`Error::Directory`] when the claim is gone (released, or the lease ended);
+    /// [`Error::InvalidArgument`] for a claim of another directory or a key outside its scope;
+    /// as [`put`](Self::put) otherwise.
+    pub fn put_claimed(&self, claim: &Claim, key: &str, value: &[u8]) -> Result<()> {
+        let full = full_key(&self.config.prefix, key, "put")?;
+        check_value(key, value)?;
+        self.check_claim(claim, key)?;
+        self.check_lease("put", &full)?;
+        let claim_key = format!("{}{}", self.config.prefix, claim.key);
+        let call = "EtcdDirectory::put_claimed";
+        match self.owned_put(&full, value, Some((claim_key.clone(), claim.revision)))? {
+            PutOutcome::Done => Ok(()),
+            PutOutcome::GuardGone => Err(claim_gone("put", &full, claim)),
+            PutOutcome::GuardHeld { key: k, lease } => {
+                Err(self.taken(call, &claim.scope, &claim_key, vec![(k, lease)]))
+            }
+            PutOutcome::Held { key: k, lease } => {
+                Err(self.taken(call, key, &full, vec![(k, lease)]))
+            }
+        }
+    }
+
+    /// Deletes `key` (under `claim`'s scope) if the claim still stands and the key is this
+    /// directory's; returns whether it did. Nothing of another lease or of a later claim of
+    /// the same name is deleted.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a claim of another directory or a key outside its scope;
+    /// [`Error::Directory`] when etcd fails.
+    pub fn delete_claimed(&self, claim: &Claim, key: &str) -> Result<bool> {
+        let full = full_key(&self.config.prefix, key, "delete")?;
+        self.check_claim(claim, key)?;
+        let claim_key = format!("{}{}", self.config.prefix, claim.key);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(claim_key, CompareOp::Equal, claim.revision),
+                Compare::lease(full.clone(), CompareOp::Equal, self.lease_id),
+            ])
+            .and_then([TxnOp::delete(full.clone(), None)]);
+        self.delete_txn("delete", &full, txn)
+    }
+
+    /// Ends `claim`: deletes its key if it is still the one created at the claim's revision;
+    /// returns whether it did. Delete the other keys under the scope first
+    /// ([`delete_claimed`](Self::delete_claimed)): the scope is free once every key under it is
+    /// gone (keys left behind go when the lease ends).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a claim of another directory; [`Error::Directory`] when
+    /// etcd fails.
+    pub fn release(&self, claim: &Claim) -> Result<bool> {
+        self.check_claim(claim, &claim.key)?;
+        let claim_key = format!("{}{}", self.config.prefix, claim.key);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                claim_key.clone(),
+                CompareOp::Equal,
+                claim.revision,
+            )])
+            .and_then([TxnOp::delete(claim_key.clone(), None)]);
+        self.delete_txn("release", &claim_key, txn)
+    }
+
+    /// Puts `value` at `full` bound to this directory's lease if the key there is this lease's
+    /// or there is none, and (with a `guard`) only while the guard's key has the given create
+    /// revision. Every put is one transaction guarded by those comparisons; a key that changes
+    /// between the "create" and the "replace" attempt is tried again, a few times. (One
+    /// transaction with both branches would carry the value twice, over etcd's request bound
+    /// for values near [`MAX_VALUE_LEN`](super::MAX_VALUE_LEN).)
+    fn owned_put(
+        &self,
+        full: &str,
+        value: &[u8],
+        guard: Option<(String, i64)>,
+    ) -> Result<PutOutcome> {
+        let mut kv = self.kv.clone();
+        let lease = self.lease_id;
+        let eps = self.config.endpoints.clone();
+        let k = full.to_owned();
+        let value = value.to_vec();
+        self.call("put", full, async move {
+            let mut replace = false;
+            for _ in 0..4 {
+                let mut when = Vec::new();
+                if let Some((g, rev)) = &guard {
+                    when.push(Compare::create_revision(g.clone(), CompareOp::Equal, *rev));
+                }
+                when.push(if replace {
+                    Compare::lease(k.clone(), CompareOp::Equal, lease)
+                } else {
+                    Compare::create_revision(k.clone(), CompareOp::Equal, 0)
+                });
+                let keys_only = || Some(GetOptions::new().with_keys_only());
+                let mut gets = vec![TxnOp::get(k.clone(), keys_only())];
+                if let Some((g, _)) = &guard {
+                    gets.push(TxnOp::get(g.clone(), keys_only()));
+                }
+                let txn = Txn::new()
+                    .when(when)
+                    .and_then([TxnOp::put(k.clone(), value.clone(), with_lease(lease))])
+                    .or_else(gets);
+                let resp = kv.txn(txn).await.map_err(|e| map_err("put", &k, &eps, e))?;
+                if resp.succeeded() {
+                    return Ok(PutOutcome::Done);
+                }
+                let ops = resp.op_responses();
+                let found = |i: usize| match ops.get(i) {
+                    Some(TxnOpResponse::Get(get)) => get
+                        .kvs()
+                        .first()
+                        .map(|e| (e.key().to_vec(), e.lease(), e.create_revision())),
+                    _ => None,
+                };
+                if let Some((_, rev)) = &guard {
+                    match found(1) {
+                        None => return Ok(PutOutcome::GuardGone),
+                        Some((key, lease, created)) if created != *rev => {
+                            return Ok(PutOutcome::GuardHeld { key, lease })
+                        }
+                        Some(_) => {}
+                    }
+                }
+                match found(0) {
+                    None => replace = false,
+                    Some((_, l, _)) if l == lease => replace = true,
+                    Some((key, lease, _)) => return Ok(PutOutcome::Held { key, lease }),
+                }
+            }
+            Err(Error::Directory {
+                op: "put",
+                key: shorten(&k),
+                detail: "the key kept changing between attempts (created and deleted by others)"
+                    .into(),
+                hint: Hint::new(
+                    "another client keeps writing this key: find it with `etcdctl watch`",
+                ),
+            })
+        })
+    }
+
+    /// Fails when the lease is lost: nothing can be put any more.
+    fn check_lease(&self, op: &'static str, full: &str) -> Result<()> {
+        match self.state.lost() {
+            Some(reason) => Err(Error::Directory {
+                op,
+                key: shorten(full),
+                detail: format!("the directory's lease is lost: {reason}"),
+                hint: Hint::new("connect a new EtcdDirectory and publish again"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses a claim of another directory, or a key outside its scope.
+    fn check_claim(&self, claim: &Claim, key: &str) -> Result<()> {
+        if claim.lease != self.lease_id {
+            return Err(Error::invalid(
+                format!(
+                    "directory: the claim of {:?} was made by lease {:#x}, not this directory's ({:#x})",
+                    shorten(&claim.scope),
+                    claim.lease,
+                    self.lease_id
+                ),
+                "use a claim with the directory that made it",
+            ));
+        }
+        if !key.starts_with(&claim.scope) {
+            return Err(Error::invalid(
+                format!(
+                    "directory: key {:?} does not lie under the claimed scope {:?}",
+                    shorten(key),
+                    shorten(&claim.scope)
+                ),
+                "claim the key's own scope",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs a transaction of one guarded delete; returns whether it succeeded.
+    fn delete_txn(&self, op: &'static str, full: &str, txn: Txn) -> Result<bool> {
+        let mut kv = self.kv.clone();
+        let eps = self.config.endpoints.clone();
+        let k = full.to_owned();
+        self.call(op, full, async move {
+            let resp = kv.txn(txn).await.map_err(|e| map_err(op, &k, &eps, e))?;
+            Ok(resp.succeeded())
+        })
+    }
+
+    /// [`Error::NameTaken`] for `name` (relative), from the keys and leases a refused
+    /// transaction found (`full` when it found none).
+    fn taken(
+        &self,
+        call: &'static str,
+        name: &str,
+        full: &str,
+        found: Vec<(Vec<u8>, i64)>,
+    ) -> Error {
+        let (key, holder) = found
+            .iter()
+            .find(|(_, l)| *l != self.lease_id)
+            .or(found.first())
+            .map(|(k, l)| (display_key(k), *l))
+            .unwrap_or_else(|| (shorten(full), 0));
+        let hint = if holder == self.lease_id {
+            "another agent (or caller) of this process holds it through this same directory: give each agent its own name".to_owned()
+        } else if holder == 0 {
+            format!("a record bound to no lease stays until someone deletes it: if it is stale, `etcdctl del {key}`")
+        } else {
+            format!(
+                "choose another agent name, or wait until its holder withdraws (shutdown or drop of that agent) or its lease ends (within the holder's TTL after its process dies, {DEFAULT_TTL:?} by default); `etcdctl get --prefix {}` shows its records",
+                shorten(full)
+            )
+        };
+        Error::NameTaken {
+            call,
+            name: shorten(name),
+            key,
+            holder_lease: holder,
+            hint: Hint::new(hint),
+        }
     }
 
     /// Deletes `key` if this directory put it (it is bound to this directory's lease); returns
     /// whether it did. A key of another directory (another lease) is left alone.
     pub fn delete(&self, key: &str) -> Result<bool> {
         let full = full_key(&self.config.prefix, key, "delete")?;
-        let mut kv = self.kv.clone();
-        let lease = self.lease_id;
-        let eps = self.config.endpoints.clone();
-        let k = full.clone();
-        self.call("delete", &full, async move {
-            let txn = Txn::new()
-                .when([Compare::lease(k.clone(), CompareOp::Equal, lease)])
-                .and_then([TxnOp::delete(k.clone(), None)]);
-            let resp = kv
-                .txn(txn)
-                .await
-                .map_err(|e| map_err("delete", &k, &eps, e))?;
-            Ok(resp.succeeded())
-        })
+        let txn = Txn::new()
+            .when([Compare::lease(
+                full.clone(),
+                CompareOp::Equal,
+                self.lease_id,
+            )])
+            .and_then([TxnOp::delete(full.clone(), None)]);
+        self.delete_txn("delete", &full, txn)
     }
 
     /// The value at `key` (relative to the prefix), whoever put it; `None` when there is none.
@@ -514,6 +850,38 @@ impl Drop for EtcdDirectory {
         if let Err(e) = self.revoke_now(self.config.timeout) {
             log::warn!("etcd directory: revoking the lease at drop failed (its keys expire within the TTL): {e}");
         }
+    }
+}
+
+fn with_lease(lease: i64) -> Option<PutOptions> {
+    Some(PutOptions::new().with_lease(lease))
+}
+
+/// How [`EtcdDirectory::owned_put`] ended.
+enum PutOutcome {
+    /// Put.
+    Done,
+    /// The key is held by another lease (or by none).
+    Held { key: Vec<u8>, lease: i64 },
+    /// The guard's key is gone.
+    GuardGone,
+    /// The guard's key is another one (created at another revision).
+    GuardHeld { key: Vec<u8>, lease: i64 },
+}
+
+/// The error of a write under a claim whose key is gone.
+fn claim_gone(op: &'static str, full: &str, claim: &Claim) -> Error {
+    Error::Directory {
+        op,
+        key: shorten(full),
+        detail: format!(
+            "the claim of {:?} is gone: its key {:?} was deleted (released, or the lease ended)",
+            shorten(&claim.scope),
+            shorten(&claim.key)
+        ),
+        hint: Hint::new(
+            "claim the name again (publish again with a new EtcdDirectory if the lease was lost)",
+        ),
     }
 }
 

@@ -16,7 +16,7 @@ mod runtime;
 mod watch;
 
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdConfig, EtcdDirectory, Listing};
+pub use etcd::{Claim, EtcdConfig, EtcdDirectory, Listing};
 #[cfg(feature = "etcd")]
 pub use keys::{MAX_KEY_LEN, MAX_LIST_ENTRIES, MAX_VALUE_LEN};
 #[cfg(feature = "etcd")]
