@@ -253,14 +253,16 @@ impl PyAgent {
     /// Publishes this agent in `directory` (a `Directory`): `advertise_addr` (`"ip:port"`,
     /// where peers reach the address `listen` bound) and every segment, now and as they are
     /// registered and deregistered, all bound to the directory's lease. Peers then find it by
-    /// name with `connect_named`. The records go when the agent shuts down, or within the
-    /// directory's TTL when the process dies. The GIL is released while etcd answers.
+    /// name with `connect_named`. The name is this agent's while it stays published: another
+    /// agent publishing it is refused, and can neither replace nor delete its records. The
+    /// records go when the agent shuts down, or within the directory's TTL when the process
+    /// dies. The GIL is released while etcd answers.
     ///
     /// Raises `InvalidArgument` for an address that is not `"ip:port"` or that peers cannot
     /// connect to (`0.0.0.0`, `::` or port 0: listen on `"0.0.0.0:0"` but advertise this
     /// host's IP with the port `listen` returned), a name with `/`, or when already
-    /// published; `DirectoryError` when etcd refuses or the directory was closed;
-    /// `AgentClosed` after `shutdown`.
+    /// published; `NameTaken` when a live agent holds the name; `DirectoryError` when etcd
+    /// refuses or the directory was closed; `AgentClosed` after `shutdown`.
     fn publish(
         &self,
         py: Python<'_>,

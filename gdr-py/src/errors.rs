@@ -261,6 +261,22 @@ fn convert(py: Python<'_>, e: Error) -> PyErr {
                 ("detail", obj(py, detail.as_str())),
             ],
         ),
+        Error::NameTaken {
+            call,
+            name,
+            key,
+            holder_lease,
+            hint,
+        } => (
+            "NameTaken",
+            hint.text().map(str::to_owned),
+            vec![
+                ("call", obj(py, *call)),
+                ("name", obj(py, name.as_str())),
+                ("key", obj(py, key.as_str())),
+                ("holder_lease", obj(py, *holder_lease)),
+            ],
+        ),
         Error::Directory {
             op,
             key,
@@ -422,6 +438,13 @@ pub(crate) fn sample(py: Python<'_>, class: &str) -> Option<PyErr> {
             op: "put",
             key: "/gdr/a".into(),
             detail: "unavailable".into(),
+            hint: hint(),
+        },
+        "NameTaken" => Error::NameTaken {
+            call: "Agent::publish",
+            name: "svc".into(),
+            key: "/gdr-xfer/agents/svc/endpoint".into(),
+            holder_lease: 0x1234,
             hint: hint(),
         },
         "IoError" => Error::io(

@@ -24,20 +24,33 @@ pub(crate) const INLINE_MAX: u64 = 64 << 10;
 /// The post thread's queue; `None` when it could not be started (then the loop posts itself).
 static POSTER: OnceLock<Option<Mutex<Sender<Peer>>>> = OnceLock::new();
 
-/// `asyncio._get_running_loop`, looked up once.
+/// `asyncio._get_running_loop`, looked up once asyncio is loaded.
 static RUNNING_LOOP: GILOnceCell<PyObject> = GILOnceCell::new();
 
-/// Whether this thread runs an asyncio event loop now.
+/// Whether this thread runs an asyncio event loop now. Without asyncio loaded none can run:
+/// asyncio is never imported here (importing it costs millions of instructions).
 fn in_event_loop(py: Python<'_>) -> bool {
-    let get = RUNNING_LOOP.get_or_try_init(py, || {
-        py.import("asyncio")?
-            .getattr("_get_running_loop")
-            .map(Bound::unbind)
-    });
-    match get {
-        Ok(f) => f.call0(py).is_ok_and(|l| !l.is_none(py)),
-        Err(_) => false,
-    }
+    let get = match RUNNING_LOOP.get(py) {
+        Some(f) => f,
+        None => {
+            // SAFETY: the GIL is held; `PyImport_GetModuleDict` returns a borrowed reference
+            // to `sys.modules`, and `PyDict_GetItemString` a borrowed reference (or NULL,
+            // without an exception) to the module, used only while the GIL is held here.
+            let module = unsafe {
+                let modules = pyo3::ffi::PyImport_GetModuleDict();
+                let m = pyo3::ffi::PyDict_GetItemString(modules, c"asyncio".as_ptr());
+                Bound::from_borrowed_ptr_or_opt(py, m)
+            };
+            let Some(asyncio) = module else {
+                return false;
+            };
+            match asyncio.getattr("_get_running_loop") {
+                Ok(f) => RUNNING_LOOP.get_or_init(py, || f.unbind()),
+                Err(_) => return false,
+            }
+        }
+    };
+    get.call0(py).is_ok_and(|l| !l.is_none(py))
 }
 
 /// `opts`, set to queue instead of posting when this thread runs an event loop and the

@@ -341,3 +341,43 @@ def test_the_readme_etcd_examples_run(etcd_server):
         a.shutdown(1.0)
     env["directory"].close()
     top["directory"].close()
+
+
+@device
+def test_a_published_name_is_not_taken_over(etcd_server):
+    # Before: a second agent could publish the name of a live agent; when it left, the live
+    # agent's record was gone and its clients got 'peer "svc" lost: its directory record is
+    # gone'.
+    with gdr.Directory(etcd_server.endpoint) as d1, gdr.Directory(etcd_server.endpoint) as d2:
+        holder = agent("svc")
+        client = agent("svc-client")
+        try:
+            holder.publish(d1, holder.listen("127.0.0.1:0"))
+            seg = holder.alloc(4096, "kv")
+            peer = client.connect_named(d1, "svc", timeout_s=10)
+            remote = peer.wait_segment("kv", timeout_s=10)
+            intruder = agent("svc")
+            try:
+                for directory in (d2, d1):
+                    with pytest.raises(gdr.NameTaken) as e:
+                        intruder.publish(directory, intruder.listen("127.0.0.1:0"))
+                    assert isinstance(e.value, gdr.DirectoryError)
+                    assert e.value.call == "Agent::publish" and e.value.name == "svc"
+                    assert e.value.hint
+            finally:
+                intruder.shutdown(1.0)
+            time.sleep(1.0)  # what the intruder's leaving would have deleted, it did not
+            assert peer.is_connected, peer.lost_reason
+            src = client.alloc(4096, "src")
+            src.write(0, b"\x42" * 4096)
+            peer.write(src, 0, remote, 0, 4096, timeout_s=WAIT).wait(WAIT)
+            assert seg.read(0, 4096) == b"\x42" * 4096
+        finally:
+            holder.shutdown(1.0)
+            client.shutdown(1.0)
+        # Once the holder left, the name is free again.
+        again = agent("svc")
+        try:
+            again.publish(d2, again.listen("127.0.0.1:0"))
+        finally:
+            again.shutdown(1.0)

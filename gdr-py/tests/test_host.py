@@ -40,6 +40,10 @@ VARIANTS = {
     "AgentClosed": ({}, None),
     "StagingFailed": ({"peer": "peer-b", "detail": "copy failed"}, None),
     "DirectoryError": ({"op": "put", "key": "/gdr/a", "detail": "unavailable"}, None),
+    "NameTaken": (
+        {"call": "Agent::publish", "name": "svc", "key": "/gdr-xfer/agents/svc/endpoint", "holder_lease": 0x1234},
+        None,
+    ),
     "IoError": ({"what": "listening on 10.0.0.1:1", "errno": 98}, OSError),
     "RdmaError": ({"errno": 12}, None),
     "DeviceNotFound": ({"wanted": "mlx5_9", "available": ["rxe0"]}, None),

@@ -30,6 +30,7 @@ gdr's errors as well::
     +-- ProtocolError                      a peer sent something malformed
     +-- StagingFailed                      staging GPU memory through bounce buffers failed
     +-- DirectoryError                     the etcd directory failed
+    |   +-- NameTaken                      the name is held by another agent (publish)
     +-- IoError (OSError)                  a socket or thread call failed (errno set)
     +-- RdmaError                          gdr (verbs, CUDA) failed; errno set where known
         +-- DeviceNotFound                 no RDMA device matches the selection
@@ -64,6 +65,7 @@ __all__ = [
     "ProtocolError",
     "StagingFailed",
     "DirectoryError",
+    "NameTaken",
     "IoError",
     "RdmaError",
     "DeviceNotFound",
@@ -207,6 +209,13 @@ class StagingFailed(GdrError):
 
 class DirectoryError(GdrError):
     """The metadata directory (etcd) failed. Attributes: ``op``, ``key``, ``detail``."""
+
+
+class NameTaken(DirectoryError):
+    """A directory name is held by another agent (``Agent.publish`` of a name a live agent
+    published): nothing was put, and the holder's records are untouched. The name is free again
+    once the holder withdraws (shutdown) or its lease ends. Attributes: ``call``, ``name``,
+    ``key`` (the etcd key found held), ``holder_lease`` (its lease id; 0 for none)."""
 
 
 class IoError(GdrError, OSError):

@@ -305,7 +305,8 @@ class Agent:
         connected meanwhile stays connected."""
     def publish(self, directory: Directory, advertise_addr: str) -> None:
         """Publishes this agent (``advertise_addr``: ``"ip:port"``) and its segments in
-        ``directory``."""
+        ``directory``; the name stays this agent's until it shuts down (``NameTaken`` for a
+        name a live agent holds)."""
     def connect_named(self, directory: Directory, name: str, timeout_s: float = 10.0) -> Peer:
         """Finds ``name`` in ``directory`` and connects to it (``UnknownPeer`` after
         ``timeout_s``)."""
