@@ -472,36 +472,20 @@ impl<'t> Planner<'t> {
 mod tests {
     //! The planner on the host: an emulated GPU's staged segment needs no device.
     use std::collections::HashMap;
-    use std::sync::Arc;
 
     use super::Planner;
     use crate::descriptor::{BlockTable, Desc};
     use crate::error::Error;
     use crate::pools::PoolTable;
-    use crate::segment::{Backing, Segment};
-    use crate::staged::{EmulatedGpu, StagedDevice, StagedMemory};
-    use gdr_xfer_proto::SegmentId;
+    use crate::segment::Segment;
+    use crate::wire::SegmentInfo;
+    use gdr_xfer_proto::{Location, SegmentId};
 
     /// The peer segment the tests address.
     const R: SegmentId = SegmentId::new(7);
-    use crate::wire::SegmentInfo;
-    use gdr_xfer_proto::Location;
 
     fn local(len: usize) -> Segment {
-        let info = SegmentInfo {
-            id: SegmentId::new(1),
-            name: "l".into(),
-            addr: 0,
-            len: len as u64,
-            rkeys: Vec::new(),
-            location: Location::Cuda { ordinal: 0 },
-        };
-        let m = StagedMemory {
-            device: StagedDevice::Emulated(EmulatedGpu::new(0, len)),
-            bounce: 0,
-            describe: String::new(),
-        };
-        Segment::new(info, Backing::Staged(Arc::new(m)), 0, 1).unwrap()
+        crate::segment::emulated_segment(1, "l", len)
     }
 
     fn table() -> HashMap<SegmentId, SegmentInfo> {

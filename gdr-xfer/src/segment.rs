@@ -323,28 +323,34 @@ impl RegistrationWeak {
     }
 }
 
+/// A staged segment of `len` bytes on an emulated GPU, for unit tests that need a segment and
+/// no device.
+#[cfg(all(test, feature = "emulated-gpu"))]
+pub(crate) fn emulated_segment(id: u32, name: &str, len: usize) -> Segment {
+    use crate::staged::{EmulatedGpu, StagedDevice};
+    let info = SegmentInfo {
+        id: SegmentId::new(id),
+        name: name.into(),
+        addr: 0,
+        len: len as u64,
+        rkeys: Vec::new(),
+        location: Location::Cuda { ordinal: 0 },
+    };
+    let m = StagedMemory {
+        device: StagedDevice::Emulated(EmulatedGpu::new(0, len)),
+        bounce: 0,
+        describe: String::new(),
+    };
+    Segment::new(info, Backing::Staged(Arc::new(m)), 0, 1).expect("a valid segment")
+}
+
 #[cfg(all(test, feature = "emulated-gpu"))]
 mod tests {
     use super::*;
-    use crate::staged::{EmulatedGpu, StagedDevice};
 
     /// A 4 KiB segment on an emulated GPU (a staged segment: no device needed).
     fn segment() -> Segment {
-        let len = 4096;
-        let info = SegmentInfo {
-            id: SegmentId::new(7),
-            name: "s".into(),
-            addr: 0,
-            len: len as u64,
-            rkeys: Vec::new(),
-            location: Location::Cuda { ordinal: 0 },
-        };
-        let m = StagedMemory {
-            device: StagedDevice::Emulated(EmulatedGpu::new(0, len)),
-            bounce: 0,
-            describe: String::new(),
-        };
-        Segment::new(info, Backing::Staged(Arc::new(m)), 0, 1).unwrap()
+        emulated_segment(7, "s", 4096)
     }
 
     fn out_of_segment(r: Result<impl std::fmt::Debug>, offset: u64, len: u64) {

@@ -439,22 +439,11 @@ fn hostile_records_from_another_client_are_refused_not_used() {
     d.put("good", b"ok").unwrap();
     // Another client writes what gdr-xfer must not accept: a non-UTF-8 key and a value over the
     // bound (etcd itself takes up to 1.5 MiB).
-    let endpoint = etcd.endpoint();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+    let (rt, mut raw) = raw_client(&etcd);
+    rt.block_on(raw.put(b"/t/bad-\xff".to_vec(), b"v".to_vec(), None))
         .unwrap();
-    rt.block_on(async move {
-        let mut raw = etcd_client::Client::connect([endpoint], None)
-            .await
-            .unwrap();
-        raw.put(b"/t/bad-\xff".to_vec(), b"v".to_vec(), None)
-            .await
-            .unwrap();
-        raw.put("/t/huge", vec![1u8; MAX_VALUE_LEN + 1], None)
-            .await
-            .unwrap();
-    });
+    rt.block_on(raw.put("/t/huge", vec![1u8; MAX_VALUE_LEN + 1], None))
+        .unwrap();
     d.put("good2", b"ok").unwrap();
 
     let l = d.list("").unwrap();
@@ -532,17 +521,7 @@ fn a_lease_revoked_behind_our_back_ends_watches_and_puts() {
     d.put("me/metadata", b"x").unwrap();
     let w = d.watch("", None).unwrap();
     // An operator (or a hostile client) revokes the directory's lease: `etcdctl lease revoke`.
-    let (endpoint, id) = (etcd.endpoint(), d.lease_id());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let mut raw = etcd_client::Client::connect([endpoint], None)
-            .await
-            .unwrap();
-        raw.lease_revoke(id).await.unwrap();
-    });
+    revoke_behind_its_back(&etcd, d.lease_id());
     assert_eq!(delete_of(&next(&w, Duration::from_secs(5))), "me/metadata");
     // The next keepalive (within TTL / 3) learns it, and every watch of the directory ends.
     match w.recv_timeout(TTL + MARGIN) {
@@ -627,17 +606,8 @@ fn a_watch_from_a_compacted_revision_is_refused_or_lost_never_silent() {
     d.put("b", b"2").unwrap();
     d.put("c", b"3").unwrap();
     let now = d.list("").unwrap().revision;
-    let endpoint = etcd.endpoint();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let mut raw = etcd_client::Client::connect([endpoint], None)
-            .await
-            .unwrap();
-        raw.compact(now, None).await.unwrap();
-    });
+    let (rt, mut raw) = raw_client(&etcd);
+    rt.block_on(raw.compact(now, None)).unwrap();
     match d.watch("", Some(old.revision)) {
         Err(e @ Error::Directory { op: "watch", .. }) => eprintln!("refused: {e}"),
         Err(e) => panic!("unexpected error {e}"),
@@ -675,20 +645,24 @@ fn usable_from_inside_another_tokio_runtime() {
     });
 }
 
-/// Revokes `lease` from another client, as an operator (`etcdctl lease revoke`) or etcd itself
-/// (the lease expired while this process was cut off) would.
-fn revoke_behind_its_back(etcd: &EtcdServer, lease: i64) {
-    let endpoint = etcd.endpoint();
+/// Another etcd client (as `etcdctl` or a hostile process), and the runtime it runs on.
+fn raw_client(etcd: &EtcdServer) -> (tokio::runtime::Runtime, etcd_client::Client) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async move {
-        let mut raw = etcd_client::Client::connect([endpoint], None)
-            .await
-            .unwrap();
-        raw.lease_revoke(lease).await.unwrap();
-    });
+    let endpoint = etcd.endpoint();
+    let raw = rt
+        .block_on(etcd_client::Client::connect([endpoint], None))
+        .unwrap();
+    (rt, raw)
+}
+
+/// Revokes `lease` from another client, as an operator (`etcdctl lease revoke`) or etcd itself
+/// (the lease expired while this process was cut off) would.
+fn revoke_behind_its_back(etcd: &EtcdServer, lease: i64) {
+    let (rt, mut raw) = raw_client(etcd);
+    rt.block_on(raw.lease_revoke(lease)).unwrap();
 }
 
 /// The holder's lease of a refused name, checked to be `holder`'s.
@@ -738,17 +712,8 @@ fn put_never_replaces_a_key_of_another_lease() {
     assert!(!a.delete("svc/endpoint").unwrap());
     assert_eq!(a.get("svc/endpoint").unwrap().as_deref(), Some(&b"c's"[..]));
     // A key put with no lease (another client) is nobody's to replace either.
-    let endpoint = etcd.endpoint();
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async move {
-            let mut raw = etcd_client::Client::connect([endpoint], None)
-                .await
-                .unwrap();
-            raw.put("/t/bare", "v", None).await.unwrap();
-        });
+    let (rt, mut raw) = raw_client(&etcd);
+    rt.block_on(raw.put("/t/bare", "v", None)).unwrap();
     match c.put("bare", b"x").unwrap_err() {
         Error::NameTaken {
             holder_lease: 0,
