@@ -92,7 +92,7 @@ impl PyPeer {
                 peer.transfer(direction, &[desc], &opts)
             })
             .map_err(to_py)?;
-        crate::post::queued(&self.peer, &t, deferred);
+        crate::post::queued(&self.peer, deferred);
         Ok(PyTransfer::new(t))
     }
 }
@@ -367,7 +367,7 @@ impl PyPeer {
                 peer.transfer_blocks(direction, &table, &opts)
             })
             .map_err(to_py)?;
-        crate::post::queued(&self.peer, &t, deferred);
+        crate::post::queued(&self.peer, deferred);
         Ok(PyTransfer::new(t))
     }
 
@@ -431,7 +431,7 @@ impl PyPeer {
                 peer.transfer_pools(direction, &table, &opts)
             })
             .map_err(to_py)?;
-        crate::post::queued(&self.peer, &t, deferred);
+        crate::post::queued(&self.peer, deferred);
         Ok(PyTransfer::new(t))
     }
 
@@ -470,7 +470,7 @@ impl PyPeer {
                 peer.transfer_indexed(direction, local, &local_idx, remote, &remote_idx, &opts)
             })
             .map_err(to_py)?;
-        crate::post::queued(&self.peer, &t, deferred);
+        crate::post::queued(&self.peer, deferred);
         Ok(PyTransfer::new(t))
     }
 

@@ -14,7 +14,7 @@
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Mutex, OnceLock};
 
-use gdr_xfer::{Peer, Transfer, TransferOptions};
+use gdr_xfer::{Peer, TransferOptions};
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 
@@ -70,10 +70,11 @@ pub(crate) fn options(
     }
 }
 
-/// After a submission with [`options`]: a transfer the engine queued (it moves more than
-/// [`INLINE_MAX`] and was submitted on an event loop's thread) is posted by the post thread.
-pub(crate) fn queued(peer: &Peer, t: &Transfer, deferred: bool) {
-    if !deferred || t.bytes() <= INLINE_MAX {
+/// After a submission whose [`options`] may have queued it (the engine decides, on the
+/// planned bytes): the post thread posts what the peer has queued (nothing, when the engine
+/// posted it at once: `post_queued` is cheap then).
+pub(crate) fn queued(peer: &Peer, deferred: bool) {
+    if !deferred {
         return;
     }
     let sender = POSTER.get_or_init(start).as_ref().map(|tx| {

@@ -313,13 +313,17 @@ impl Connection {
         self.drive(|core, io, now| core.submit(now, io, spec))
     }
 
-    /// Queues a transfer without posting any of it (see
-    /// [`gdr_xfer_proto::Connection::submit_queued`]).
-    pub(crate) fn submit_queued(&self, spec: Spec<Lanes>) -> Result<TransferKey, Failure> {
+    /// Queues a transfer and posts it now only when it moves at most `inline_max` bytes (see
+    /// [`gdr_xfer_proto::Connection::submit_inline_up_to`]).
+    pub(crate) fn submit_inline_up_to(
+        &self,
+        spec: Spec<Lanes>,
+        inline_max: u64,
+    ) -> Result<TransferKey, Failure> {
         if let Some(reason) = self.gone_reason() {
             return Err(Failure::PeerLost { reason });
         }
-        self.drive(|core, _, now| core.submit_queued(now, spec))
+        self.drive(|core, io, now| core.submit_inline_up_to(now, io, spec, inline_max))
     }
 
     /// Posts what is queued and fits.

@@ -409,11 +409,10 @@ impl Peer {
                 handle: cell.clone(),
             };
             // Refused at once (peer gone, no rail left): the same error the transfer would give.
-            let queued = opts.post_inline_max.is_some_and(|max| bytes > max);
-            let key = if queued {
-                self.conn.submit_queued(spec)
-            } else {
-                self.conn.submit(spec)
+            // Whether it is posted now is the core's decision.
+            let key = match opts.post_inline_max {
+                Some(max) => self.conn.submit_inline_up_to(spec, max),
+                None => self.conn.submit(spec),
             }
             .map_err(|f| cell.error(&f))?;
             cell.set_stopper(Stopper::Core(Arc::downgrade(&self.conn), key));

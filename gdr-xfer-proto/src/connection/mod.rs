@@ -87,7 +87,7 @@ pub struct Connection<I: Io> {
     transfers: Slab<Transfer<I>>,
     /// Transfers with requests not yet posted, oldest first.
     pending: VecDeque<TransferKey>,
-    /// Since when a transfer was queued without posting ([`Connection::submit_queued`]) and
+    /// Since when a transfer was queued without posting ([`Connection::submit_inline_up_to`]) and
     /// no pump has run: the next timer posts it, if nothing else did first.
     unposted_since: Option<Instant>,
     /// Transfers whose data is done and whose notification waits for a send slot.
@@ -294,16 +294,27 @@ impl<I: Io> Connection<I> {
         Ok(key)
     }
 
-    /// [`Connection::submit`] without posting anything: the transfer is checked and queued
-    /// (refused at once as `submit` would refuse it), and its requests are posted by the next
-    /// [`Connection::post_queued`], completion or timer, whichever comes first
-    /// ([`Connection::poll_timeout`] is due at once while such a transfer waits). For a
-    /// caller whose thread must not spend the provider's post time (an event loop: a software
-    /// NIC does the NIC's work inside the post call).
-    pub fn submit_queued(&mut self, now: Instant, spec: Spec<I>) -> Result<TransferKey, Failure> {
+    /// [`Connection::submit`] that posts at once only a transfer of at most `inline_max`
+    /// bytes. A larger one is checked and queued (refused at once as `submit` would refuse
+    /// it), and its requests are posted by the next [`Connection::post_queued`], completion or
+    /// timer, whichever comes first ([`Connection::poll_timeout`] is due at once while such a
+    /// transfer waits). For a caller whose thread must not spend the provider's post time (an
+    /// event loop: a software NIC does the NIC's work inside the post call).
+    pub fn submit_inline_up_to(
+        &mut self,
+        now: Instant,
+        io: &mut I,
+        spec: Spec<I>,
+        inline_max: u64,
+    ) -> Result<TransferKey, Failure> {
         let key = self.enqueue(now, spec)?;
-        // Due at once for the timers: posted by the next tick at the latest.
-        self.unposted_since.get_or_insert(now);
+        let bytes = self.transfers.get(key).map_or(0, |t| t.bytes);
+        if bytes > inline_max {
+            // Due at once for the timers: posted by the next tick at the latest.
+            self.unposted_since.get_or_insert(now);
+        } else {
+            self.pump(now, io);
+        }
         Ok(key)
     }
 

@@ -160,8 +160,8 @@ struct T {
     c: Connection<Mock>,
     io: Mock,
     t0: Instant,
-    /// Submit with `submit_queued` (nothing posted) instead of `submit`.
-    queue_only: bool,
+    /// Submit with `submit_inline_up_to(.., this)` instead of `submit`.
+    inline_max: Option<u64>,
 }
 
 fn cfg(rails: usize, lanes: usize) -> Config {
@@ -184,7 +184,7 @@ impl T {
             c: Connection::new(cfg, t0),
             io: Mock::default(),
             t0,
-            queue_only: false,
+            inline_max: None,
         }
     }
 
@@ -224,8 +224,8 @@ impl T {
             handle,
         };
         let now = self.at(ms);
-        if self.queue_only {
-            return self.c.submit_queued(now, spec);
+        if let Some(max) = self.inline_max {
+            return self.c.submit_inline_up_to(now, &mut self.io, spec, max);
         }
         self.c.submit(now, &mut self.io, spec)
     }
@@ -769,7 +769,8 @@ fn a_cancel_while_everything_is_in_flight_still_reports_cancelled_once_quiet() {
 #[test]
 fn a_queued_transfer_is_checked_at_once_and_posted_by_post_queued_or_the_next_timer() {
     let mut t = T::new(cfg(1, 1));
-    t.queue_only = true;
+    // Runs of 100 bytes: three are over the limit, two are not.
+    t.inline_max = Some(250);
     // Refused at once, as submit refuses it.
     assert!(t.submit(0, 9, Op::Write, 0, 0, None, None).is_err());
     let _ = t.submit(0, 1, Op::Write, 3, 0, None, None).unwrap();
@@ -785,13 +786,18 @@ fn a_queued_transfer_is_checked_at_once_and_posted_by_post_queued_or_the_next_ti
     t.complete_all(2);
     assert_eq!(t.io.outcome(1), Some(&Ok(())));
     // Or by post_queued, before any timer.
-    let _ = t.submit(3, 2, Op::Write, 2, 0, None, None).unwrap();
+    let _ = t.submit(3, 2, Op::Write, 3, 0, None, None).unwrap();
     assert!(t.io.posts.is_empty());
     let now = t.at(3);
     t.c.post_queued(now, &mut t.io);
     assert_eq!(t.io.posts.len(), 1);
     t.complete_all(4);
     assert_eq!(t.io.outcome(2), Some(&Ok(())));
+    // A transfer within the limit is posted at once.
+    let _ = t.submit(5, 3, Op::Write, 2, 0, None, None).unwrap();
+    assert_eq!(t.io.posts.len(), 1, "posted inline");
+    t.complete_all(6);
+    assert_eq!(t.io.outcome(3), Some(&Ok(())));
 }
 
 #[test]

@@ -58,7 +58,9 @@ impl World {
         let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
         // Some are queued without posting (as an event loop's submissions are), posted a while
         // later by the application's post thread, or by whatever posts first.
+        // (`inline_max` drawn around the transfers' sizes: the core decides which are posted.)
         let queued = self.rng.percent(25);
+        let inline_max = self.rng.range(0, self.p.cfg.slice_size * 2);
         {
             let mut net = self.net.borrow_mut();
             net.xfers.list.push(Xfer {
@@ -104,7 +106,7 @@ impl World {
         let mut result = None;
         self.call(agent, peer, |core, io, now| {
             result = Some(if queued {
-                core.submit_queued(now, spec)
+                core.submit_inline_up_to(now, io, spec, inline_max)
             } else {
                 core.submit(now, io, spec)
             })
