@@ -380,12 +380,12 @@ impl PyAgent {
             .collect())
     }
 
-    /// Closes the connection to `peer`: its pending transfers fail with `PeerLost`.
+    /// Closes the connection to `peer`: its pending transfers fail with `PeerLost`. Raises
+    /// `ForeignObject` for another agent's peer (its connection is left as it is).
     fn disconnect(&self, py: Python<'_>, peer: &Bound<'_, PyPeer>) -> PyResult<()> {
         let agent = self.agent()?;
         let peer = &peer.get().peer;
-        py.allow_threads(|| agent.disconnect(peer));
-        Ok(())
+        py.allow_threads(|| agent.disconnect(peer)).map_err(to_py)
     }
 
     /// Registers the memory of `obj` as a segment named `name` that peers may read and write:
@@ -489,8 +489,8 @@ impl PyAgent {
 
     /// Removes `segment` from the table peers see (their new transfers to it fail with
     /// `UnknownSegment`) and from this agent's transfers. Its memory is released once no
-    /// handle and no request in flight uses it. Raises `UnknownSegment` when it is not (or no
-    /// longer) this agent's.
+    /// handle and no request in flight uses it. Raises `ForeignObject` for another agent's
+    /// segment and `UnknownSegment` when it is no longer registered.
     fn deregister(&self, py: Python<'_>, segment: &Bound<'_, PySegment>) -> PyResult<()> {
         let agent = self.agent()?;
         let seg = &segment.get().seg;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use gdr_xfer::gdr;
-use gdr_xfer::{Error, Side};
+use gdr_xfer::{Error, Foreign, Side};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
@@ -146,6 +146,24 @@ fn convert(py: Python<'_>, e: Error) -> PyErr {
                 ("segment", obj(py, segment.get())),
             ],
         ),
+        Error::ForeignObject { call, object, hint } => {
+            let (kind, segment, peer) = match object {
+                Foreign::Segment(id) => ("segment", Some(id.get()), None),
+                Foreign::Peer(name) => ("peer", None, Some(name.as_str())),
+                Foreign::RemoteList(name) => ("remote list", None, Some(name.as_str())),
+                _ => ("object", None, None),
+            };
+            (
+                "ForeignObject",
+                hint.text().map(str::to_owned),
+                vec![
+                    ("call", obj(py, *call)),
+                    ("kind", obj(py, kind)),
+                    ("segment", obj(py, segment)),
+                    ("peer", obj(py, peer)),
+                ],
+            )
+        }
         Error::Cancelled { peer } => ("Cancelled", None, vec![("peer", obj(py, peer.as_str()))]),
         Error::Rejected { peer, detail, hint } => (
             "Rejected",
@@ -367,6 +385,11 @@ pub(crate) fn sample(py: Python<'_>, class: &str) -> Option<PyErr> {
         "ForeignSegment" => Error::ForeignSegment {
             index: 0,
             segment: seg,
+            hint: hint(),
+        },
+        "ForeignObject" => Error::ForeignObject {
+            call: "Agent::register_within",
+            object: gdr_xfer::Foreign::Segment(seg),
             hint: hint(),
         },
         "Cancelled" => Error::Cancelled {

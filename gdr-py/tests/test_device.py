@@ -262,8 +262,9 @@ def test_bad_inputs_raise_typed_exceptions(pair):
     theirs = b.register(np.zeros(4096, np.uint8), "theirs")
     with pytest.raises(gdr.ForeignSegment):
         pb.write(theirs, 0, remote, 0, 16)
-    with pytest.raises(gdr.UnknownSegment):
+    with pytest.raises(gdr.ForeignObject) as e:
         a.deregister(theirs)
+    assert (e.value.call, e.value.kind, e.value.segment) == ("Agent::deregister", "segment", theirs.id)
     a.deregister(seg)
     with pytest.raises(gdr.UnknownSegment):
         a.deregister(seg)

@@ -23,6 +23,10 @@ VARIANTS = {
     ),
     "UnknownSegment": ({"owner": "peer-b", "segment": 7}, LookupError),
     "ForeignSegment": ({"index": 0, "segment": 7}, ValueError),
+    "ForeignObject": (
+        {"call": "Agent::register_within", "kind": "segment", "segment": 7, "peer": None},
+        ValueError,
+    ),
     "Cancelled": ({"peer": "peer-b"}, None),
     "Rejected": ({"peer": "peer-b", "detail": "refused"}, None),
     "LengthMismatch": ({"index": 1, "local_len": 10, "remote_len": 20}, ValueError),
@@ -63,11 +67,12 @@ def test_every_class_is_a_gdr_error_and_exported():
 
 def test_hierarchy_mirrors_the_concepts():
     for sub in (gdr.TooLarge, gdr.OutOfSegment, gdr.BlockOutOfSegment, gdr.LengthMismatch, gdr.NotPlainData,
-                gdr.IndexOutOfRange, gdr.ForeignSegment, gdr.NotABuffer, gdr.ReadOnlyBuffer,
+                gdr.IndexOutOfRange, gdr.ForeignSegment, gdr.ForeignObject, gdr.NotABuffer, gdr.ReadOnlyBuffer,
                 gdr.NotContiguous):
         assert issubclass(sub, gdr.InvalidArgument)
         assert issubclass(sub, ValueError)
     assert issubclass(gdr.NotABuffer, TypeError)
+    assert issubclass(gdr.ForeignSegment, gdr.ForeignObject)
     assert issubclass(gdr.DeviceNotFound, gdr.RdmaError)
     assert issubclass(gdr.Unsupported, gdr.RdmaError)
     assert not issubclass(gdr.PeerLost, gdr.InvalidArgument)

@@ -174,6 +174,9 @@ impl LocalList {
 pub struct RemoteList {
     /// The peer it was prepared for.
     pub(crate) peer: String,
+    /// The connection it was prepared on: another one (another agent's, or a later connection
+    /// to a peer of the same name, whose ids may name other memory) refuses it.
+    pub(crate) conn: std::sync::Weak<crate::connection::Connection>,
     /// (segment id, offset, len) per entry.
     pub(crate) entries: Vec<(SegmentId, u64, u64)>,
 }

@@ -86,6 +86,20 @@ pub enum Error {
         hint: Hint,
     },
 
+    /// A call was given an object that another agent made (a segment, a peer), or a prepared
+    /// remote list of another connection (another agent's, or an earlier connection to a peer of
+    /// the same name): refused before anything changed; the agent, its connections and the
+    /// other agent are unaffected.
+    #[error("{call}: {object}{hint}")]
+    ForeignObject {
+        /// The call that refused it (`"Agent::register_within"`, ...).
+        call: &'static str,
+        /// What the object is, and whose.
+        object: Foreign,
+        /// How to fix it.
+        hint: Hint,
+    },
+
     /// The transfer was cancelled ([`crate::Transfer::cancel`]); its memory is quiet.
     #[error("transfer to {peer:?} cancelled")]
     Cancelled {
@@ -354,6 +368,33 @@ impl From<gdr_xfer_proto::wire::WireError> for Error {
         match e {
             WireError::Invalid { what, hint } => Error::invalid(what, hint),
             WireError::Protocol { peer, detail } => Error::protocol(peer, detail),
+        }
+    }
+}
+
+/// An object of another agent or connection, as [`Error::ForeignObject`] names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Foreign {
+    /// A segment registered by another agent (its id there).
+    Segment(SegmentId),
+    /// The handle of another agent's connection (the peer's name).
+    Peer(String),
+    /// A remote list prepared on another connection (the name of the peer it was prepared
+    /// for): another agent's, or an earlier connection to a peer of that name, whose segment
+    /// ids may name other memory now.
+    RemoteList(String),
+}
+
+impl std::fmt::Display for Foreign {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Foreign::Segment(id) => write!(f, "segment {id} belongs to another agent"),
+            Foreign::Peer(name) => write!(f, "peer {name:?} is another agent's connection"),
+            Foreign::RemoteList(name) => write!(
+                f,
+                "the remote list was prepared on another connection to {name:?} (another agent's, or an earlier one)"
+            ),
         }
     }
 }

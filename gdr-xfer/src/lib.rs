@@ -225,7 +225,7 @@ pub use agent::Agent;
 pub use cache::CacheStats;
 pub use config::{AgentConfig, GpuStaging, TransferOptions};
 pub use descriptor::{BlockTable, Desc, LocalList, Op, RemoteList, Side};
-pub use error::{Error, Hint, Result};
+pub use error::{Error, Foreign, Hint, Result};
 #[doc(hidden)]
 pub use futures::WakerCounts;
 /// The gdr crate gdr-xfer is built on, so one dependency line is enough for what its API takes

@@ -7,7 +7,7 @@ use crate::agent::AgentShared;
 use crate::config::TransferOptions;
 use crate::connection::Connection;
 use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList, Side};
-use crate::error::{Error, Result};
+use crate::error::{Error, Foreign, Result};
 use gdr_xfer_proto::{SegmentId, Spec};
 
 use crate::plan::Planner;
@@ -166,6 +166,7 @@ impl Peer {
         }
         Ok(RemoteList {
             peer: self.conn.name.clone(),
+            conn: Arc::downgrade(&self.conn),
             entries: ranges.to_vec(),
         })
     }
@@ -247,7 +248,9 @@ impl Peer {
     /// of a prepared remote list.
     ///
     /// # Errors
-    /// As [`Peer::write`], [`Error::IndexOutOfRange`] and [`Error::LengthMismatch`].
+    /// As [`Peer::write`], [`Error::IndexOutOfRange`] and [`Error::LengthMismatch`];
+    /// [`Error::ForeignObject`] for a remote list prepared on another connection (another
+    /// agent's, or an earlier connection to this peer's name).
     pub fn transfer_indexed(
         &self,
         op: Op,
@@ -257,6 +260,13 @@ impl Peer {
         remote_idx: &[u32],
         opts: &TransferOptions,
     ) -> Result<Transfer> {
+        if !std::ptr::eq(remote.conn.as_ptr(), Arc::as_ptr(&self.conn)) {
+            return Err(Error::ForeignObject {
+                call: "Peer::transfer_indexed",
+                object: Foreign::RemoteList(remote.peer.clone()),
+                hint: "prepare the remote list with Peer::prepare_remote on this peer (again after a reconnection)".into(),
+            });
+        }
         self.submit(op, opts, local_idx.len(), |p| {
             p.indexed(local, local_idx, remote, remote_idx)
         })

@@ -397,15 +397,6 @@ impl<'t> Planner<'t> {
         remote: &RemoteList,
         remote_idx: &[u32],
     ) -> Result<()> {
-        if remote.peer != self.peer {
-            return Err(Error::invalid(
-                format!(
-                    "remote list prepared for {:?} used with {:?}",
-                    remote.peer, self.peer
-                ),
-                "prepare one remote list per peer",
-            ));
-        }
         if local_idx.len() != remote_idx.len() {
             return Err(Error::invalid(
                 format!(

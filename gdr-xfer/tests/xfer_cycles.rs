@@ -250,7 +250,7 @@ fn peer_connect_disconnect_cycles() {
             } else {
                 (&b, &pa, &pb, &a)
             };
-            closer.disconnect(handle);
+            closer.disconnect(handle).unwrap();
             assert!(!handle.is_connected());
             assert!(closer.peers().is_empty(), "{:?}", closer.peers());
             wait_no_peers(other_agent);

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use gdr_test_support::pattern;
 use gdr_test_support::xfer::{agent, agent_with, connected};
-use gdr_xfer::{AgentConfig, BlockTable, Desc, Error, Op, Status, TransferOptions};
+use gdr_xfer::{
+    AgentConfig, BlockTable, Desc, Error, Foreign, LocalList, Op, Status, TransferOptions,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 const MIB: u64 = 1 << 20;
@@ -205,23 +207,30 @@ fn a_request_stuck_in_flight_past_the_deadline_is_fenced_and_never_lands_after()
     );
 }
 
-/// Finding 2: a segment of another agent of the same process as the local side. It is refused
-/// before anything is posted, with a typed error; an unrelated 4,096-block WRITE to the same
-/// peer, in flight meanwhile, succeeds; no rail fails. (With the VM's two rails, the other
-/// agent has one: the review's two-rail initiator and one-rail owner.)
+/// Finding 2, and the class of issue 37: every call given an object of another agent of the
+/// same process (a segment as a transfer's local side, as the parent of `register_within`, to
+/// `deregister`; a peer handle to `disconnect`; a remote list prepared on another connection) is
+/// refused before anything changes, with a typed error; an unrelated 4,096-block WRITE to the
+/// same peer, in flight meanwhile, succeeds; no rail fails and no connection is lost. (With
+/// the VM's two rails, the other agent has one: the review's two-rail initiator and one-rail
+/// owner, where a sub-segment of the other agent's segment used to be announced with one
+/// remote key for two rails and the peer dropped the whole connection.)
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
-fn another_agents_segment_is_refused_and_fails_nothing_else() {
-    let (a, b, pb, _pa) = connected(agent("f2a"), agent("f2b"));
+fn another_agents_objects_are_refused_and_fail_nothing_else() {
+    let (a, b, pb, pa) = connected(agent("f2a"), agent("f2b"));
     let other = gdr_xfer::Agent::new(
         AgentConfig::new("f2c")
             .device(gdr_test_support::device())
             .max_rails(1),
     )
     .unwrap();
+    let addr = b.listen("127.0.0.1:0").unwrap();
+    let pc = other.connect(&addr.to_string()).unwrap();
     let foreign = other.alloc_host(1 << 20, "foreign").unwrap();
     let pool = b.alloc_host(4096 * 4096, "pool").unwrap();
     let r = pb.wait_segment_named("pool", WAIT).unwrap();
+    pc.wait_segment_named("pool", WAIT).unwrap();
     let src = a.alloc_host(4096 * 4096, "src").unwrap();
     src.write(0, &pattern(4096 * 4096, 21)).unwrap();
     let blocks: Vec<u32> = (0..4096).collect();
@@ -240,6 +249,8 @@ fn another_agents_segment_is_refused_and_fails_nothing_else() {
             &TransferOptions::new(),
         )
         .unwrap();
+    let foreign_segment = |e: &Error, call: &str, id| matches!(e, Error::ForeignObject { call: c, object: Foreign::Segment(s), .. } if *c == call && *s == id);
+    // Transfers from another agent's segment.
     for op in [Op::Write, Op::Read] {
         let e = pb
             .transfer(
@@ -251,11 +262,83 @@ fn another_agents_segment_is_refused_and_fails_nothing_else() {
         assert!(matches!(e, Error::ForeignSegment { .. }), "{e}");
         println!("{op:?} from another agent's segment: {e}");
     }
+    // A sub-segment of another agent's segment, both ways: nothing registered, nothing
+    // announced.
+    let (mine, theirs) = (a.segments().len(), other.segments().len());
+    let e = a.register_within(&foreign, 0, 4096, "carved").unwrap_err();
+    assert!(
+        foreign_segment(&e, "Agent::register_within", foreign.id()),
+        "{e}"
+    );
+    println!("register_within another agent's segment: {e}");
+    let e = other.register_within(&src, 0, 4096, "carved").unwrap_err();
+    assert!(
+        foreign_segment(&e, "Agent::register_within", src.id()),
+        "{e}"
+    );
+    assert_eq!((a.segments().len(), other.segments().len()), (mine, theirs));
+    // Deregistering another agent's segment: it stays registered with its own agent.
+    let e = a.deregister(&foreign).unwrap_err();
+    assert!(
+        foreign_segment(&e, "Agent::deregister", foreign.id()),
+        "{e}"
+    );
+    assert!(other.segments().iter().any(|s| s.id() == foreign.id()));
+    // Disconnecting another agent's peer: its connection stays.
+    let e = other.disconnect(&pb).unwrap_err();
+    assert!(
+        matches!(&e, Error::ForeignObject { call: "Agent::disconnect", object: Foreign::Peer(n), .. } if n == "f2b"),
+        "{e}"
+    );
+    println!("disconnect another agent's peer: {e}");
+    // A remote list prepared on another agent's connection to the same peer.
+    let list = pb.prepare_remote(&[(r.id, 0, 4096)]).unwrap();
+    let local = LocalList::new(&[(&foreign, 0, 4096)]).unwrap();
+    let e = pc
+        .transfer_indexed(
+            Op::Write,
+            &local,
+            &[0],
+            &list,
+            &[0],
+            &TransferOptions::new(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::ForeignObject { call: "Peer::transfer_indexed", object: Foreign::RemoteList(n), .. } if n == "f2b"),
+        "{e}"
+    );
+    println!("a remote list of another agent's connection: {e}");
     big.wait(WAIT).unwrap();
     assert!(pool.to_vec(0, 4096 * 4096).unwrap() == pattern(4096 * 4096, 21));
-    for s in pb.rail_stats() {
+    for s in pb.rail_stats().iter().chain(pc.rail_stats().iter()) {
         assert_eq!(s.errors, 0, "rail {} failed: {:?}", s.rail, s.last_error);
     }
+    assert!(pb.is_connected() && pc.is_connected() && pa.is_connected());
+    // Both connections carry the next transfers; a sub-segment of one's own segment is
+    // announced as before.
+    let carved = a.register_within(&src, 4096, 4096, "carved").unwrap();
+    let seen = pa.wait_segment_named("carved", WAIT).unwrap();
+    assert_eq!((seen.id, seen.len), (carved.id(), 4096));
+    let local = LocalList::new(&[(&src, 0, 4096)]).unwrap();
+    pb.transfer_indexed(
+        Op::Write,
+        &local,
+        &[0],
+        &list,
+        &[0],
+        &TransferOptions::new(),
+    )
+    .unwrap()
+    .wait(WAIT)
+    .unwrap();
+    pc.write(
+        &[Desc::new(&foreign, 0, r.id, 4096, 4096)],
+        &TransferOptions::new(),
+    )
+    .unwrap()
+    .wait(WAIT)
+    .unwrap();
     // A segment deregistered by its own agent is refused the same way, typed.
     a.deregister(&src).unwrap();
     let e = pb
@@ -265,6 +348,62 @@ fn another_agents_segment_is_refused_and_fails_nothing_else() {
         )
         .unwrap_err();
     assert!(matches!(e, Error::UnknownSegment { .. }), "{e}");
+    let e = a.register_within(&src, 0, 4096, "late").unwrap_err();
+    assert!(matches!(e, Error::UnknownSegment { .. }), "{e}");
+}
+
+/// A remote list prepared on a connection that was closed names the segment ids of that
+/// connection's peer; a new connection to a peer of the same name (a restarted agent reuses
+/// ids for other memory) refuses it, typed, before anything is posted.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_remote_list_of_an_earlier_connection_is_refused() {
+    let a = agent("f2ra");
+    let b = agent("f2rb");
+    let addr = b.listen("127.0.0.1:0").unwrap().to_string();
+    let pb = a.connect(&addr).unwrap();
+    let dst = b.alloc_host(4096, "dst").unwrap();
+    let r = pb.wait_segment_named("dst", WAIT).unwrap();
+    let list = pb.prepare_remote(&[(r.id, 0, 4096)]).unwrap();
+    let src = a.alloc_host(4096, "src").unwrap();
+    let local = LocalList::new(&[(&src, 0, 4096)]).unwrap();
+    a.disconnect(&pb).unwrap();
+    let end = Instant::now() + WAIT;
+    while b.peer("f2ra").is_some() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let again = a.connect(&addr).unwrap();
+    again.wait_segment_named("dst", WAIT).unwrap();
+    let e = again
+        .transfer_indexed(
+            Op::Write,
+            &local,
+            &[0],
+            &list,
+            &[0],
+            &TransferOptions::new(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::ForeignObject { object: Foreign::RemoteList(n), .. } if n == "f2rb"),
+        "{e}"
+    );
+    println!("a remote list of an earlier connection: {e}");
+    src.write(0, &[7u8; 4096]).unwrap();
+    let fresh = again.prepare_remote(&[(r.id, 0, 4096)]).unwrap();
+    again
+        .transfer_indexed(
+            Op::Write,
+            &local,
+            &[0],
+            &fresh,
+            &[0],
+            &TransferOptions::new(),
+        )
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
+    assert_eq!(dst.to_vec(0, 4096).unwrap(), vec![7u8; 4096]);
 }
 
 /// Finding 2: a notification longer than the sender's own slots but within the peer's limit.
@@ -489,7 +628,7 @@ fn reconnecting_does_not_grow_the_notification_bound() {
         if last_round {
             last = transfers;
         } else {
-            a.disconnect(&pb);
+            a.disconnect(&pb).unwrap();
             for t in transfers {
                 let _ = t.wait(WAIT);
             }

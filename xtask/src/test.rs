@@ -230,7 +230,7 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
             // Of the staged tests, the ones that move bytes over both rails (the striping and
             // failover of staged jobs is the simulation's, on every seed with two rails).
             let args = match (t.name.as_str(), opts.test_args.is_empty()) {
-                ("xfer_outcomes", true) => "another_agents_segment".to_string(),
+                ("xfer_outcomes", true) => "another_agents_objects".to_string(),
                 ("xfer_staged", true) => {
                     "staged_writes_and_reads_move_every_byte a_staged_notification_arrives_only_after_all_the_data"
                         .to_string()

@@ -13,7 +13,8 @@ gdr's errors as well::
     |   +-- BlockOutOfSegment              a block outside its segment
     |   +-- LengthMismatch                 a descriptor's sides differ in length
     |   +-- IndexOutOfRange (IndexError)   a block index outside its segment or list
-    |   +-- ForeignSegment                 the local segment belongs to another agent
+    |   +-- ForeignObject                  another agent's segment or peer, another connection's list
+    |   |   +-- ForeignSegment             a transfer's local segment belongs to another agent
     |   +-- NotABuffer (TypeError)         register() of an object without the buffer protocol
     |   +-- ReadOnlyBuffer                 register() of a read-only buffer
     |   +-- NotContiguous                  register() of a buffer that is not C-contiguous
@@ -48,6 +49,7 @@ __all__ = [
     "BlockOutOfSegment",
     "LengthMismatch",
     "IndexOutOfRange",
+    "ForeignObject",
     "ForeignSegment",
     "NotABuffer",
     "ReadOnlyBuffer",
@@ -122,7 +124,19 @@ class IndexOutOfRange(InvalidArgument, IndexError):
     """
 
 
-class ForeignSegment(InvalidArgument):
+class ForeignObject(InvalidArgument):
+    """A call was given another agent's object (a segment to ``deregister``, a peer to
+    ``disconnect``), or a ``RemoteList`` prepared on another connection (another agent's, or an
+    earlier connection to a peer of the same name): refused before anything changed; the
+    connections of both agents are unaffected.
+
+    Attributes: ``call`` (the engine's call, ``"Agent::deregister"``, ...), ``kind``
+    (``"segment"``, ``"peer"`` or ``"remote list"``), ``segment`` (the segment's id, or
+    ``None``), ``peer`` (the peer's name, or ``None``).
+    """
+
+
+class ForeignSegment(ForeignObject):
     """A transfer's local segment belongs to another agent; nothing was posted.
 
     Attributes: ``index``, ``segment``.

@@ -219,7 +219,7 @@ class Peer:
     ) -> Transfer:
         """Entry ``local_indices[i]`` of a prepared local list to or from entry
         ``remote_indices[i]`` of this peer's prepared list (``IndexOutOfRange``,
-        ``LengthMismatch``)."""
+        ``LengthMismatch``; ``ForeignObject`` for a list prepared on another connection)."""
     def send_notification(self, data: _BytesLike, *, timeout_s: Optional[float] = None) -> Transfer:
         """A message without a transfer; the peer takes it with ``wait_notification``."""
 
@@ -320,7 +320,9 @@ class Agent:
         ``asyncio.wait_for``); ``AgentClosed``. Cancelling it only stops the wait."""
     def peer(self, name: str) -> Optional[Peer]: ...
     def peers(self) -> List[Peer]: ...
-    def disconnect(self, peer: Peer) -> None: ...
+    def disconnect(self, peer: Peer) -> None:
+        """Closes the connection to ``peer`` (its transfers fail with ``PeerLost``);
+        ``ForeignObject`` for another agent's peer, whose connection is left as it is."""
     def register(self, obj: Any, name: str = "") -> Segment:
         """Registers a writable, C-contiguous tensor or buffer: CUDA tensors through DLPack
         (GPUDirect, else staged: ``Segment.path`` says), host memory through the buffer
@@ -331,7 +333,9 @@ class Agent:
         ``NotGpuMemory``)."""
     def alloc(self, length: int, name: str = "") -> Segment:
         """Allocates and registers ``length`` zeroed bytes."""
-    def deregister(self, segment: Segment) -> None: ...
+    def deregister(self, segment: Segment) -> None:
+        """Removes ``segment`` from the peers' tables and this agent's transfers;
+        ``ForeignObject`` for another agent's segment, ``UnknownSegment`` once deregistered."""
     def segments(self) -> List[Segment]: ...
     def wait_notification(self, timeout_s: Optional[float] = None) -> Optional[Notification]:
         """The next notification (GIL released); ``None`` when ``timeout_s`` passes first."""

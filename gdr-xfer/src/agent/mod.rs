@@ -23,7 +23,7 @@ use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;
 use crate::connection::Connection;
 use crate::control;
-use crate::error::{Error, Result};
+use crate::error::{Error, Foreign, Result};
 use crate::notify::{Delivered, NoteQueue, Notification};
 use crate::peer::Peer;
 use crate::rail::AgentRail;
@@ -288,8 +288,20 @@ impl Agent {
 
     /// Closes the connection to a peer: its pending transfers fail with [`Error::PeerLost`].
     /// After [`Agent::shutdown`] every connection is closed already: it does nothing.
-    pub fn disconnect(&self, peer: &Peer) {
+    ///
+    /// # Errors
+    /// [`Error::ForeignObject`] for another agent's peer handle (its connection is left as it
+    /// is).
+    pub fn disconnect(&self, peer: &Peer) -> Result<()> {
+        if !std::ptr::eq(peer.conn.agent.as_ptr(), Arc::as_ptr(&self.shared)) {
+            return Err(Error::ForeignObject {
+                call: "Agent::disconnect",
+                object: Foreign::Peer(peer.name().to_string()),
+                hint: "disconnect a peer through the agent that connected it".into(),
+            });
+        }
         self.shared.disconnect(peer);
+        Ok(())
     }
 
     // ----- notifications -----

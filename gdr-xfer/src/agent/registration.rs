@@ -227,7 +227,9 @@ impl Agent {
     /// call (for many tensors in one allocation).
     ///
     /// # Errors
-    /// [`Error::OutOfSegment`] for a range outside `parent`.
+    /// [`Error::OutOfSegment`] for a range outside `parent`; [`Error::ForeignObject`] when
+    /// `parent` is another agent's segment and [`Error::UnknownSegment`] when it was
+    /// deregistered (nothing is registered or announced then).
     pub fn register_within(
         &self,
         parent: &Segment,
@@ -236,6 +238,14 @@ impl Agent {
         name: &str,
     ) -> Result<Segment> {
         self.shared.check_open()?;
+        self.check_own(parent, "Agent::register_within")?;
+        if !parent.inner.is_registered() {
+            return Err(Error::UnknownSegment {
+                owner: "local".into(),
+                segment: parent.id(),
+                hint: "it was deregistered: register the memory again, then carve segments out of the new one".into(),
+            });
+        }
         check_name(name)?;
         crate::descriptor::check_local(None, parent, offset, len)?;
         self.add_segment(
@@ -311,8 +321,10 @@ impl Agent {
     /// told): memory is released as it would be.
     ///
     /// # Errors
-    /// [`Error::UnknownSegment`] when it is not (or no longer) registered with this agent.
+    /// [`Error::ForeignObject`] for another agent's segment; [`Error::UnknownSegment`] when it
+    /// is no longer registered.
     pub fn deregister(&self, segment: &Segment) -> Result<()> {
+        self.check_own(segment, "Agent::deregister")?;
         let peers = {
             let mut table = self.shared.lock_segments();
             match table.get(&segment.id()) {
@@ -321,7 +333,7 @@ impl Agent {
                     return Err(Error::UnknownSegment {
                         owner: "local".into(),
                         segment: segment.id(),
-                        hint: "it was deregistered already, or belongs to another agent".into(),
+                        hint: "it was deregistered already".into(),
                     })
                 }
             }
@@ -350,6 +362,18 @@ impl Agent {
     /// Counters of the GPU registration cache.
     pub fn cache_stats(&self) -> CacheStats {
         self.lock_cache().stats
+    }
+
+    /// Refuses another agent's segment given to `call` (before anything changes).
+    fn check_own(&self, segment: &Segment, call: &'static str) -> Result<()> {
+        if segment.inner.agent == self.shared.id {
+            return Ok(());
+        }
+        Err(Error::ForeignObject {
+            call,
+            object: Foreign::Segment(segment.id()),
+            hint: "give each agent its own segments: register the memory with this agent (a registration of the same memory by two agents is allowed)".into(),
+        })
     }
 
     pub(super) fn lock_cache(&self) -> MutexGuard<'_, RegistrationCache> {
