@@ -8,7 +8,9 @@
 //! the time passed in ([`Connection::submit`], [`Connection::handle_send_completion`],
 //! [`Connection::handle_recv`], [`Connection::handle_control`],
 //! [`Connection::handle_timeout`]) and asked when to wake ([`Connection::poll_timeout`]);
-//! every piece of I/O it needs goes through its driver's [`Io`]. The control messages agents
+//! every piece of I/O it needs goes through its driver's [`Io`]. What lies between an agent's
+//! connections is its [`Endpoint`]: which peers are connected, which connection and lane each
+//! completion belongs to, and when a connection let go may go. The control messages agents
 //! exchange are encoded and decoded here too ([`wire`]), with a queue pair's endpoint written
 //! by the driver's [`wire::Codec`]. It has no dependency beyond
 //! the standard library: no gdr, no libibverbs, no threads, no clock.
@@ -33,6 +35,7 @@
 mod config;
 mod connection;
 mod control;
+mod endpoint;
 mod io;
 mod lane;
 mod location;
@@ -50,6 +53,7 @@ pub mod wire;
 pub use config::{Config, CHUNK, STRIPE_CHUNK};
 pub use connection::Connection;
 pub use control::Control;
+pub use endpoint::{ConnId, Endpoint, Refusal};
 pub use io::{Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status};
 pub use location::{Location, ParseLocationError};
 pub use rail::{RailCounters, RailState, FIRST_COOLDOWN, HEALTHY, MAX_COOLDOWN, SAMPLE};

@@ -7,20 +7,20 @@
 //! send control messages (under the writer lock taken before the core was released, so that
 //! messages leave in the order the core produced them).
 //!
-//! Lock order: the core, then the writer; the agent's routing table (`by_qpn`) may be taken
-//! while the core is held, never the other way round; a transfer cell's lock is never held
+//! Lock order: the core, then the writer; the agent's endpoint (a leaf) may be taken while the
+//! core is held, never the other way round; a transfer cell's lock is never held
 //! while taking any of these.
 
 use std::collections::HashMap;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use std::time::Instant;
 
 use gdr::connect::TcpLink;
 use gdr::{Completion, WcStatus};
 use gdr_xfer_proto::{
-    Config, Connection as Core, LaneRef, Receipt, SegmentId, SendCompletion, Spec, Status,
+    Config, ConnId, Connection as Core, LaneRef, Receipt, SegmentId, SendCompletion, Spec, Status,
     TransferKey,
 };
 
@@ -41,6 +41,8 @@ pub(crate) struct Driven {
 /// Everything about one connected peer.
 pub(crate) struct Connection {
     pub(crate) name: String,
+    /// Its number in the agent's endpoint, once admitted.
+    id: OnceLock<ConnId>,
     pub(crate) agent: Weak<AgentShared>,
     /// Rails shared with the peer.
     pub(crate) nrails: usize,
@@ -112,6 +114,7 @@ impl Connection {
             };
             Connection {
                 name: p.name,
+                id: OnceLock::new(),
                 agent: p.agent,
                 nrails,
                 qps_per_rail,
@@ -202,6 +205,16 @@ impl Connection {
                 });
             }
         }
+    }
+
+    /// Its number in the agent's endpoint, once admitted.
+    pub(crate) fn id(&self) -> Option<ConnId> {
+        self.id.get().copied()
+    }
+
+    /// Records the number the endpoint admitted it under (once).
+    pub(crate) fn set_id(&self, id: ConnId) {
+        let _ = self.id.set(id);
     }
 
     pub(crate) fn set_ready(&self) {

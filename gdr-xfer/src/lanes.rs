@@ -273,14 +273,15 @@ impl Io for Lanes {
 
     fn destroy_lanes(&mut self, lanes: &[LaneRef]) {
         let agent = self.agent.upgrade();
+        let conn = self.conn.upgrade();
         for l in lanes {
             let Some(slot) = self.qps.get_mut(l.lane) else {
                 continue;
             };
             if let Some(i) = slot.iter().position(|(g, _)| *g == l.gen) {
                 let (_, qp) = slot.swap_remove(i);
-                if let Some(a) = &agent {
-                    a.unroute(l.lane / self.per_rail, qp.qp_num(), *l);
+                if let (Some(a), Some(c)) = (&agent, &conn) {
+                    a.unroute(l.lane / self.per_rail, qp.qp_num(), c, *l);
                 }
                 self.after.graveyard.push(qp);
             }

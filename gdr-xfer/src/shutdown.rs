@@ -45,9 +45,10 @@ impl Agent {
     pub fn shutdown(&self, grace: Duration) -> ShutdownReport {
         let shared = &self.shared;
         let pending = {
-            // Taken under the peers' lock, as `add_peer` checks it: no handshake completes
+            // Under the endpoint's lock, which `add_peer` admits under: no handshake completes
             // after this.
-            let _peers = shared.lock_peers();
+            let mut endpoint = shared.lock_endpoint();
+            endpoint.close();
             shared.closing.store(true, Ordering::SeqCst);
             shared.pending.load(Ordering::SeqCst)
         };
@@ -76,7 +77,8 @@ impl Agent {
     fn close(&self) {
         let shared = &self.shared;
         {
-            let _peers = shared.lock_peers();
+            let mut endpoint = shared.lock_endpoint();
+            endpoint.close();
             shared.closing.store(true, Ordering::SeqCst);
         }
         shared.notes.close();
@@ -84,7 +86,7 @@ impl Agent {
         #[cfg(feature = "etcd")]
         self.withdraw();
         {
-            let _peers = shared.lock_peers();
+            let _endpoint = shared.lock_endpoint();
             shared.shutdown.store(true, Ordering::Release);
         }
         for c in shared.peer_list() {

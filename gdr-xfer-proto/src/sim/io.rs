@@ -52,6 +52,10 @@ pub(crate) struct Out {
     pub(crate) finished: Vec<(usize, Outcome)>,
     pub(crate) delivered: VecDeque<(Vec<u8>, Receipt)>,
     pub(crate) events: Vec<Event>,
+    /// Queue pairs made (rail, number, lane), for the agent's endpoint to route.
+    pub(crate) routed: Vec<(usize, u32, LaneRef)>,
+    /// Queue pairs destroyed (rail, number, lane), for the endpoint to unroute.
+    pub(crate) unrouted: Vec<(usize, u32, LaneRef)>,
 }
 
 /// One agent's driver of its connection to one peer.
@@ -279,7 +283,11 @@ impl Io for SimIo {
         if fail {
             return Err("the simulated provider refused to create a queue pair".into());
         }
-        Ok(lanes.iter().map(|&l| self.add_qp(rail, l)).collect())
+        let made: Vec<usize> = lanes.iter().map(|&l| self.add_qp(rail, l)).collect();
+        for (&l, &qp) in lanes.iter().zip(&made) {
+            self.out.routed.push((rail, qp as u32, l));
+        }
+        Ok(made)
     }
 
     fn connect_lanes(
@@ -307,6 +315,7 @@ impl Io for SimIo {
             if let Some(i) = self.qps.iter().position(|(x, _)| x == l) {
                 let (_, qp) = self.qps.swap_remove(i);
                 let q = &mut net.qps[qp];
+                self.out.unrouted.push((q.rail, qp as u32, *l));
                 q.state = QpState::Destroyed;
                 q.sq.clear();
                 q.recv.clear();

@@ -20,6 +20,11 @@
 //!   delivered to the application once;
 //! - every transfer reported done has every byte exactly where asked;
 //! - every transfer reaches its outcome by its deadline plus [`crate::Config::outcome_bound`];
+//! - every send completion is routed by its agent's [`crate::Endpoint`] (by rail and queue pair
+//!   number, as the driver routes them) to the connection and lane that posted it, or nowhere
+//!   once its queue pair was destroyed; a connection let go (its peer vanished) goes only once
+//!   every completion queued for it before then was handled, and what it still carried fails
+//!   then, as in the driver;
 //! - the core never posts beyond a send queue's depth; no panic;
 //! - without link faults, a transfer with nothing wrong with it (a generous deadline, no
 //!   misuse, not cancelled, its keys valid) succeeds, whatever the others do; when an agent
@@ -91,6 +96,12 @@ pub struct Report {
     pub staged: u64,
     /// Messages (a notification without data).
     pub messages: u64,
+    /// Send completions the endpoints routed to their connection.
+    pub routed: u64,
+    /// Send completions routed nowhere (their queue pair destroyed, their connection gone).
+    pub routed_nowhere: u64,
+    /// Connections the endpoints let go once drained.
+    pub conns_gone: u64,
 }
 
 impl Report {
@@ -116,6 +127,9 @@ impl Report {
         self.dmas += o.dmas;
         self.staged += o.staged;
         self.messages += o.messages;
+        self.routed += o.routed;
+        self.routed_nowhere += o.routed_nowhere;
+        self.conns_gone += o.conns_gone;
     }
 }
 

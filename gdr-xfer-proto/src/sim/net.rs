@@ -120,7 +120,7 @@ pub(crate) struct Net {
     pub(crate) dmas: u64,
     /// Per agent, when its completion queue last handed a completion to the driver:
     /// completions are polled in the order they were queued.
-    cq_at: Vec<Duration>,
+    pub(crate) cq_at: Vec<Duration>,
     /// Lines for the world's trace (when it keeps one).
     pub(crate) trace: Option<Vec<String>>,
 }

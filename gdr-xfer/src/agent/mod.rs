@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener};
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::CompletionQueue;
 
-use gdr_xfer_proto::LaneRef;
+use gdr_xfer_proto::{Endpoint, LaneRef, Refusal};
 
 use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;
@@ -40,10 +40,6 @@ use gdr_xfer_proto::{Location, SegmentId};
 const SEGMENT_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);
-
-/// A connection forgotten by name: each rail's drain count then, and what to fail its transfers
-/// with.
-type Retiring = (Arc<Connection>, Vec<u64>, Option<Failure>);
 
 /// What the agent's threads share.
 mod registration;
@@ -116,6 +112,7 @@ impl Agent {
         ));
         static AGENTS: AtomicU64 = AtomicU64::new(1);
         let notes = NoteQueue::new(config.notify_queue);
+        let max_peers = config.max_peers as usize;
         let shared = Arc::new(AgentShared {
             config,
             id: AGENTS.fetch_add(1, Ordering::Relaxed),
@@ -124,10 +121,7 @@ impl Agent {
             segments: Mutex::new(BTreeMap::new()),
             next_segment: AtomicU32::new(1),
             cache: Mutex::new(RegistrationCache::default()),
-            peers: Mutex::new(HashMap::new()),
-            by_qpn: RwLock::new(HashMap::new()),
-            retiring: Mutex::new(Vec::new()),
-            drains: (0..nrails).map(|_| AtomicU64::new(0)).collect(),
+            endpoint: Mutex::new(Endpoint::new(nrails, max_peers)),
             notes,
             peer_wakers: Wakers::default(),
             timers: Mutex::new(Instant::now()),
@@ -242,9 +236,9 @@ impl Agent {
 
     /// The connected peers.
     pub fn peers(&self) -> Vec<Peer> {
-        let peers = self.shared.lock_peers();
-        let mut v: Vec<Peer> = peers
-            .values()
+        let endpoint = self.shared.lock_endpoint();
+        let mut v: Vec<Peer> = endpoint
+            .peers()
             .filter(|c| c.is_ready())
             .map(|c| Peer { conn: c.clone() })
             .collect();
@@ -259,12 +253,12 @@ impl Agent {
     /// progress when it begins ends with it).
     pub fn wait_peer(&self, name: &str, timeout: Duration) -> Result<Peer> {
         let end = Instant::now().checked_add(timeout);
-        let mut peers = self.shared.lock_peers();
+        let mut endpoint = self.shared.lock_endpoint();
         loop {
             // Checked under the peers' lock, which shutdown sets the flag under before it
             // wakes the waiters: none misses it.
             self.shared.check_open()?;
-            if let Some(c) = peers.get(name).filter(|c| c.is_ready()) {
+            if let Some(c) = endpoint.peer(name).filter(|c| c.is_ready()) {
                 return Ok(Peer { conn: c.clone() });
             }
             let left = end.map_or(Duration::from_secs(3600), |e| {
@@ -277,10 +271,10 @@ impl Agent {
                     hint: "is it running and connecting to this agent's listen address?".into(),
                 });
             }
-            peers = self
+            endpoint = self
                 .shared
                 .peers_changed
-                .wait_timeout(peers, left.min(Duration::from_millis(50)))
+                .wait_timeout(endpoint, left.min(Duration::from_millis(50)))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }

@@ -15,20 +15,13 @@ pub(crate) struct AgentShared {
     pub(super) segments: Mutex<BTreeMap<SegmentId, Segment>>,
     pub(super) next_segment: AtomicU32,
     pub(super) cache: Mutex<RegistrationCache>,
-    pub(super) peers: Mutex<HashMap<String, Arc<Connection>>>,
-    /// (rail, queue pair number) -> (connection, its lane and the queue pair's generation);
-    /// numbers are per device, so two rails may have the same ones ([`qp_key`]). A connection
-    /// stays here (and alive) after it was lost until the progress thread drained the
-    /// completion queue past the loss (`retiring`), so that completions already queued, a
-    /// notification that arrived just before the peer said goodbye among them, are still
-    /// handled.
-    pub(super) by_qpn: RwLock<HashMap<u64, (Arc<Connection>, LaneRef)>>,
-    /// Connections forgotten by name, with the drain count at that moment, and the failure to
-    /// give what is still in flight on them once the completions queued then were handled.
-    pub(super) retiring: Mutex<Vec<Retiring>>,
-    /// Per rail, how many polls found its completion queue drained (fewer completions than
-    /// asked for).
-    pub(super) drains: Vec<AtomicU64>,
+    /// The connected peers, by name and number, where each completion belongs (by rail and
+    /// queue pair number), and the connections let go but still draining: the core's
+    /// [`Endpoint`]. A connection stays routed (and alive) after it was let go until the
+    /// progress threads drained every completion queue past that moment, so that completions
+    /// already queued, a notification that arrived just before the peer said goodbye among
+    /// them, are still handled. A leaf lock: nothing else is taken while it is held.
+    pub(super) endpoint: Mutex<Endpoint<Arc<Connection>>>,
     /// Notifications delivered (or put back) and not taken yet, and their waiters.
     pub(crate) notes: NoteQueue,
     /// The async waits for peers.
@@ -128,8 +121,8 @@ impl AgentShared {
         self.published.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn lock_peers(&self) -> MutexGuard<'_, HashMap<String, Arc<Connection>>> {
-        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn lock_endpoint(&self) -> MutexGuard<'_, Endpoint<Arc<Connection>>> {
+        self.endpoint.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Keeps a thread to join when the agent is dropped (finished ones are let go).
@@ -145,7 +138,7 @@ impl AgentShared {
     }
 
     pub(crate) fn peer_list(&self) -> Vec<Arc<Connection>> {
-        self.lock_peers().values().cloned().collect()
+        self.lock_endpoint().peers().cloned().collect()
     }
 
     /// The rails transfers from memory at `location` stripe over (bit per rail).
@@ -197,54 +190,53 @@ impl AgentShared {
 
     /// Makes a connection known by name and by queue pair number.
     pub(crate) fn add_peer(&self, conn: &Arc<Connection>) -> Result<()> {
-        {
-            let mut peers = self.lock_peers();
-            // Checked under the lock `shutdown` and `Drop` take their snapshot of the peers
-            // under: a handshake cannot slip a connection in after the snapshot.
-            if self.shutdown.load(Ordering::Acquire) {
-                return Err(Error::AgentClosed);
-            }
-            self.check_open()?;
-            if peers.contains_key(&conn.name) {
-                return Err(Error::invalid(
-                    format!("a peer named {:?} is already connected", conn.name),
+        // Taken before the endpoint's lock (the core's lock comes first).
+        let routes = conn.routes();
+        let mut endpoint = self.lock_endpoint();
+        // Checked under the lock `shutdown` and `Drop` close the endpoint and take their
+        // snapshot of the peers under: a handshake cannot slip a connection in after it.
+        if self.shutdown.load(Ordering::Acquire) {
+            return Err(Error::AgentClosed);
+        }
+        self.check_open()?;
+        let id = endpoint
+            .admit(&conn.name, conn.clone(), &routes)
+            .map_err(|r| match r {
+                Refusal::Closed => Error::AgentClosed,
+                Refusal::NameTaken { .. } => Error::invalid(
+                    r.to_string(),
                     "disconnect it first, or give each agent its own name",
-                ));
-            }
-            if peers.len() >= self.config.max_peers as usize {
-                return Err(Error::invalid(
-                    format!("{} peers are connected already", peers.len()),
-                    "raise AgentConfig::max_peers",
-                ));
-            }
-            peers.insert(conn.name.clone(), conn.clone());
-        }
-        for (rail, qpn, lane) in conn.routes() {
-            self.route_qps(rail, conn, &[(qpn, lane)]);
-        }
+                ),
+                Refusal::Full { .. } => {
+                    Error::invalid(r.to_string(), "raise AgentConfig::max_peers")
+                }
+            })?;
+        conn.set_id(id);
         Ok(())
     }
 
-    /// Routes the completions of rail `rail`'s queue pairs `(number, lane)` to `conn`.
-    pub(crate) fn route_qps(&self, rail: usize, conn: &Arc<Connection>, nums: &[(u32, LaneRef)]) {
-        let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
+    /// Routes the completions of rail `rail`'s queue pairs `(number, lane)` to `conn` (once it
+    /// was admitted: before, it has no queue pair but its first).
+    pub(crate) fn route_qps(&self, rail: usize, conn: &Connection, nums: &[(u32, LaneRef)]) {
+        let Some(id) = conn.id() else {
+            return;
+        };
+        let mut endpoint = self.lock_endpoint();
         for &(n, lane) in nums {
-            by_qpn.insert(qp_key(rail, n), (conn.clone(), lane));
+            endpoint.route(rail, n, id, lane);
         }
     }
 
     /// Forgets the route of rail `rail`'s queue pair `qpn` (destroyed), if it still names
-    /// `lane`.
-    pub(crate) fn unroute(&self, rail: usize, qpn: u32, lane: LaneRef) {
-        let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
-        let key = qp_key(rail, qpn);
-        if by_qpn.get(&key).is_some_and(|(_, l)| *l == lane) {
-            by_qpn.remove(&key);
+    /// `lane` of `conn`.
+    pub(crate) fn unroute(&self, rail: usize, qpn: u32, conn: &Connection, lane: LaneRef) {
+        if let Some(id) = conn.id() {
+            self.lock_endpoint().unroute(rail, qpn, id, lane);
         }
     }
 
-    /// Forgets a connection by name (if it is still the one registered under it); the
-    /// progress thread lets it go once the completions queued before now are handled.
+    /// Forgets a connection by name; the progress threads let it go once the completions
+    /// queued before now are handled.
     pub(crate) fn remove_peer(&self, conn: &Arc<Connection>) {
         self.retire(conn, None);
     }
@@ -256,69 +248,29 @@ impl AgentShared {
     }
 
     pub(super) fn retire(&self, conn: &Arc<Connection>, failure: Option<Failure>) {
-        {
-            let mut peers = self.lock_peers();
-            if peers.get(&conn.name).is_some_and(|c| Arc::ptr_eq(c, conn)) {
-                peers.remove(&conn.name);
-            }
-        }
-        self.peers_changed.notify_all();
-        self.peer_wakers.wake_all();
-        let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
-        if !retiring.iter().any(|(c, _, _)| Arc::ptr_eq(c, conn)) {
-            let at = self
-                .drains
-                .iter()
-                .map(|d| d.load(Ordering::Acquire))
-                .collect();
-            retiring.push((conn.clone(), at, failure));
-        } else if let Some(f) = failure {
-            // Already retiring without a failure to give (a plain removal): lose it now.
-            drop(retiring);
+        let now = match conn.id() {
+            Some(id) => self.lock_endpoint().let_go(id, failure),
+            // Never admitted: nothing of it is routed, nothing to drain.
+            None => failure,
+        };
+        self.notify_peers_changed();
+        if let Some(f) = now {
             conn.lose(f);
         }
     }
 
     /// Called by rail `rail`'s progress thread after a poll that drained its completion
-    /// queue: lets go of the connections forgotten at least two drains ago on every rail (the
-    /// second drain began after the first ended, which was after the connection was forgotten:
-    /// every completion queued before that was handled).
+    /// queue: lets go of the connections the endpoint says may go now, failing what is still
+    /// in flight on them.
     pub(crate) fn drained(&self, rail: usize) {
-        self.drains[rail].fetch_add(1, Ordering::AcqRel);
-        let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
-        if retiring.is_empty() {
-            return;
-        }
-        let now: Vec<u64> = self
-            .drains
-            .iter()
-            .map(|d| d.load(Ordering::Acquire))
-            .collect();
-        let mut gone = Vec::new();
-        retiring.retain_mut(|(c, at, failure)| {
-            if now.iter().zip(at.iter()).all(|(n, a)| *n >= a + 2) {
-                gone.push((c.clone(), failure.take()));
-                false
-            } else {
-                true
-            }
-        });
-        drop(retiring);
-        if gone.is_empty() {
-            return;
-        }
-        // What is still in flight on them now will not complete: fail it.
-        for (conn, failure) in &mut gone {
-            if let Some(f) = failure.take() {
+        let gone = self.lock_endpoint().drained(rail);
+        // Outside the lock: what is still in flight on them now will not complete; their last
+        // references (and their queue pairs) may go here.
+        for (conn, failure) in gone {
+            if let Some(f) = failure {
                 conn.lose(f);
             }
         }
-        let mut by_qpn = self.by_qpn.write().unwrap_or_else(|p| p.into_inner());
-        by_qpn.retain(|_, (c, _)| !gone.iter().any(|(g, _)| Arc::ptr_eq(c, g)));
-        drop(by_qpn);
-        // The last references of the connections (and their queue pairs) may go here, outside
-        // every lock.
-        drop(gone);
     }
 
     /// [`Agent::disconnect`].
@@ -340,16 +292,16 @@ impl AgentShared {
 
     /// The connection and lane of a queue pair number.
     pub(crate) fn route(&self, rail: usize, qp_num: u32) -> Option<(Arc<Connection>, LaneRef)> {
-        let by_qpn = self.by_qpn.read().unwrap_or_else(|p| p.into_inner());
-        let (c, i) = by_qpn.get(&qp_key(rail, qp_num))?;
-        Some((c.clone(), *i))
+        let endpoint = self.lock_endpoint();
+        let (c, lane) = endpoint.lookup(rail, qp_num)?;
+        Some((c.clone(), lane))
     }
 
     /// The connected (handshake done) peer with this name.
     pub(crate) fn ready_peer(&self, name: &str) -> Option<Peer> {
-        let peers = self.lock_peers();
-        peers
-            .get(name)
+        let endpoint = self.lock_endpoint();
+        endpoint
+            .peer(name)
             .filter(|c| c.is_ready())
             .map(|c| Peer { conn: c.clone() })
     }
@@ -372,9 +324,4 @@ impl AgentShared {
             conn.tick(now);
         }
     }
-}
-
-/// The routing key of queue pair `qp_num` of rail `rail` (queue pair numbers are per device).
-pub(super) fn qp_key(rail: usize, qp_num: u32) -> u64 {
-    ((rail as u64) << 32) | u64::from(qp_num)
 }

@@ -42,6 +42,10 @@ pub(crate) enum Ev {
         agent: usize,
         peer: usize,
     },
+    /// `agent`'s progress threads poll (while a connection it let go drains).
+    Poll {
+        agent: usize,
+    },
     Control {
         from: usize,
         to: usize,
@@ -88,7 +92,6 @@ pub(crate) enum Ev {
     Lost {
         agent: usize,
         peer: usize,
-        close: bool,
     },
     /// A GPU -> bounce copy of `agent`'s stager completed.
     CopyDone {

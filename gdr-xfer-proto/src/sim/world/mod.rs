@@ -18,6 +18,7 @@ use super::xfers::{Kind, Misuse, XRun, XState, Xfer, GRAIN};
 use super::{FaultClass, Report};
 use crate::config::Config;
 use crate::connection::Connection;
+use crate::endpoint::{ConnId, Endpoint};
 use crate::io::{Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
 use crate::run::Run;
 use crate::staged::{ChildStats, StagedJob, StagedRun};
@@ -39,6 +40,9 @@ struct Conn {
     /// Staged transfers to this peer.
     jobs: Vec<SimJob>,
 }
+
+/// A connection's number in its agent's endpoint, and when the agent let it go.
+type Admitted = (ConnId, Option<Duration>);
 
 /// The scenario a seed draws.
 #[derive(Debug, Clone)]
@@ -63,6 +67,11 @@ pub(crate) struct World {
     queue: BinaryHeap<Scheduled>,
     net: Rc<RefCell<Net>>,
     conns: Vec<Vec<Option<Conn>>>,
+    /// Each agent's endpoint (the peer's index for a connection): every send completion is
+    /// routed through it, by rail and queue pair number, as the driver does.
+    endpoints: Vec<Endpoint<usize>>,
+    /// `agent`'s connection number for `peer` in its endpoint, and when it was let go.
+    conn_ids: Vec<Vec<Option<Admitted>>>,
     stagers: Vec<SimStager>,
     /// When each agent's staging step is next due (if one is scheduled).
     stage_at: Vec<Option<Duration>>,
@@ -141,6 +150,10 @@ impl World {
             conns: (0..agents)
                 .map(|_| (0..agents).map(|_| None).collect())
                 .collect(),
+            endpoints: (0..agents)
+                .map(|_| Endpoint::new(p.cfg.rails, agents))
+                .collect(),
+            conn_ids: vec![vec![None; agents]; agents],
             stagers: (0..agents)
                 .map(|_| SimStager::new(p.stager.0, p.stager.1, p.stager.2))
                 .collect(),
@@ -200,6 +213,7 @@ impl World {
                     SimIo::new(self.net.clone(), a, b, send_max, depth),
                     SimIo::new(self.net.clone(), b, a, send_max, depth),
                 ];
+                let mut routes = [Vec::new(), Vec::new()];
                 for lane in 0..cfg.lanes() {
                     let rail = lane / cfg.lanes_per_rail;
                     let l = LaneRef {
@@ -208,6 +222,8 @@ impl World {
                     };
                     let qa = ios[0].add_qp(rail, l);
                     let qb = ios[1].add_qp(rail, l);
+                    routes[0].push((rail, qa as u32, l));
+                    routes[1].push((rail, qb as u32, l));
                     ios[0].connect(qa, qb);
                     ios[1].connect(qb, qa);
                     if lane % cfg.lanes_per_rail == 0 {
@@ -217,6 +233,12 @@ impl World {
                             }
                         }
                     }
+                }
+                for (me, other, r) in [(a, b, &routes[0]), (b, a, &routes[1])] {
+                    let id = self.endpoints[me]
+                        .admit(&format!("agent {other}"), other, r)
+                        .unwrap_or_else(|e| panic!("agent {me} refused agent {other}: {e}"));
+                    self.conn_ids[me][other] = Some((id, None));
                 }
                 let [ia, ib] = ios;
                 let mut ca = cfg.clone();
@@ -362,9 +384,31 @@ impl World {
             Ev::Fail { qp, token, status } => self.net.borrow_mut().fail(qp, token, status),
             Ev::Cqe { agent, peer, c } => {
                 self.log(|| format!("cqe {agent}->{peer} {c:?}"));
-                self.call(agent, peer, |core, io, now| {
-                    core.handle_send_completion(now, io, c)
-                });
+                let rail = self.net.borrow().qps[c.qp_num as usize].rail;
+                let routed = self.endpoints[agent]
+                    .lookup(rail, c.qp_num)
+                    .map(|(&p, lane)| (p, lane));
+                match routed {
+                    Some((p, lane)) => {
+                        if (p, lane) != (peer, c.lane) {
+                            self.net.borrow_mut().violation(format!(
+                                "agent {agent}'s endpoint routed a completion of queue pair {} (agent {peer}'s, {:?}) to agent {p}'s {lane:?}",
+                                c.qp_num, c.lane
+                            ));
+                        }
+                        self.report.routed += 1;
+                        self.call(agent, p, |core, io, now| {
+                            core.handle_send_completion(now, io, c)
+                        });
+                    }
+                    // Its queue pair was destroyed (gdr drops those completions) or its
+                    // connection is gone.
+                    None => {
+                        self.report.routed_nowhere += 1;
+                        self.log(|| format!("cqe of qp {} routed nowhere", c.qp_num));
+                    }
+                }
+                self.polled(agent, false);
             }
             Ev::Recv {
                 agent,
@@ -382,8 +426,16 @@ impl World {
                 self.call(agent, peer, |core, io, now| {
                     core.handle_recv(now, io, lane, slot, msg.as_deref())
                 });
+                self.polled(agent, false);
             }
             Ev::Timer { agent, peer } => self.on_timer(agent, peer),
+            Ev::Poll { agent } => {
+                self.polled(agent, true);
+                if self.endpoints[agent].draining() > 0 && self.net.borrow().alive[agent] {
+                    let d = self.us(500, 5000);
+                    self.at(d, Ev::Poll { agent });
+                }
+            }
             Ev::Control { from, to, bytes } => self.on_control(from, to, &bytes),
             Ev::Submit { agent, peer, left } => self.submit(agent, peer, left),
             Ev::Cancel { xfer } => self.on_cancel(xfer),
@@ -433,12 +485,14 @@ impl World {
                 }
                 self.stage_step(agent);
             }
-            Ev::Lost { agent, peer, close } => self.on_lost(agent, peer, close),
+            Ev::Lost { agent, peer } => self.on_lost(agent, peer),
         }
     }
 
     /// The timer of `agent`'s connection to `peer`: the core's timeout, if it is due.
     fn on_timer(&mut self, agent: usize, peer: usize) {
+        // The progress threads poll at least every tick.
+        self.polled(agent, true);
         let due = self.conns[agent][peer]
             .as_ref()
             .is_some_and(|c| c.timer.is_some_and(|t| t <= self.now));
@@ -526,25 +580,54 @@ impl World {
 
     /// `agent` notices that `peer` vanished: first its connection is closing, a little later
     /// (`close`) it is closed.
-    fn on_lost(&mut self, agent: usize, peer: usize, close: bool) {
+    fn on_lost(&mut self, agent: usize, peer: usize) {
         let reason = format!("agent {peer} vanished");
-        if close {
-            self.call(agent, peer, |core, io, now| {
-                core.close(now, io, Failure::PeerLost { reason })
-            });
-        } else {
-            if let Some(c) = self.conns[agent][peer].as_mut() {
-                c.core.closing(reason);
+        // As the driver does when a peer goes: new transfers are refused at once, and the
+        // endpoint lets the connection go; once every completion queued before was handled it
+        // hands it back, and what is still in flight fails then ([`World::polled`]).
+        if let Some(c) = self.conns[agent][peer].as_mut() {
+            c.core.closing(reason.clone());
+        }
+        if let Some((id, at)) = &mut self.conn_ids[agent][peer] {
+            if at.is_none() {
+                *at = Some(self.now);
+                let now = self.endpoints[agent].let_go(*id, Some(Failure::PeerLost { reason }));
+                if let Some(f) = now {
+                    self.call(agent, peer, |core, io, now| core.close(now, io, f));
+                }
+                let d = self.us(100, 2000);
+                self.at(d, Ev::Poll { agent });
             }
-            let d = self.us(100, 2000);
-            self.at(
-                d,
-                Ev::Lost {
-                    agent,
-                    peer,
-                    close: true,
-                },
-            );
+        }
+    }
+
+    /// `agent`'s progress thread polled its completion queues: when nothing is queued for it
+    /// (`strict`: nothing at this very instant either, for a poll that is no completion's),
+    /// they are drained, and the connections its endpoint lets go now must have no completion
+    /// queued before they were let go still unhandled.
+    fn polled(&mut self, agent: usize, strict: bool) {
+        let last = self.net.borrow().cq_at[agent];
+        if last > self.now || (strict && last == self.now) {
+            return;
+        }
+        for rail in 0..self.p.cfg.rails {
+            for (peer, failure) in self.endpoints[agent].drained(rail) {
+                let at = self.conn_ids[agent][peer].and_then(|(_, at)| at);
+                let early = self.queue.iter().any(|e| {
+                    matches!(e.ev, Ev::Cqe { agent: a, peer: p, .. } | Ev::Recv { agent: a, peer: p, .. } if a == agent && p == peer)
+                        && at.is_some_and(|t| e.at <= t)
+                });
+                if early {
+                    self.net.borrow_mut().violation(format!(
+                        "agent {agent}'s endpoint let its connection to {peer} go with a completion queued before that still unhandled"
+                    ));
+                }
+                self.report.conns_gone += 1;
+                self.log(|| format!("agent {agent} let its connection to {peer} go"));
+                if let Some(f) = failure {
+                    self.call(agent, peer, |core, io, now| core.close(now, io, f));
+                }
+            }
         }
     }
 
@@ -570,8 +653,17 @@ impl World {
         let Some(c) = self.conns[agent][peer].as_mut() else {
             return;
         };
-        let out = std::mem::take(&mut c.io.out);
+        let mut out = std::mem::take(&mut c.io.out);
         let next = c.core.poll_timeout();
+        if let Some((id, _)) = self.conn_ids[agent][peer] {
+            let endpoint = &mut self.endpoints[agent];
+            for (rail, n, lane) in out.routed.drain(..) {
+                endpoint.route(rail, n, id, lane);
+            }
+            for (rail, n, lane) in out.unrouted.drain(..) {
+                endpoint.unroute(rail, n, id, lane);
+            }
+        }
         for msg in out.control {
             if !self.net.borrow().alive[peer] {
                 continue;
@@ -688,7 +780,6 @@ impl World {
                     Ev::Lost {
                         agent: p,
                         peer: agent,
-                        close: false,
                     },
                 );
             }
