@@ -36,6 +36,7 @@ mod config;
 mod connection;
 mod control;
 mod endpoint;
+pub mod handshake;
 mod io;
 mod lane;
 mod location;

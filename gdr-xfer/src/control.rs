@@ -11,13 +11,13 @@ use gdr::qp::QueuePair;
 
 use crate::agent::AgentShared;
 use crate::config::AgentConfig;
-use gdr_xfer_proto::Config;
+use gdr_xfer_proto::handshake::{self, HandshakeError, Offer, Settings, Shape};
 
 use crate::connection::{Connection, Parts};
 use crate::error::{Error, Result};
 use crate::notify::NotifyPool;
 use crate::transfer::Failure;
-use crate::wire::{segment_messages, Hello, Message, MAX_QPS};
+use crate::wire::{segment_messages, Hello, Message};
 
 /// How long a rail renewal waits for the peer's answer (the control link normally answers
 /// within milliseconds; an offer lost with a stalled link is made again after the cool-down).
@@ -143,12 +143,10 @@ pub(crate) fn establish(
     timeout: Duration,
 ) -> Result<Arc<Connection>> {
     let mut links = Links::open(stream, timeout)?;
-    let (rails, theirs) = exchange_hellos(agent, &mut links, initiator)?;
-    let n = rails.len();
-    let qps_per_rail = rails[0].len();
+    let (rails, shape, theirs) = exchange_hellos(agent, &mut links, initiator)?;
     let (qps, notify) = build_lanes(agent, rails, &theirs)?;
     let mut rail_names = agent.rail_names();
-    rail_names.truncate(n);
+    rail_names.truncate(shape.rails);
     let Links {
         addr,
         mut reader,
@@ -158,7 +156,7 @@ pub(crate) fn establish(
     let conn = Connection::new(Parts {
         name: theirs.name.clone(),
         agent: Arc::downgrade(agent),
-        config: connection_config(&agent.config, n, qps_per_rail, &theirs, initiator),
+        config: settings(&agent.config).config(shape, &Offer::of(&theirs), initiator),
         rail_names,
         qps,
         notify,
@@ -253,58 +251,56 @@ fn hello(cfg: &AgentConfig, rails: &[Vec<QueuePair>]) -> Message {
 }
 
 /// Exchanges hellos: the initiator offers its rails and queue pairs and the acceptor answers
-/// with at most as many; returns our queue pairs of the rails both use (paired by position)
-/// and the peer's hello. Refuses a peer that answers with more than offered, or that has our
-/// name.
+/// with at most as many ([`handshake`]); returns our queue pairs of the rails both use (paired
+/// by position), the shape both use and the peer's hello. Refuses a peer that answers with more
+/// than offered, or that has our name.
 fn exchange_hellos(
     agent: &Arc<AgentShared>,
     links: &mut Links,
     initiator: bool,
-) -> Result<(Vec<Vec<QueuePair>>, Hello)> {
+) -> Result<(Vec<Vec<QueuePair>>, Shape, Hello)> {
     let cfg = &agent.config;
-    let create = |rails: usize, width: usize| -> Result<Vec<Vec<QueuePair>>> {
-        (0..rails).map(|r| agent.create_qps(r, width)).collect()
+    let create = |shape: Shape| -> Result<Vec<Vec<QueuePair>>> {
+        (0..shape.rails)
+            .map(|r| agent.create_qps(r, shape.lanes_per_rail))
+            .collect()
     };
-    let (mut rails, theirs) = if initiator {
-        let rails = create(agent.rails.len(), usize::from(cfg.qps_per_peer))?;
+    let refused = |links: &mut Links, e: HandshakeError, peer: &str| {
+        let e = match e {
+            HandshakeError::SameName { .. } => Error::invalid(
+                format!("peer at {} is called {peer:?}, as this agent", links.addr),
+                "give every agent its own name",
+            ),
+            e => Error::protocol(peer, e.to_string()),
+        };
+        links.refuse(e)
+    };
+    if initiator {
+        let offered = Shape {
+            rails: agent.rails.len(),
+            lanes_per_rail: usize::from(cfg.qps_per_peer),
+        };
+        let mut rails = create(offered)?;
         send(&mut links.writer, &hello(cfg, &rails))?;
         let theirs = expect_hello(&mut links.reader, &links.addr)?;
-        let width = theirs.rails[0].len();
-        if width != rails[0].len() || theirs.rails.len() > rails.len() {
-            let e = Error::protocol(
-                &theirs.name,
-                format!(
-                    "answered with {} rails of {width} queue pairs, we offered {} of {}",
-                    theirs.rails.len(),
-                    rails.len(),
-                    rails[0].len()
-                ),
-            );
-            return Err(links.refuse(e));
+        match handshake::agree(&cfg.name, offered, &Offer::of(&theirs)) {
+            Ok(agreed) => {
+                rails.truncate(agreed.rails);
+                Ok((rails, agreed, theirs))
+            }
+            Err(e) => Err(refused(links, e, &theirs.name)),
         }
-        (rails, theirs)
     } else {
         let theirs = expect_hello(&mut links.reader, &links.addr)?;
-        let n = theirs.rails.len().min(agent.rails.len());
-        let width = theirs.rails[0].len().min(MAX_QPS);
-        let rails = create(n, width)?;
-        send(&mut links.writer, &hello(cfg, &rails))?;
-        (rails, theirs)
-    };
-    // Rails are paired by position: both use the first `n`.
-    let n = theirs.rails.len().min(rails.len());
-    rails.truncate(n);
-    if theirs.name == cfg.name {
-        let e = Error::invalid(
-            format!(
-                "peer at {} is called {:?}, as this agent",
-                links.addr, theirs.name
-            ),
-            "give every agent its own name",
-        );
-        return Err(links.refuse(e));
+        match handshake::answer(&cfg.name, agent.rails.len(), &Offer::of(&theirs)) {
+            Ok(shape) => {
+                let rails = create(shape)?;
+                send(&mut links.writer, &hello(cfg, &rails))?;
+                Ok((rails, shape, theirs))
+            }
+            Err(e) => Err(refused(links, e, &theirs.name)),
+        }
     }
-    Ok((rails, theirs))
 }
 
 /// The lanes: every rail's queue pairs in rail-major order (lane `i` starts with generation
@@ -331,27 +327,15 @@ fn build_lanes(
     Ok((qps, notify))
 }
 
-/// The core's configuration of a connection of `rails` rails of `lanes_per_rail` queue pairs
-/// with the peer that sent `theirs`.
-fn connection_config(
-    cfg: &AgentConfig,
-    rails: usize,
-    lanes_per_rail: usize,
-    theirs: &Hello,
-    initiator: bool,
-) -> Config {
-    Config {
-        rails,
-        lanes_per_rail,
+/// What of the agent's configuration its connections' cores use ([`handshake::Settings`]).
+fn settings(cfg: &AgentConfig) -> Settings {
+    Settings {
         send_depth: u64::from(cfg.send_queue_depth),
         slice_size: cfg.slice_size,
         stripe_min: cfg.stripe_min,
-        // The peer posts its own count of receive slots; we have our count of send slots.
-        send_slots: cfg.notify_slots.min(theirs.notify_slots).max(1),
-        recv_slots: cfg.notify_slots,
-        recv_buffered: cfg.notify_queue,
-        notify_max: cfg.notify_max.min(theirs.notify_max),
-        initiator,
+        notify_slots: cfg.notify_slots,
+        notify_queue: cfg.notify_queue,
+        notify_max: cfg.notify_max,
         quiesce: cfg.quiesce,
         renew_timeout: RENEW_TIMEOUT.min(cfg.connect_timeout),
     }

@@ -53,7 +53,8 @@ impl World {
             self.us(50, 8000)
         };
         let cancel = self.rng.percent(8);
-        let notify = self.draw_notify(x, message, misuse);
+        let max = self.notify_max(agent, peer);
+        let notify = self.draw_notify(x, message, misuse, max);
         let rkeys = self.remote_keys(peer, &drawn.remote_segs);
         let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
         // Some are queued without posting (as an event loop's submissions are), posted a while
@@ -202,9 +203,14 @@ impl World {
 
     /// The notification of transfer `x`, if it has one (a message always does): its id first,
     /// one byte too long for [`Misuse::LongNotify`].
-    fn draw_notify(&mut self, x: usize, message: bool, misuse: Option<Misuse>) -> Option<Vec<u8>> {
+    fn draw_notify(
+        &mut self,
+        x: usize,
+        message: bool,
+        misuse: Option<Misuse>,
+        max: usize,
+    ) -> Option<Vec<u8>> {
         (message || self.rng.percent(50) || misuse == Some(Misuse::LongNotify)).then(|| {
-            let max = self.p.cfg.notify_max as usize;
             let len = if misuse == Some(Misuse::LongNotify) {
                 max + 1 + self.rng.index(16)
             } else {
@@ -214,6 +220,14 @@ impl World {
             d[..8].copy_from_slice(&(x as u64).to_be_bytes());
             d
         })
+    }
+
+    /// The largest notification `agent`'s connection to `peer` sends (the handshake's: the
+    /// smaller of both agents' bounds); 8 once the connection is gone.
+    fn notify_max(&self, agent: usize, peer: usize) -> usize {
+        self.conns[agent][peer]
+            .as_ref()
+            .map_or(8, |c| c.core.config().notify_max as usize)
     }
 
     /// The remote keys of `peer`'s segments `segs` on every rail, as they are now.
@@ -320,8 +334,8 @@ impl World {
             self.us(50, 8000)
         };
         let cancel = self.rng.percent(8);
+        let max = self.notify_max(agent, peer);
         let notify = self.rng.percent(50).then(|| {
-            let max = self.p.cfg.notify_max as usize;
             let mut d = vec![0xcdu8; 8 + self.rng.index(max - 7)];
             d[..8].copy_from_slice(&(x as u64).to_be_bytes());
             d

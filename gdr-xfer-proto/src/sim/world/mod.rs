@@ -19,6 +19,7 @@ use super::{FaultClass, Report};
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::endpoint::{ConnId, Endpoint};
+use crate::handshake::{self, Offer, Settings, Shape};
 use crate::io::{Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
 use crate::run::Run;
 use crate::staged::{ChildStats, StagedJob, StagedRun};
@@ -56,6 +57,10 @@ pub(crate) struct Params {
     /// buffers, tickets at once.
     pub(crate) staged_pct: u64,
     pub(crate) stager: (usize, usize, usize),
+    /// Each agent's queue pairs per rail and settings (receive slots and the largest
+    /// notification differ between agents): every connection is configured by the
+    /// handshake's negotiation between the two, as the driver configures it.
+    pub(crate) agent_settings: Vec<(usize, Settings)>,
 }
 
 pub(crate) struct World {
@@ -119,7 +124,26 @@ impl World {
         cfg.notify_max = rng.range(8, 64) as u32;
         cfg.quiesce = Duration::from_millis(rng.range(15, 60));
         cfg.renew_timeout = Duration::from_millis(rng.range(40, 150));
+        let agent_settings = (0..agents)
+            .map(|_| {
+                let lanes = 1 + rng.index(2);
+                (
+                    lanes,
+                    Settings {
+                        send_depth: cfg.send_depth,
+                        slice_size: cfg.slice_size,
+                        stripe_min: cfg.stripe_min,
+                        notify_slots: rng.range(1, 5) as u16,
+                        notify_queue: cfg.recv_buffered,
+                        notify_max: rng.range(8, 64) as u32,
+                        quiesce: cfg.quiesce,
+                        renew_timeout: cfg.renew_timeout,
+                    },
+                )
+            })
+            .collect();
         let p = Params {
+            agent_settings,
             class,
             agents,
             cfg,
@@ -202,20 +226,32 @@ impl World {
         Duration::from_micros(self.rng.range(lo, hi))
     }
 
-    /// Connects every pair of agents: both cores, their queue pairs, receives posted.
+    /// Connects every pair of agents (the one of the lower index initiates): the handshake's
+    /// negotiation between their settings, both cores, their queue pairs, receives posted,
+    /// each connection admitted by its agent's endpoint.
     fn connect_all(&mut self) {
-        let cfg = self.p.cfg.clone();
-        let send_max = cfg.notify_max as usize + Header::LEN;
-        let depth = cfg.send_depth as usize;
         for a in 0..self.p.agents {
             for b in a + 1..self.p.agents {
+                let (ca, cb) = self.negotiate(a, b);
                 let mut ios = [
-                    SimIo::new(self.net.clone(), a, b, send_max, depth),
-                    SimIo::new(self.net.clone(), b, a, send_max, depth),
+                    SimIo::new(
+                        self.net.clone(),
+                        a,
+                        b,
+                        ca.notify_max as usize + Header::LEN,
+                        ca.send_depth as usize,
+                    ),
+                    SimIo::new(
+                        self.net.clone(),
+                        b,
+                        a,
+                        cb.notify_max as usize + Header::LEN,
+                        cb.send_depth as usize,
+                    ),
                 ];
                 let mut routes = [Vec::new(), Vec::new()];
-                for lane in 0..cfg.lanes() {
-                    let rail = lane / cfg.lanes_per_rail;
+                for lane in 0..ca.lanes() {
+                    let rail = lane / ca.lanes_per_rail;
                     let l = LaneRef {
                         lane,
                         gen: lane as u64,
@@ -226,9 +262,9 @@ impl World {
                     routes[1].push((rail, qb as u32, l));
                     ios[0].connect(qa, qb);
                     ios[1].connect(qb, qa);
-                    if lane % cfg.lanes_per_rail == 0 {
-                        for io in &mut ios {
-                            for slot in 0..cfg.recv_slots {
+                    if lane % ca.lanes_per_rail == 0 {
+                        for (io, slots) in ios.iter_mut().zip([ca.recv_slots, cb.recv_slots]) {
+                            for slot in 0..slots {
                                 io.arm_recv(l, slot).expect("a new queue pair");
                             }
                         }
@@ -241,27 +277,47 @@ impl World {
                     self.conn_ids[me][other] = Some((id, None));
                 }
                 let [ia, ib] = ios;
-                let mut ca = cfg.clone();
-                ca.initiator = true;
-                let mut cb = cfg.clone();
-                cb.initiator = false;
                 let now = self.instant();
-                self.conns[a][b] = Some(Conn {
-                    core: Connection::new(ca, now),
-                    io: ia,
-                    timer: None,
-                    inbox: VecDeque::new(),
-                    jobs: Vec::new(),
-                });
-                self.conns[b][a] = Some(Conn {
-                    core: Connection::new(cb, now),
-                    io: ib,
-                    timer: None,
-                    inbox: VecDeque::new(),
-                    jobs: Vec::new(),
-                });
+                for (me, other, cfg, io) in [(a, b, ca, ia), (b, a, cb, ib)] {
+                    self.conns[me][other] = Some(Conn {
+                        core: Connection::new(cfg, now),
+                        io,
+                        timer: None,
+                        inbox: VecDeque::new(),
+                        jobs: Vec::new(),
+                    });
+                }
             }
         }
+    }
+
+    /// The handshake between initiator `a` and acceptor `b`, through the core's negotiation:
+    /// both sides' configurations.
+    fn negotiate(&self, a: usize, b: usize) -> (Config, Config) {
+        let rails = self.p.cfg.rails;
+        let offer = |i: usize, shape: Shape| {
+            let (_, s) = &self.p.agent_settings[i];
+            Offer {
+                name: format!("agent {i}"),
+                shape,
+                notify_slots: s.notify_slots,
+                notify_max: s.notify_max,
+            }
+        };
+        let offered = Shape {
+            rails,
+            lanes_per_rail: self.p.agent_settings[a].0,
+        };
+        let from_a = offer(a, offered);
+        let answered = handshake::answer(&format!("agent {b}"), rails, &from_a)
+            .unwrap_or_else(|e| panic!("agent {b} refused agent {a}'s hello: {e}"));
+        let from_b = offer(b, answered);
+        let agreed = handshake::agree(&format!("agent {a}"), offered, &from_b)
+            .unwrap_or_else(|e| panic!("agent {a} refused agent {b}'s answer: {e}"));
+        (
+            self.p.agent_settings[a].1.config(agreed, &from_b, true),
+            self.p.agent_settings[b].1.config(agreed, &from_a, false),
+        )
     }
 
     /// The applications' first submissions and the faults of the run.
