@@ -11,7 +11,6 @@
 //! core is held, never the other way round; a transfer cell's lock is never held
 //! while taking any of these.
 
-use std::collections::HashMap;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
@@ -20,8 +19,8 @@ use std::time::Instant;
 use gdr::connect::TcpLink;
 use gdr::{Completion, WcStatus};
 use gdr_xfer_proto::{
-    Config, ConnId, Connection as Core, LaneRef, Receipt, SegmentId, SendCompletion, Spec, Status,
-    TransferKey,
+    Config, ConnId, Connection as Core, LaneRef, PeerTable, Receipt, SendCompletion, Spec, Status,
+    TableError, TransferKey,
 };
 
 use crate::agent::AgentShared;
@@ -30,7 +29,7 @@ use crate::notify::{split_recv_wr_id, Arrival, Delivered, Notification, SlotLedg
 use crate::rail::RailStats;
 use crate::transfer::Failure;
 use crate::wakers::Wakers;
-use crate::wire::{Message, SegmentInfo};
+use crate::wire::Message;
 
 /// The core and the lanes it drives, under one lock.
 pub(crate) struct Driven {
@@ -49,7 +48,7 @@ pub(crate) struct Connection {
     pub(crate) qps_per_rail: usize,
     /// (device, port) of each shared rail.
     pub(crate) rail_names: Vec<(String, u8)>,
-    pub(crate) remote: RwLock<HashMap<SegmentId, SegmentInfo>>,
+    pub(crate) remote: RwLock<PeerTable>,
     /// The async waits for a segment of this peer, woken when its table changes or the peer
     /// goes ([`crate::futures`]).
     pub(crate) table_wakers: Wakers,
@@ -119,7 +118,7 @@ impl Connection {
                 nrails,
                 qps_per_rail,
                 rail_names: p.rail_names,
-                remote: RwLock::new(HashMap::new()),
+                remote: RwLock::new(PeerTable::new()),
                 table_wakers: Wakers::default(),
                 ledger,
                 notify_max,
@@ -469,7 +468,7 @@ impl Connection {
 
     /// Applies a control message from the peer (after the handshake). An error means the peer
     /// must be dropped.
-    pub(crate) fn apply(&self, msg: Message) -> Result<(), String> {
+    pub(crate) fn apply(&self, msg: Message) -> Result<(), TableError> {
         let control = match msg.into_control() {
             Ok(control) => control,
             Err(msg) => return self.apply_table(msg),
@@ -479,9 +478,9 @@ impl Connection {
     }
 
     /// Applies a segment-table message (the handshake's; a rail renewal there is an error).
-    pub(crate) fn apply_table(&self, msg: Message) -> Result<(), String> {
+    pub(crate) fn apply_table(&self, msg: Message) -> Result<(), TableError> {
         let mut table = self.remote.write().unwrap_or_else(|p| p.into_inner());
-        let r = apply_to(&mut table, msg, self.nrails);
+        let r = table.apply(msg, self.nrails);
         drop(table);
         self.table_wakers.wake_all();
         r
@@ -503,60 +502,6 @@ fn core_status(status: WcStatus) -> Status {
         // a renewal of its own) NAKs our requests still in flight with it (seen on rxe in
         // the cluster tier): the rail fails over and they are posted again.
         _ => Status::LaneError,
-    }
-}
-
-/// Most segments a peer may announce: a hostile peer cannot grow our table without bound.
-pub(crate) const MAX_REMOTE_SEGMENTS: usize = 1 << 20;
-
-/// Applies a peer's control message to its segment table: announcements add (an id announced
-/// twice, a segment without a key for each of the `rails` shared rails, or more than
-/// [`MAX_REMOTE_SEGMENTS`], is the peer lying: an error, nothing of that message is kept),
-/// removals remove (unknown ids are ignored: a removal may cross an announcement), a goodbye or
-/// a handshake message is an error.
-pub(crate) fn apply_to(
-    table: &mut HashMap<SegmentId, SegmentInfo>,
-    msg: Message,
-    rails: usize,
-) -> Result<(), String> {
-    match msg {
-        Message::Segments(list) => {
-            if table.len() + list.len() > MAX_REMOTE_SEGMENTS {
-                return Err(format!(
-                    "announced more than {MAX_REMOTE_SEGMENTS} segments"
-                ));
-            }
-            let mut seen = std::collections::HashSet::with_capacity(list.len());
-            for s in &list {
-                if table.contains_key(&s.id) || !seen.insert(s.id) {
-                    return Err(format!("announced segment {} twice", s.id));
-                }
-                if s.rkeys.len() < rails {
-                    return Err(format!(
-                        "announced segment {} with {} remote keys for {rails} shared rails",
-                        s.id,
-                        s.rkeys.len()
-                    ));
-                }
-            }
-            for s in list {
-                table.insert(s.id, s);
-            }
-            Ok(())
-        }
-        Message::Removed(ids) => {
-            for id in ids {
-                table.remove(&id);
-            }
-            Ok(())
-        }
-        Message::Bye(reason) => Err(format!("the peer said goodbye: {reason}")),
-        Message::Hello(_) | Message::Ready => {
-            Err("unexpected handshake message after the handshake".into())
-        }
-        Message::RailRenew(_) | Message::RailRenewed(_) | Message::RailRefused { .. } => {
-            Err("a rail renewal during the handshake".into())
-        }
     }
 }
 
@@ -593,67 +538,5 @@ mod tests {
             assert_eq!(core_status(s), Status::LaneError, "{s:?}");
         }
         assert_eq!(core_status(WcStatus::Success), Status::Success);
-    }
-    use gdr_xfer_proto::Location;
-
-    fn seg(id: u32) -> SegmentInfo {
-        SegmentInfo {
-            id: SegmentId::new(id),
-            name: format!("s{id}"),
-            addr: 0x1000 * u64::from(id),
-            len: 4096,
-            rkeys: vec![id, id + 1],
-            location: Location::Cpu { numa: None },
-        }
-    }
-
-    #[test]
-    fn a_peer_that_lies_about_its_segments_is_dropped_and_changes_nothing() {
-        let mut t = HashMap::new();
-        apply_to(&mut t, Message::Segments(vec![seg(1), seg(2)]), 2).unwrap();
-        // The same id again, in a later message or twice in one: refused, nothing added.
-        let e = apply_to(&mut t, Message::Segments(vec![seg(3), seg(1)]), 2).unwrap_err();
-        assert!(e.contains("segment 1 twice"), "{e}");
-        let e = apply_to(&mut t, Message::Segments(vec![seg(4), seg(4)]), 2).unwrap_err();
-        assert!(e.contains("segment 4 twice"), "{e}");
-        // Fewer keys than shared rails: the second rail could not address it.
-        let mut short = seg(5);
-        short.rkeys.truncate(1);
-        let e = apply_to(&mut t, Message::Segments(vec![seg(6), short]), 2).unwrap_err();
-        assert!(e.contains("1 remote keys for 2 shared rails"), "{e}");
-        assert_eq!(t.len(), 2);
-        assert!([3, 4, 6]
-            .into_iter()
-            .all(|i| !t.contains_key(&SegmentId::new(i))));
-        // Removals of unknown ids are harmless; known ones go.
-        apply_to(
-            &mut t,
-            Message::Removed(vec![SegmentId::new(2), SegmentId::new(99)]),
-            2,
-        )
-        .unwrap();
-        assert_eq!(t.keys().copied().collect::<Vec<_>>(), [SegmentId::new(1)]);
-        // A removed id announced again is a new segment (ids are never reused by honest peers,
-        // and a dishonest one only redirects its own memory).
-        apply_to(&mut t, Message::Segments(vec![seg(2)]), 2).unwrap();
-        // Goodbye and handshake messages end the connection.
-        assert!(apply_to(&mut t, Message::Bye("x".into()), 2).is_err());
-        assert!(apply_to(&mut t, Message::Ready, 2).is_err());
-    }
-
-    #[test]
-    fn a_peer_cannot_grow_the_table_without_bound() {
-        let mut t: HashMap<SegmentId, SegmentInfo> = (0..MAX_REMOTE_SEGMENTS as u32 - 1)
-            .map(|i| (SegmentId::new(i), seg(i)))
-            .collect();
-        let e = apply_to(
-            &mut t,
-            Message::Segments(vec![seg(u32::MAX - 2), seg(u32::MAX - 1)]),
-            1,
-        )
-        .unwrap_err();
-        assert!(e.contains("more than"), "{e}");
-        assert_eq!(t.len(), MAX_REMOTE_SEGMENTS - 1);
-        apply_to(&mut t, Message::Segments(vec![seg(u32::MAX - 1)]), 1).unwrap();
     }
 }

@@ -12,6 +12,7 @@ use gdr::qp::QueuePair;
 use crate::agent::AgentShared;
 use crate::config::AgentConfig;
 use gdr_xfer_proto::handshake::{self, HandshakeError, Offer, Settings, Shape};
+use gdr_xfer_proto::TableError;
 
 use crate::connection::{Connection, Parts};
 use crate::error::{Error, Result};
@@ -388,7 +389,7 @@ fn receive_their_table(conn: &Connection, reader: &mut TcpLink) -> Result<()> {
             Message::Ready => return Ok(()),
             msg => conn
                 .apply_table(msg)
-                .map_err(|detail| Error::protocol(&conn.name, detail))?,
+                .map_err(|e| Error::protocol(&conn.name, e.to_string()))?,
         }
     }
 }
@@ -409,18 +410,18 @@ fn start_reader(agent: &Arc<AgentShared>, conn: &Arc<Connection>, reader: TcpLin
 /// The reader thread of one peer: applies its announcements until the connection ends, then
 /// loses the peer (failing its pending transfers) and forgets it.
 fn read_control(agent: Weak<AgentShared>, conn: Arc<Connection>, mut link: TcpLink) {
-    let reason = loop {
+    let (reason, goodbye) = loop {
         match recv(&mut link, &conn.name) {
             Ok(msg) => {
-                if let Err(detail) = conn.apply(msg) {
-                    break detail;
+                if let Err(e) = conn.apply(msg) {
+                    break (e.to_string(), matches!(e, TableError::Goodbye { .. }));
                 }
             }
-            Err(e) => break format!("control connection: {e}"),
+            Err(e) => break (format!("control connection: {e}"), false),
         }
     };
     if !conn.is_lost() {
-        if reason.starts_with("the peer said goodbye") {
+        if goodbye {
             log::info!("peer {}: {reason}", conn.name);
         } else {
             log::warn!("peer {} lost: {reason}", conn.name);

@@ -67,7 +67,7 @@ impl Peer {
     /// The peer's segments, as it last announced them.
     pub fn segments(&self) -> Vec<SegmentInfo> {
         let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<SegmentInfo> = table.values().cloned().collect();
+        let mut v: Vec<SegmentInfo> = table.iter().cloned().collect();
         v.sort_by_key(|s| s.id);
         v
     }
@@ -75,7 +75,7 @@ impl Peer {
     /// The peer's segment with this id.
     pub fn segment(&self, id: SegmentId) -> Option<SegmentInfo> {
         let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
-        table.get(&id).cloned()
+        table.get(id).cloned()
     }
 
     /// The peer's segment with this name (the one with the lowest id if several share it).
@@ -141,7 +141,7 @@ impl Peer {
         self.check_agent()?;
         let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
         for (i, &(id, offset, len)) in ranges.iter().enumerate() {
-            let s = table.get(&id).ok_or_else(|| Error::UnknownSegment {
+            let s = table.get(id).ok_or_else(|| Error::UnknownSegment {
                 owner: self.conn.name.clone(),
                 segment: id,
                 hint: "list the peer's segments with Peer::segments".into(),

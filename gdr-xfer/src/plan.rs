@@ -8,10 +8,9 @@ use crate::descriptor::{check_local, BlockTable, Desc, LocalList, RemoteList, Si
 use crate::error::{Error, Result};
 use crate::pools::PoolTable;
 use gdr_xfer_proto::Run;
-use gdr_xfer_proto::SegmentId;
+use gdr_xfer_proto::{PeerTable, SegmentId};
 
 use crate::segment::SegmentInner;
-use crate::wire::SegmentInfo;
 
 /// The checked, merged form of a transfer.
 pub(crate) struct Plan {
@@ -45,7 +44,7 @@ pub(crate) struct Planner<'t> {
     peer: &'t str,
     /// The submitting agent: local segments must be its own.
     agent: u64,
-    table: &'t HashMap<SegmentId, SegmentInfo>,
+    table: &'t PeerTable,
     /// Rails shared with the peer (remote keys kept per remote segment).
     rails: usize,
     locals: Vec<Arc<SegmentInner>>,
@@ -64,7 +63,7 @@ const MAX_PREALLOCATED_RUNS: usize = 1 << 16;
 impl<'t> Planner<'t> {
     pub(crate) fn new(
         peer: &'t str,
-        table: &'t HashMap<SegmentId, SegmentInfo>,
+        table: &'t PeerTable,
         rails: usize,
         capacity: usize,
         agent: u64,
@@ -125,7 +124,7 @@ impl<'t> Planner<'t> {
                 return Ok((addr, len, idx));
             }
         }
-        let s = self.table.get(&id).ok_or_else(|| Error::UnknownSegment {
+        let s = self.table.get(id).ok_or_else(|| Error::UnknownSegment {
             owner: self.peer.to_string(),
             segment: id,
             hint: "the peer never registered it or deregistered it: list its segments with Peer::segments".into(),
@@ -462,15 +461,13 @@ impl<'t> Planner<'t> {
 #[cfg(all(test, feature = "emulated-gpu"))]
 mod tests {
     //! The planner on the host: an emulated GPU's staged segment needs no device.
-    use std::collections::HashMap;
-
     use super::Planner;
     use crate::descriptor::{BlockTable, Desc};
     use crate::error::Error;
     use crate::pools::PoolTable;
     use crate::segment::Segment;
     use crate::wire::SegmentInfo;
-    use gdr_xfer_proto::{Location, SegmentId};
+    use gdr_xfer_proto::{Location, PeerTable, SegmentId};
 
     /// The peer segment the tests address.
     const R: SegmentId = SegmentId::new(7);
@@ -479,7 +476,7 @@ mod tests {
         crate::segment::emulated_segment(1, "l", len)
     }
 
-    fn table() -> HashMap<SegmentId, SegmentInfo> {
+    fn table() -> PeerTable {
         let r = SegmentInfo {
             id: R,
             name: "r".into(),
@@ -488,7 +485,9 @@ mod tests {
             rkeys: vec![0x55, 0x66],
             location: Location::Cpu { numa: None },
         };
-        HashMap::from([(R, r)])
+        let mut t = PeerTable::new();
+        t.announce(vec![r], 2).unwrap();
+        t
     }
 
     fn runs(p: &Planner<'_>) -> Vec<(u64, u64, u64)> {
