@@ -80,8 +80,8 @@ fn main() -> ExitCode {
         total.submitted, total.staged, total.messages, total.refused, total.done, total.failed, total.notifications, total.dmas
     );
     println!(
-        "endpoints: {} send completions routed, {} routed nowhere (queue pair destroyed or connection gone), {} connections let go once drained",
-        total.routed, total.routed_nowhere, total.conns_gone
+        "endpoints: {} send completions routed, {} routed nowhere (queue pair destroyed or connection gone), {} connections let go once drained; {} segment-table messages applied, {} transfers planned from a table a deregistration had not reached",
+        total.routed, total.routed_nowhere, total.conns_gone, total.table_messages, total.stale_plans
     );
     println!(
         "faults: {} stalls, {} lane faults, {} link cuts, {} kills, {} deregistrations; fences {}, renewals {}, rail pauses {}; events {}, virtual time {:.1} s",

@@ -25,6 +25,10 @@
 //!   once its queue pair was destroyed; a connection let go (its peer vanished) goes only once
 //!   every completion queued for it before then was handled, and what it still carried fails
 //!   then, as in the driver;
+//! - every agent's table of a peer (the core's [`crate::PeerTable`], fed the peer's
+//!   announcements through the wire format, in order with its other control messages) accepts
+//!   every honest message; applications plan from it, so a transfer planned before a
+//!   deregistration reached the table uses stale keys and is no innocent transfer;
 //! - the core never posts beyond a send queue's depth; no panic;
 //! - without link faults, a transfer with nothing wrong with it (a generous deadline, no
 //!   misuse, not cancelled, its keys valid) succeeds, whatever the others do; when an agent
@@ -102,6 +106,10 @@ pub struct Report {
     pub routed_nowhere: u64,
     /// Connections the endpoints let go once drained.
     pub conns_gone: u64,
+    /// Segment-table messages applied to a peer's table after the handshake.
+    pub table_messages: u64,
+    /// Transfers planned from a table that had not heard of a deregistration yet.
+    pub stale_plans: u64,
 }
 
 impl Report {
@@ -130,6 +138,8 @@ impl Report {
         self.routed += o.routed;
         self.routed_nowhere += o.routed_nowhere;
         self.conns_gone += o.conns_gone;
+        self.table_messages += o.table_messages;
+        self.stale_plans += o.stale_plans;
     }
 }
 

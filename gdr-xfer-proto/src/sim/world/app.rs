@@ -55,7 +55,8 @@ impl World {
         let cancel = self.rng.percent(8);
         let max = self.notify_max(agent, peer);
         let notify = self.draw_notify(x, message, misuse, max);
-        let rkeys = self.remote_keys(peer, &drawn.remote_segs);
+        let (rkeys, stale) = self.remote_keys(agent, peer, &drawn.remote_segs);
+        self.report.stale_plans += u64::from(stale);
         let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
         // Some are queued without posting (as an event loop's submissions are), posted a while
         // later by the application's post thread, or by whatever posts first.
@@ -74,7 +75,7 @@ impl World {
                 notify: notify.is_some(),
                 misuse,
                 deadline: Some(self.now + timeout),
-                innocent: generous && misuse.is_none() && !cancel,
+                innocent: generous && misuse.is_none() && !cancel && !stale,
                 state: XState::Live,
                 key: None,
                 arrivals: 0,
@@ -230,17 +231,17 @@ impl World {
             .map_or(8, |c| c.core.config().notify_max as usize)
     }
 
-    /// The remote keys of `peer`'s segments `segs` on every rail, as they are now.
-    fn remote_keys(&self, peer: usize, segs: &[usize]) -> Vec<u32> {
-        let epochs: Vec<u32> = {
-            let net = self.net.borrow();
-            segs.iter().map(|&s| net.key_epoch[peer][s]).collect()
-        };
-        let rails = self.p.cfg.rails;
-        segs.iter()
-            .zip(&epochs)
-            .flat_map(|(&s, &e)| (0..rails).map(move |r| rkey(peer, s, r, e)))
-            .collect()
+    /// The remote keys of `peer`'s segments `segs` on every rail, as `agent`'s table has them
+    /// (the driver's planner reads them there), and whether one of them is stale (the owner
+    /// deregistered it and its message is still on the way).
+    fn remote_keys(&mut self, agent: usize, peer: usize, segs: &[usize]) -> (Vec<u32>, bool) {
+        if let Some(found) = self.table_keys(agent, peer, segs) {
+            return found;
+        }
+        self.net.borrow_mut().violation(format!(
+            "agent {agent}'s table of agent {peer} lacks one of its segments {segs:?}"
+        ));
+        (Vec::new(), true)
     }
 
     /// What the core said to transfer `x`'s submission (`None`: the connection was gone):
@@ -340,9 +341,15 @@ impl World {
             d[..8].copy_from_slice(&(x as u64).to_be_bytes());
             d
         });
-        let epochs: Vec<u32> = {
-            let net = self.net.borrow();
-            (0..SEGS).map(|s| net.key_epoch[peer][s]).collect()
+        let all: Vec<usize> = (0..SEGS).collect();
+        let (epochs, stale) = match self.seen(agent, peer, &all) {
+            Some(seen) => (seen.epochs, seen.stale),
+            None => {
+                self.net.borrow_mut().violation(format!(
+                    "agent {agent}'s table of agent {peer} lacks one of its segments"
+                ));
+                (vec![0; SEGS], true)
+            }
         };
         {
             let mut net = self.net.borrow_mut();
@@ -356,7 +363,7 @@ impl World {
                 notify: notify.is_some(),
                 misuse: None,
                 deadline: Some(self.now + timeout),
-                innocent: generous && !cancel,
+                innocent: generous && !cancel && !stale,
                 state: XState::Live,
                 key: None,
                 arrivals: 0,

@@ -21,6 +21,7 @@ use crate::connection::Connection;
 use crate::endpoint::{ConnId, Endpoint};
 use crate::handshake::{self, Offer, Settings, Shape};
 use crate::io::{Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
+use crate::peer_table::PeerTable;
 use crate::run::Run;
 use crate::staged::{ChildStats, StagedJob, StagedRun};
 use crate::transfer::{Failure, Outcome, Spec, TransferKey};
@@ -28,6 +29,7 @@ use crate::wire::Message;
 
 mod app;
 mod event;
+mod tables;
 
 pub(crate) use event::Ev;
 use event::Scheduled;
@@ -75,6 +77,8 @@ pub(crate) struct World {
     /// Each agent's endpoint (the peer's index for a connection): every send completion is
     /// routed through it, by rail and queue pair number, as the driver does.
     endpoints: Vec<Endpoint<usize>>,
+    /// `agent`'s table of `peer`'s segments ([`tables`]).
+    tables: Vec<Vec<PeerTable>>,
     /// `agent`'s connection number for `peer` in its endpoint, and when it was let go.
     conn_ids: Vec<Vec<Option<Admitted>>>,
     stagers: Vec<SimStager>,
@@ -178,6 +182,7 @@ impl World {
                 .map(|_| Endpoint::new(p.cfg.rails, agents))
                 .collect(),
             conn_ids: vec![vec![None; agents]; agents],
+            tables: vec![vec![PeerTable::new(); agents]; agents],
             stagers: (0..agents)
                 .map(|_| SimStager::new(p.stager.0, p.stager.1, p.stager.2))
                 .collect(),
@@ -276,6 +281,7 @@ impl World {
                         .unwrap_or_else(|e| panic!("agent {me} refused agent {other}: {e}"));
                     self.conn_ids[me][other] = Some((id, None));
                 }
+                self.exchange_tables(a, b, ca.rails);
                 let [ia, ib] = ios;
                 let now = self.instant();
                 for (me, other, cfg, io) in [(a, b, ca, ia), (b, a, cb, ib)] {
@@ -570,9 +576,11 @@ impl World {
             .map(Message::into_control)
         {
             Ok(Ok(control)) => control,
-            other => {
-                panic!("agent {to} received a control message it cannot use: {other:?}")
+            Ok(Err(table)) => {
+                self.log(|| format!("table {from}->{to} {table:?}"));
+                return self.apply_table(from, to, table);
             }
+            Err(e) => panic!("agent {to} received a control message it cannot decode: {e}"),
         };
         self.log(|| format!("control {from}->{to} {msg:?}"));
         self.call(to, from, |core, io, now| core.handle_control(now, io, msg));
@@ -606,6 +614,8 @@ impl World {
     /// `agent` deregisters segment `seg`: its keys change, and transfers using it as their
     /// remote side may now fail (not innocent any more).
     fn on_deregister(&mut self, agent: usize, seg: usize) {
+        let old = self.net.borrow().key_epoch[agent][seg];
+        self.announce_reregistration(agent, seg, old, old + 1);
         let mut net = self.net.borrow_mut();
         net.key_epoch[agent][seg] += 1;
         for x in &mut net.xfers.list {
@@ -703,6 +713,15 @@ impl World {
         self.settle(agent, peer);
     }
 
+    /// Sends an encoded control message from `from` to `to`, after the ones sent before (one
+    /// ordered link per direction).
+    fn send_control(&mut self, from: usize, to: usize, bytes: Vec<u8>) {
+        let d = self.us(30, 1500);
+        let at = (self.now + d).max(self.control_at[from][to] + Duration::from_nanos(1));
+        self.control_at[from][to] = at;
+        self.push(at, Ev::Control { from, to, bytes });
+    }
+
     /// Acts on what a core call produced: control messages sent, outcomes checked,
     /// notifications queued for the application, the timer set.
     fn settle(&mut self, agent: usize, peer: usize) {
@@ -728,17 +747,7 @@ impl World {
                 Ok(bytes) => bytes,
                 Err(e) => panic!("agent {agent} sent a control message it cannot encode: {e}"),
             };
-            let d = self.us(30, 1500);
-            let at = (self.now + d).max(self.control_at[agent][peer] + Duration::from_nanos(1));
-            self.control_at[agent][peer] = at;
-            self.push(
-                at,
-                Ev::Control {
-                    from: agent,
-                    to: peer,
-                    bytes,
-                },
-            );
+            self.send_control(agent, peer, bytes);
         }
         for (x, o) in out.finished {
             if x & CHILD != 0 {
@@ -909,6 +918,9 @@ impl World {
                 }
             }
         }
+        drop(net);
+        self.tables_converged()?;
+        let net = self.net.borrow();
         self.report.dmas = net.dmas;
         if net.overposts > 0 {
             return Err(format!(
