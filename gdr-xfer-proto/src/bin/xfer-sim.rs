@@ -71,9 +71,10 @@ fn main() -> ExitCode {
     }
     let secs = t0.elapsed().as_secs_f64();
     println!(
-        "{ran} seeds ({start}..{}) in {secs:.2} s ({:.0} seeds/s): {failures} violated",
+        "{ran} seeds ({start}..{}) in {secs:.2} s ({:.0} seeds/s): {failures} violated; trace hash {:016x}",
         start + ran,
-        ran as f64 / secs.max(1e-9)
+        ran as f64 / secs.max(1e-9),
+        total.trace_hash
     );
     println!(
         "transfers: {} submitted ({} staged, {} messages), {} refused, {} done, failed {:?}; notifications {}; DMAs checked {}",

@@ -48,6 +48,40 @@ use std::time::Duration;
 pub use io::{SimIo, SimLocal, SimPieces};
 pub use rng::Rng;
 
+/// A trace's hash (FNV-1a over what [`std::hash::Hash`] writes).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TraceHash(u64);
+
+impl Default for TraceHash {
+    fn default() -> Self {
+        TraceHash(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for TraceHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+impl TraceHash {
+    /// Adds `v` to the trace.
+    pub(crate) fn note(&mut self, v: &impl std::hash::Hash) {
+        v.hash(self);
+    }
+
+    /// The hash so far.
+    pub(crate) fn finish(&self) -> u64 {
+        std::hash::Hasher::finish(self)
+    }
+}
+
 /// The kind of faults a run draws (besides those every run draws).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultClass {
@@ -110,6 +144,10 @@ pub struct Report {
     pub table_messages: u64,
     /// Transfers planned from a table that had not heard of a deregistration yet.
     pub stale_plans: u64,
+    /// The hash of the run's trace: every event's time, order and kind, and every outcome
+    /// (FNV-1a). A replay of the seed must give the same; over several runs, the wrapping sum
+    /// of theirs (independent of the order they ran in).
+    pub trace_hash: u64,
 }
 
 impl Report {
@@ -140,6 +178,7 @@ impl Report {
         self.conns_gone += o.conns_gone;
         self.table_messages += o.table_messages;
         self.stale_plans += o.stale_plans;
+        self.trace_hash = self.trace_hash.wrapping_add(o.trace_hash);
     }
 }
 

@@ -15,7 +15,7 @@ use super::staging::{
     SRun, SimChunk, SimJob, SimStageIo, SimStager, StageEvent, CHILD, COPY, GPU_SEG,
 };
 use super::xfers::{Kind, Misuse, XRun, XState, Xfer, GRAIN};
-use super::{FaultClass, Report};
+use super::{FaultClass, Report, TraceHash};
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::endpoint::{ConnId, Endpoint};
@@ -88,6 +88,9 @@ pub(crate) struct World {
     control_at: Vec<Vec<Duration>>,
     flagged: Vec<bool>,
     pub(crate) report: Report,
+    /// Every event's time, order and kind, and every outcome, hashed: two runs of a seed are
+    /// the same run when their hashes are ([`Report::trace_hash`]).
+    trace_hash: TraceHash,
     pub(crate) trace: VecDeque<String>,
     pub(crate) verbose: bool,
 }
@@ -190,6 +193,7 @@ impl World {
             control_at: vec![vec![Duration::ZERO; agents]; agents],
             flagged: Vec::new(),
             report: Report::default(),
+            trace_hash: TraceHash::default(),
             trace: VecDeque::new(),
             verbose: false,
             p,
@@ -403,6 +407,8 @@ impl World {
             self.now = s.at;
             self.net.borrow_mut().now = s.at;
             self.report.events += 1;
+            self.trace_hash
+                .note(&(s.at, s.seq, std::mem::discriminant(&s.ev)));
             self.handle(s.ev);
             let notes = self.net.borrow_mut().trace.as_mut().map(std::mem::take);
             for n in notes.into_iter().flatten() {
@@ -416,7 +422,9 @@ impl World {
             }
         }
         self.report.virtual_time = self.now;
-        self.final_checks()
+        let r = self.final_checks();
+        self.report.trace_hash = self.trace_hash.finish();
+        r
     }
 
     fn drain_net(&mut self) {
@@ -755,6 +763,8 @@ impl World {
                 continue;
             }
             self.log(|| format!("outcome {x}: {:?}", o.result));
+            self.trace_hash
+                .note(&(x, o.result.as_ref().err().map(failure_kind)));
             let bound = self.p.cfg.outcome_bound() + SLACK;
             let mut net = self.net.borrow_mut();
             let alive = net.alive[peer];
