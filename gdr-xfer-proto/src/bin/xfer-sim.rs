@@ -81,6 +81,10 @@ fn main() -> ExitCode {
         total.submitted, total.staged, total.messages, total.refused, total.done, total.failed, total.notifications, total.dmas
     );
     println!(
+        "liveness: {} transfers submitted after the faults healed, {} succeeded",
+        total.liveness, total.liveness_done
+    );
+    println!(
         "endpoints: {} send completions routed, {} routed nowhere (queue pair destroyed or connection gone), {} connections let go once drained; {} segment-table messages applied, {} transfers planned from a table a deregistration had not reached",
         total.routed, total.routed_nowhere, total.conns_gone, total.table_messages, total.stale_plans
     );

@@ -33,6 +33,10 @@
 //! - without link faults, a transfer with nothing wrong with it (a generous deadline, no
 //!   misuse, not cancelled, its keys valid) succeeds, whatever the others do; when an agent
 //!   dies, transfers between the survivors are unaffected;
+//! - liveness: at 600 ms every fault has ended and those that would persist heal (queue pairs
+//!   are created again, none is slow or doomed); once the rails had time to come back (the
+//!   longest cool-down, two renewal timeouts, a margin), every pair still connected submits
+//!   plain transfers, and each must succeed;
 //! - at the end, every transfer of a live agent has its outcome and no core holds one.
 
 mod io;
@@ -144,6 +148,11 @@ pub struct Report {
     pub table_messages: u64,
     /// Transfers planned from a table that had not heard of a deregistration yet.
     pub stale_plans: u64,
+    /// Transfers submitted after the faults healed (the liveness phase), and those of them
+    /// that succeeded (all must).
+    pub liveness: u64,
+    /// Of [`Report::liveness`], those that succeeded.
+    pub liveness_done: u64,
     /// The hash of the run's trace: every event's time, order and kind, and every outcome
     /// (FNV-1a). A replay of the seed must give the same; over several runs, the wrapping sum
     /// of theirs (independent of the order they ran in).
@@ -178,6 +187,8 @@ impl Report {
         self.conns_gone += o.conns_gone;
         self.table_messages += o.table_messages;
         self.stale_plans += o.stale_plans;
+        self.liveness += o.liveness;
+        self.liveness_done += o.liveness_done;
         self.trace_hash = self.trace_hash.wrapping_add(o.trace_hash);
     }
 }

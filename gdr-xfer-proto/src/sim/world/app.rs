@@ -25,11 +25,23 @@ impl World {
         } else {
             Op::Read
         };
-        if self.rng.percent(self.p.staged_pct) {
+        // After the heal (the liveness phase): plain direct transfers only, each of which
+        // must succeed, on the connections that stayed up (not to a peer that died).
+        let healed = self.healed;
+        if healed
+            && self.conns[agent][peer]
+                .as_ref()
+                .is_none_or(|c| c.core.gone_reason().is_some())
+        {
+            return;
+        }
+        if self.rng.percent(self.p.staged_pct) && !healed {
             self.submit_staged(agent, peer, op);
             return;
         }
-        let misuse = if self.rng.percent(6) {
+        let misuse = if healed {
+            None
+        } else if self.rng.percent(6) {
             Some(Misuse::ForeignLocal)
         } else if self.rng.percent(4) {
             Some(Misuse::LongNotify)
@@ -37,7 +49,7 @@ impl World {
             None
         };
         // Some are messages: a notification without data.
-        let message = misuse != Some(Misuse::ForeignLocal) && self.rng.percent(5);
+        let message = misuse != Some(Misuse::ForeignLocal) && self.rng.percent(5) && !healed;
         let nruns = if message { 0 } else { 1 + self.rng.index(3) };
         let x = self.net.borrow().xfers.list.len();
         let drawn = self.draw_runs(agent, peer, x, nruns, misuse);
@@ -46,22 +58,26 @@ impl World {
             Some(Misuse::ForeignLocal) if !drawn.foreign_added => None,
             m => m,
         };
-        let generous = self.rng.percent(75);
+        let generous = self.rng.percent(75) || healed;
         let timeout = if generous {
             Duration::from_millis(self.rng.range(1500, 3000))
         } else {
             self.us(50, 8000)
         };
-        let cancel = self.rng.percent(8);
+        let cancel = self.rng.percent(8) && !healed;
         let max = self.notify_max(agent, peer);
         let notify = self.draw_notify(x, message, misuse, max);
+        if healed {
+            self.liveness.push(x);
+            self.report.liveness += 1;
+        }
         let (rkeys, stale) = self.remote_keys(agent, peer, &drawn.remote_segs);
         self.report.stale_plans += u64::from(stale);
         let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
         // Some are queued without posting (as an event loop's submissions are), posted a while
         // later by the application's post thread, or by whatever posts first.
         // (`inline_max` drawn around the transfers' sizes: the core decides which are posted.)
-        let queued = self.rng.percent(25);
+        let queued = self.rng.percent(25) && !healed;
         let inline_max = self.rng.range(0, self.p.cfg.slice_size * 2);
         {
             let mut net = self.net.borrow_mut();
@@ -252,6 +268,13 @@ impl World {
         cancel: bool,
         result: Option<Result<crate::transfer::TransferKey, Failure>>,
     ) {
+        if let Some(Err(f)) = &result {
+            if self.liveness.contains(&x) {
+                self.net.borrow_mut().violation(format!(
+                    "transfer {x}, submitted after the faults healed and the rails had time to come back, was refused: {f:?}"
+                ));
+            }
+        }
         match result {
             Some(Ok(key)) => {
                 self.net.borrow_mut().xfers.list[x].key = Some(key);

@@ -89,6 +89,8 @@ pub(crate) enum Ev {
     Kill {
         agent: usize,
     },
+    /// The faults heal: the liveness phase begins.
+    Heal,
     Lost {
         agent: usize,
         peer: usize,

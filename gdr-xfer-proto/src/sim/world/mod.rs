@@ -22,6 +22,7 @@ use crate::endpoint::{ConnId, Endpoint};
 use crate::handshake::{self, Offer, Settings, Shape};
 use crate::io::{Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
 use crate::peer_table::PeerTable;
+use crate::rail::MAX_COOLDOWN;
 use crate::run::Run;
 use crate::staged::{ChildStats, StagedJob, StagedRun};
 use crate::transfer::{Failure, Outcome, Spec, TransferKey};
@@ -88,6 +89,10 @@ pub(crate) struct World {
     control_at: Vec<Vec<Duration>>,
     flagged: Vec<bool>,
     pub(crate) report: Report,
+    /// Whether the faults healed ([`Ev::Heal`]): the liveness phase.
+    healed: bool,
+    /// The transfers submitted in the liveness phase: each must succeed.
+    liveness: Vec<usize>,
     /// Every event's time, order and kind, and every outcome, hashed: two runs of a seed are
     /// the same run when their hashes are ([`Report::trace_hash`]).
     trace_hash: TraceHash,
@@ -99,6 +104,12 @@ pub(crate) struct World {
 const MAX_EVENTS: u64 = 2_000_000;
 /// Latest virtual time.
 const MAX_TIME: Duration = Duration::from_secs(300);
+/// When the faults heal ([`Ev::Heal`]).
+const HEAL_AT: Duration = Duration::from_millis(600);
+/// Room beyond the rails' recovery before the liveness phase's transfers.
+const LIVENESS_MARGIN: Duration = Duration::from_millis(200);
+/// Transfers per connected pair in the liveness phase.
+const LIVENESS_TRANSFERS: u32 = 3;
 /// The timer and poll granularity the simulated driver adds to the outcome bound.
 const SLACK: Duration = Duration::from_millis(1);
 
@@ -193,6 +204,8 @@ impl World {
             control_at: vec![vec![Duration::ZERO; agents]; agents],
             flagged: Vec::new(),
             report: Report::default(),
+            healed: false,
+            liveness: Vec::new(),
             trace_hash: TraceHash::default(),
             trace: VecDeque::new(),
             verbose: false,
@@ -383,6 +396,27 @@ impl World {
                 self.at(d, Ev::Kill { agent: 2 });
             }
         }
+        // Every fault has ended by then (links are up within 300 ms of going down); the heal
+        // stops those that would persist, and once the rails had time to come back (a paused
+        // rail's longest cool-down, a renewal, a probe), every pair still connected submits
+        // transfers that must all succeed.
+        self.at(HEAL_AT, Ev::Heal);
+        let back = HEAL_AT + MAX_COOLDOWN + self.p.cfg.renew_timeout * 2 + LIVENESS_MARGIN;
+        for a in 0..self.p.agents {
+            for b in 0..self.p.agents {
+                if a != b {
+                    let d = self.us(0, 3000);
+                    self.at(
+                        back + d,
+                        Ev::Submit {
+                            agent: a,
+                            peer: b,
+                            left: LIVENESS_TRANSFERS,
+                        },
+                    );
+                }
+            }
+        }
     }
 
     fn log(&mut self, line: impl FnOnce() -> String) {
@@ -547,6 +581,7 @@ impl World {
                 self.net.borrow_mut().link_up[rail] = true;
             }
             Ev::Kill { agent } => self.kill(agent),
+            Ev::Heal => self.heal(),
             Ev::CopyDone { agent, slot } => self.on_copy_done(agent, slot, false),
             Ev::CommitDone { agent, slot } => self.on_copy_done(agent, slot, true),
             Ev::StageStep { agent } => {
@@ -785,6 +820,16 @@ impl World {
                     ));
                 }
             }
+            if let Err(f) = &o.result {
+                if self.liveness.contains(&x) {
+                    v.push(format!(
+                        "transfer {x}, submitted after the faults healed and the rails had time to come back, failed with {f:?}"
+                    ));
+                }
+            }
+            if o.result.is_ok() && self.liveness.contains(&x) {
+                self.report.liveness_done += 1;
+            }
             match &o.result {
                 Ok(()) => self.report.done += 1,
                 Err(f) => *self.report.failed.entry(failure_kind(f)).or_default() += 1,
@@ -830,6 +875,22 @@ impl World {
             }
         }
     }
+    /// The faults heal: queue pairs are created again, none is slow or doomed any more; from
+    /// now on the applications submit only plain transfers, each of which must succeed.
+    fn heal(&mut self) {
+        self.log(|| "heal".to_string());
+        self.healed = true;
+        let mut net = self.net.borrow_mut();
+        net.create_fail = 0;
+        for q in &mut net.qps {
+            q.doomed = false;
+            q.slow_until = Duration::ZERO;
+        }
+        for up in &mut net.link_up {
+            *up = true;
+        }
+    }
+
     /// Kills `agent`: its queue pairs vanish, its cores stop; its peers notice a little later.
     fn kill(&mut self, agent: usize) {
         self.log(|| format!("kill {agent}"));
