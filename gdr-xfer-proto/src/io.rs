@@ -1,12 +1,15 @@
-//! The I/O boundary: what the core asks its driver to do (post, create and destroy queue
-//! pairs, send control messages, report outcomes) and what the driver tells the core
+//! The I/O boundary: what the core asks its driver to do and what the driver tells the core
 //! (completions, control messages, time).
 //!
-//! The core never calls the operating system, a device or a clock. Every call into it that can
-//! cause I/O takes the driver as `&mut impl Io` and performs that I/O through it, synchronously
-//! and in order; everything else the core needs arrives as arguments (`now`, completions).
-//! The driver in `gdr-xfer` implements [`Io`] with gdr's queue pairs; the simulation
-//! ([`crate::sim`]) implements it with simulated ones.
+//! The core never calls the operating system, a device or a clock. The I/O whose answer it
+//! needs at once (a post, queue pairs made and connected, a receive slot posted, the driver's
+//! bounds) it performs through its driver's [`Io`], synchronously and in order; everything
+//! else (queue pairs destroyed, control messages, outcomes, notifications, events) it leaves
+//! in its action queue, in order, for the driver to carry out after the call
+//! ([`crate::Connection::poll_action`], [`Action`]). Everything else the core needs arrives as
+//! arguments (`now`, completions). The driver in `gdr-xfer` implements [`Io`] with gdr's queue
+//! pairs; the simulation ([`crate::sim`]) implements it with simulated ones, and both carry out
+//! the same actions in the same order.
 
 use crate::control::Control;
 use crate::transfer::{Outcome, TransferKey};
@@ -157,7 +160,7 @@ pub struct Receipt {
     pub holds: bool,
 }
 
-/// Things worth a log line or a counter, reported through [`Io::event`].
+/// Things worth a log line or a counter, reported as [`Action::Event`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A rail failed for this peer and was paused; what it carried is posted elsewhere.
@@ -224,11 +227,54 @@ pub enum Event {
     },
 }
 
-/// The driver of a connection: every piece of I/O the core does.
+/// What the core leaves its driver to carry out after a call, in order
+/// ([`crate::Connection::poll_action`]): the I/O whose answer the core does not need.
 ///
-/// Calls happen inside the core's methods, in order; the driver carries each one out before it
-/// returns (or, for destruction, at the latest before it makes any outcome reported after it
-/// visible: see [`Io::destroy_lanes`]).
+/// The order is the promise: a [`Action::DestroyLanes`] comes before every outcome it
+/// protects, so a driver that carries out each action before the next one (at the latest
+/// before it makes the next one visible) makes no outcome visible while a queue pair that
+/// carried the transfer's requests may still touch its memory.
+pub enum Action<I: Io + ?Sized> {
+    /// Destroy the queue pairs of these lanes: once carried out, the NIC touches none of the
+    /// memory their requests used. Their completions are routed nowhere from now on.
+    DestroyLanes(Vec<LaneRef>),
+    /// Send a control message to the peer.
+    SendControl(Control<I::Endpoints>),
+    /// A transfer reached its outcome: none of its requests will touch its memory again.
+    Finished(I::Handle, Outcome),
+    /// A notification from the peer, in arrival order; give the receipt back through
+    /// [`crate::Connection::consumed`] once the application took it.
+    Deliver(Vec<u8>, Receipt),
+    /// Something worth a log line or a counter.
+    Event(Event),
+}
+
+impl<I: Io + ?Sized> std::fmt::Debug for Action<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::DestroyLanes(l) => f.debug_tuple("DestroyLanes").field(l).finish(),
+            Action::SendControl(c) => match c {
+                Control::Renew { rail, epoch, .. } => {
+                    write!(f, "SendControl(Renew rail {rail} epoch {epoch})")
+                }
+                Control::Renewed { rail, epoch, .. } => {
+                    write!(f, "SendControl(Renewed rail {rail} epoch {epoch})")
+                }
+                Control::Refused { rail, epoch } => {
+                    write!(f, "SendControl(Refused rail {rail} epoch {epoch})")
+                }
+            },
+            Action::Finished(_, o) => f.debug_tuple("Finished").field(&o.result).finish(),
+            Action::Deliver(d, r) => write!(f, "Deliver({} bytes, {r:?})", d.len()),
+            Action::Event(e) => f.debug_tuple("Event").field(e).finish(),
+        }
+    }
+}
+
+/// The driver of a connection: the I/O whose answers the core needs at once (posts, queue
+/// pairs made and connected, receive slots posted, the driver's bounds). Calls happen inside
+/// the core's methods, in order; the driver carries each one out before it returns. Everything
+/// else the core leaves in its action queue ([`Action`]).
 pub trait Io {
     /// A local segment of a transfer (kept by the core until the transfer's outcome).
     type Local;
@@ -293,18 +339,4 @@ pub trait Io {
     ) -> Result<(), String>;
     /// How many endpoints `endpoints` holds.
     fn endpoint_count(&self, endpoints: &Self::Endpoints) -> usize;
-    /// Destroys the queue pairs of `lanes`. Once it is carried out the NIC touches none of the
-    /// memory their requests used. The driver may defer the destruction to the end of the
-    /// current call into the core, but must carry it out before it makes visible any outcome
-    /// reported after this call.
-    fn destroy_lanes(&mut self, lanes: &[LaneRef]);
-    /// Sends a control message to the peer (the driver may send it after the current call).
-    fn send_control(&mut self, msg: Control<Self::Endpoints>);
-    /// A transfer reached its outcome: none of its requests will touch its memory again.
-    fn finished(&mut self, handle: Self::Handle, outcome: Outcome);
-    /// A notification from the peer, in arrival order; give `receipt` back through
-    /// [`crate::Connection::consumed`] once the application took it.
-    fn deliver(&mut self, data: Vec<u8>, receipt: Receipt);
-    /// Something worth a log line.
-    fn event(&mut self, event: Event);
 }

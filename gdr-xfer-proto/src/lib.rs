@@ -8,7 +8,9 @@
 //! the time passed in ([`Connection::submit`], [`Connection::handle_send_completion`],
 //! [`Connection::handle_recv`], [`Connection::handle_control`],
 //! [`Connection::handle_timeout`]) and asked when to wake ([`Connection::poll_timeout`]);
-//! every piece of I/O it needs goes through its driver's [`Io`]. What lies between an agent's
+//! the I/O whose answer it needs at once (posts, queue pairs made) goes through its driver's
+//! [`Io`], and everything else it leaves, in order, in its action queue for the driver to carry
+//! out ([`Connection::poll_action`], [`Action`]). What lies between an agent's
 //! connections is its [`Endpoint`]: which peers are connected, which connection and lane each
 //! completion belongs to, and when a connection let go may go. The control messages agents
 //! exchange are encoded and decoded here too ([`wire`]), with a queue pair's endpoint written
@@ -56,7 +58,9 @@ pub use config::{Config, CHUNK, STRIPE_CHUNK};
 pub use connection::Connection;
 pub use control::Control;
 pub use endpoint::{ConnId, Endpoint, Refusal};
-pub use io::{Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status};
+pub use io::{
+    Action, Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
+};
 pub use location::{Location, ParseLocationError};
 pub use peer_table::{PeerTable, TableError, MAX_REMOTE_SEGMENTS};
 pub use rail::{RailCounters, RailState, FIRST_COOLDOWN, HEALTHY, MAX_COOLDOWN, SAMPLE};

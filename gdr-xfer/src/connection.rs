@@ -2,10 +2,11 @@
 //! ([`gdr_xfer_proto::Connection`]) with the queue pairs that core drives ([`Lanes`]).
 //!
 //! Every call into the core goes through [`Connection::drive`]: the core is locked, called with
-//! the time and the lanes, and what the call left to do ([`crate::lanes::After`]) is done once
-//! the core is unlocked, in order: destroy queue pairs, report outcomes, deliver notifications,
-//! send control messages (under the writer lock taken before the core was released, so that
-//! messages leave in the order the core produced them).
+//! the time and the lanes, and the actions the call left ([`gdr_xfer_proto::Action`]) are taken
+//! in the core's order and carried out in that order once the core is unlocked
+//! ([`crate::lanes::Deferred`]): queue pairs destroyed before the outcomes they protect,
+//! notifications delivered, control messages sent under the writer lock taken before the core
+//! was released (so that messages leave in the order the core produced them).
 //!
 //! Lock order: the core, then the writer; the agent's endpoint (a leaf) may be taken while the
 //! core is held, never the other way round; a transfer cell's lock is never held
@@ -19,12 +20,12 @@ use std::time::Instant;
 use gdr::connect::TcpLink;
 use gdr::{Completion, WcStatus};
 use gdr_xfer_proto::{
-    Config, ConnId, Connection as Core, LaneRef, PeerTable, Receipt, SendCompletion, Spec, Status,
-    TableError, TransferKey,
+    Action, Config, ConnId, Connection as Core, LaneRef, PeerTable, Receipt, SendCompletion, Spec,
+    Status, TableError, TransferKey,
 };
 
 use crate::agent::AgentShared;
-use crate::lanes::{After, Lanes};
+use crate::lanes::{Deferred, Lanes};
 use crate::notify::{split_recv_wr_id, Arrival, Delivered, Notification, SlotLedger};
 use crate::rail::RailStats;
 use crate::transfer::Failure;
@@ -109,7 +110,6 @@ impl Connection {
                 notify: p.notify,
                 ledger: ledger.clone(),
                 batch: Default::default(),
-                after: After::default(),
             };
             Connection {
                 name: p.name,
@@ -144,65 +144,85 @@ impl Connection {
         let mut g = self.lock();
         let d = &mut *g;
         let r = f(&mut d.core, &mut d.io, Instant::now());
-        if d.io.after.is_empty() {
+        if !d.core.has_actions() {
             return r;
         }
-        let after = std::mem::take(&mut d.io.after);
+        // Taken in the core's order while it is locked: a destroyed queue pair leaves the lanes
+        // (and the routes) now, and is destroyed below, before whatever follows it.
+        let mut deferred = Vec::new();
+        let mut control = false;
+        while let Some(a) = d.core.poll_action() {
+            deferred.push(match a {
+                Action::DestroyLanes(lanes) => Deferred::Destroyed(d.io.take_destroyed(&lanes)),
+                Action::Finished(cell, outcome) => Deferred::Finished(cell, outcome),
+                Action::Deliver(data, receipt) => Deferred::Delivered(data, receipt),
+                Action::SendControl(msg) => {
+                    control = true;
+                    Deferred::Control(msg)
+                }
+                Action::Event(e) => {
+                    d.io.log(e);
+                    continue;
+                }
+            });
+        }
         let me = d.io.conn.clone();
-        let writer = (!after.control.is_empty())
-            .then(|| self.writer.lock().unwrap_or_else(|p| p.into_inner()));
+        let writer = control.then(|| self.writer.lock().unwrap_or_else(|p| p.into_inner()));
         drop(g);
-        self.carry_out(after, writer, me);
+        self.carry_out(deferred, writer, me);
         r
     }
 
+    /// Carries out what a core call left, in the core's order (each before the next is made
+    /// visible): queue pairs destroyed, outcomes reported, notifications delivered, control
+    /// messages sent (a failed send loses the peer once the rest is done).
     fn carry_out(
         &self,
-        after: After,
-        writer: Option<MutexGuard<'_, TcpLink>>,
+        deferred: Vec<Deferred>,
+        mut writer: Option<MutexGuard<'_, TcpLink>>,
         me: Weak<Connection>,
     ) {
-        // The NIC no longer touches their memory once they are destroyed: before any outcome.
-        drop(after.graveyard);
-        for (cell, outcome) in after.finished {
-            cell.finish_core(outcome);
-        }
-        if !after.delivered.is_empty() {
-            if let Some(agent) = self.agent.upgrade() {
-                for (data, receipt) in after.delivered {
-                    agent.deliver(Delivered {
-                        notification: Notification {
-                            peer: self.name.clone(),
-                            data,
-                        },
-                        from: Some(Arrival {
-                            conn: me.clone(),
-                            receipt,
-                            ledger: self.ledger.clone(),
-                        }),
-                    });
+        let agent = self.agent.upgrade();
+        let mut failed = None;
+        for item in deferred {
+            match item {
+                // The NIC no longer touches their memory once they are destroyed.
+                Deferred::Destroyed(qps) => drop(qps),
+                Deferred::Finished(cell, outcome) => cell.finish_core(outcome),
+                Deferred::Delivered(data, receipt) => {
+                    if let Some(agent) = &agent {
+                        agent.deliver(Delivered {
+                            notification: Notification {
+                                peer: self.name.clone(),
+                                data,
+                            },
+                            from: Some(Arrival {
+                                conn: me.clone(),
+                                receipt,
+                                ledger: self.ledger.clone(),
+                            }),
+                        });
+                    }
+                }
+                Deferred::Control(msg) => {
+                    let Some(w) = writer.as_mut().filter(|_| failed.is_none()) else {
+                        continue;
+                    };
+                    if let Err(e) = Message::from_control(msg)
+                        .encode()
+                        .map_err(|e| e.to_string())
+                        .and_then(|b| w.send_bytes(&b).map_err(|e| e.to_string()))
+                    {
+                        failed = Some(e);
+                    }
                 }
             }
         }
-        if let Some(mut w) = writer {
-            let mut failed = None;
-            for msg in after.control {
-                let msg = Message::from_control(msg);
-                if let Err(e) = msg
-                    .encode()
-                    .map_err(|e| e.to_string())
-                    .and_then(|b| w.send_bytes(&b).map_err(|e| e.to_string()))
-                {
-                    failed = Some(e);
-                    break;
-                }
-            }
-            drop(w);
-            if let Some(e) = failed {
-                self.lose(Failure::PeerLost {
-                    reason: format!("control connection: {e}"),
-                });
-            }
+        drop(writer);
+        if let Some(e) = failed {
+            self.lose(Failure::PeerLost {
+                reason: format!("control connection: {e}"),
+            });
         }
     }
 
@@ -443,7 +463,7 @@ impl Connection {
             r.get_or_insert(reason);
         }
         self.lost.store(true, Ordering::Release);
-        self.drive(|core, io, now| core.close(now, io, failure));
+        self.drive(|core, _, now| core.close(now, failure));
         self.seal_notes();
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
         self.table_wakers.wake_all();

@@ -1,5 +1,5 @@
 //! The core's I/O on gdr: queue pairs per lane, posts, receive slots, renewals, and what a core
-//! call leaves for the connection to do once it let go of the core ([`After`]).
+//! call leaves for the connection to do once it let go of the core ([`Deferred`]).
 //!
 //! Every lane keeps its current queue pair and, during a renewal, the offered one (each known
 //! by the generation the core gave it). A queue pair the core destroys is routed nowhere at
@@ -60,23 +60,18 @@ impl Pieces for Batch {
     }
 }
 
-/// What a core call left to do once the core is unlocked, in this order: destroy queue pairs,
-/// report outcomes, deliver notifications, send control messages.
-#[derive(Default)]
-pub(crate) struct After {
-    pub(crate) graveyard: Vec<QueuePair>,
-    pub(crate) finished: Vec<(Arc<TransferCell>, Outcome)>,
-    pub(crate) delivered: Vec<(Vec<u8>, Receipt)>,
-    pub(crate) control: Vec<Control<Vec<Endpoint>>>,
-}
-
-impl After {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.graveyard.is_empty()
-            && self.finished.is_empty()
-            && self.delivered.is_empty()
-            && self.control.is_empty()
-    }
+/// What a core call left to do ([`gdr_xfer_proto::Action`]), taken from the core in its order
+/// while it is locked and carried out in that order once it is unlocked.
+pub(crate) enum Deferred {
+    /// Queue pairs the core destroyed, already out of the lanes and routed nowhere: dropping
+    /// them destroys them (`ibv_destroy_qp`).
+    Destroyed(Vec<QueuePair>),
+    /// A transfer's outcome.
+    Finished(Arc<TransferCell>, Outcome),
+    /// A notification for the application.
+    Delivered(Vec<u8>, Receipt),
+    /// A control message for the peer.
+    Control(Control<Vec<Endpoint>>),
 }
 
 /// The queue pairs of one connection and its notification buffers: the core's [`Io`].
@@ -92,7 +87,6 @@ pub(crate) struct Lanes {
     /// The connection's part of the agent's notification bound.
     pub(crate) ledger: Arc<crate::notify::SlotLedger>,
     pub(crate) batch: Batch,
-    pub(crate) after: After,
 }
 
 impl Lanes {
@@ -270,8 +264,13 @@ impl Io for Lanes {
     fn endpoint_count(&self, endpoints: &Vec<Endpoint>) -> usize {
         endpoints.len()
     }
+}
 
-    fn destroy_lanes(&mut self, lanes: &[LaneRef]) {
+impl Lanes {
+    /// Takes the queue pairs of `lanes` out of the lanes and routes them nowhere (the core
+    /// destroyed them, [`gdr_xfer_proto::Action::DestroyLanes`]); dropping them destroys them.
+    pub(crate) fn take_destroyed(&mut self, lanes: &[LaneRef]) -> Vec<QueuePair> {
+        let mut gone = Vec::with_capacity(lanes.len());
         let agent = self.agent.upgrade();
         let conn = self.conn.upgrade();
         for l in lanes {
@@ -283,24 +282,14 @@ impl Io for Lanes {
                 if let (Some(a), Some(c)) = (&agent, &conn) {
                     a.unroute(l.lane / self.per_rail, qp.qp_num(), c, *l);
                 }
-                self.after.graveyard.push(qp);
+                gone.push(qp);
             }
         }
+        gone
     }
 
-    fn send_control(&mut self, msg: Control<Vec<Endpoint>>) {
-        self.after.control.push(msg);
-    }
-
-    fn finished(&mut self, handle: Arc<TransferCell>, outcome: Outcome) {
-        self.after.finished.push((handle, outcome));
-    }
-
-    fn deliver(&mut self, data: Vec<u8>, receipt: Receipt) {
-        self.after.delivered.push((data, receipt));
-    }
-
-    fn event(&mut self, event: Event) {
+    /// Logs an event of the core ([`gdr_xfer_proto::Action::Event`]).
+    pub(crate) fn log(&self, event: Event) {
         let p = &self.peer;
         match event {
             Event::RailPaused { rail, why, requeued } => {

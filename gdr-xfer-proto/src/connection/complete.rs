@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::Connection;
-use crate::io::{Event, Header, Io, LaneRef, Receipt, SendCompletion, Status};
+use crate::io::{Action, Event, Header, Io, LaneRef, Receipt, SendCompletion, Status};
 use crate::lane::Posted;
 use crate::rail::RailState;
 use crate::transfer::{NotifyState, TransferKey};
@@ -83,17 +83,18 @@ impl<I: Io> Connection<I> {
             let r = &mut self.rails[rail];
             // The probe's slot came back above; the rail starts with all of them.
             r.admit(now, slots);
-            io.event(Event::Readmitted { rail });
+            self.actions
+                .push_back(Action::Event(Event::Readmitted { rail }));
         }
         for key in touched {
-            self.progressed(now, io, key);
+            self.progressed(now, key);
         }
         self.pump(now, io);
     }
 
     /// After some of `key`'s requests completed: its notification becomes due once its data
     /// is complete; it finishes once everything is.
-    fn progressed(&mut self, now: Instant, io: &mut I, key: TransferKey) {
+    fn progressed(&mut self, now: Instant, key: TransferKey) {
         let Some(t) = self.transfers.get(key) else {
             return;
         };
@@ -108,7 +109,7 @@ impl<I: Io> Connection<I> {
             }
             return;
         }
-        self.try_finish(now, io, key);
+        self.try_finish(now, key);
     }
 
     /// Handles a receive completion of `slot` on `lane`: `msg` is the message the slot holds
@@ -156,13 +157,13 @@ impl<I: Io> Connection<I> {
             }
             Some(_) => None,
             None => {
-                io.event(Event::Ignored {
+                self.actions.push_back(Action::Event(Event::Ignored {
                     what: format!(
                         "a message of {} bytes on lane {}, shorter than its header",
                         msg.len(),
                         lane.lane
                     ),
-                });
+                }));
                 None
             }
         };
@@ -175,7 +176,8 @@ impl<I: Io> Connection<I> {
             if holds {
                 self.recv[rail].held += 1;
             }
-            io.deliver(data, Receipt { lane, slot, holds });
+            self.actions
+                .push_back(Action::Deliver(data, Receipt { lane, slot, holds }));
             if holds {
                 return;
             }

@@ -20,7 +20,7 @@
 use std::time::Instant;
 
 use super::Connection;
-use crate::io::{Event, Io, LaneRef, SendCompletion, Status};
+use crate::io::{Action, Event, Io, LaneRef, SendCompletion, Status};
 use crate::lane::Posted;
 use crate::rail::RailLink;
 use crate::transfer::{Failure, NotifyState, Phase, TransferKey};
@@ -51,7 +51,7 @@ impl<I: Io> Connection<I> {
                 .find(|r| r.last() >= c.wr_id)
                 .and_then(Posted::transfer);
             if let Some(key) = culprit {
-                self.stop(now, io, key, failure);
+                self.stop(now, key, failure);
             }
             if self.rails[rail].is_active() {
                 self.renew_now(now, io, rail);
@@ -65,24 +65,24 @@ impl<I: Io> Connection<I> {
             return;
         }
         self.rails[rail].pause(now, why.clone());
-        self.drop_offer(io, rail);
-        let requeued = self.retire_lanes(now, io, rail, None);
+        self.drop_offer(rail);
+        let requeued = self.retire_lanes(now, rail, None);
         if requeued > 0 {
             self.rails[rail].failed_at = Some(now);
         }
         self.rails[rail].stats.retries += requeued;
-        io.event(Event::RailPaused {
+        self.actions.push_back(Action::Event(Event::RailPaused {
             rail,
             why,
             requeued,
-        });
-        self.check_rails(now, io);
+        }));
+        self.check_rails(now);
     }
 
     /// Notes when no rail is usable any more, and fails every transfer once none has been for
     /// a quiesce time (a rail that comes back meanwhile, renewed by us or by the peer, carries
     /// them on).
-    pub(crate) fn check_rails(&mut self, now: Instant, io: &mut I) {
+    pub(crate) fn check_rails(&mut self, now: Instant) {
         if self.rails.iter().any(RailLink::is_usable) {
             self.no_rail_since = None;
             self.no_rail_failed = false;
@@ -94,10 +94,10 @@ impl<I: Io> Connection<I> {
         }
         self.no_rail_failed = true;
         let detail = self.rails_detail();
-        io.event(Event::NoRail {
+        self.actions.push_back(Action::Event(Event::NoRail {
             detail: detail.clone(),
-        });
-        self.fail_all(now, io, &Failure::NoRail { detail });
+        }));
+        self.fail_all(now, &Failure::NoRail { detail });
     }
 
     /// Destroys rail `rail`'s queue pairs (through the driver) and queues what they carried
@@ -107,7 +107,6 @@ impl<I: Io> Connection<I> {
     pub(crate) fn retire_lanes(
         &mut self,
         now: Instant,
-        io: &mut I,
         rail: usize,
         bad: Option<TransferKey>,
     ) -> u64 {
@@ -178,7 +177,7 @@ impl<I: Io> Connection<I> {
             recv.armed.iter_mut().for_each(|a| *a = false);
         }
         if !refs.is_empty() {
-            io.destroy_lanes(&refs);
+            self.actions.push_back(Action::DestroyLanes(refs.clone()));
         }
         // Oldest first, ahead of what waits to be posted for the first time.
         for key in again.into_iter().rev() {
@@ -187,7 +186,7 @@ impl<I: Io> Connection<I> {
         settle.sort_unstable();
         settle.dedup();
         for key in settle {
-            self.try_finish(now, io, key);
+            self.try_finish(now, key);
         }
         requeued
     }
@@ -196,7 +195,7 @@ impl<I: Io> Connection<I> {
     /// request error broke): its queue pairs are destroyed, what they carried is queued again,
     /// and new ones are offered to the peer.
     pub(crate) fn renew_now(&mut self, now: Instant, io: &mut I, rail: usize) {
-        let requeued = self.retire_lanes(now, io, rail, None);
+        let requeued = self.retire_lanes(now, rail, None);
         let r = &mut self.rails[rail];
         r.stats.retries += requeued;
         r.stats.fences += 1;
@@ -223,25 +222,25 @@ impl<I: Io> Connection<I> {
         if let Phase::Stopping { fenced, .. } = &mut t.phase {
             *fenced = true;
         }
-        io.event(Event::Fenced {
+        self.actions.push_back(Action::Event(Event::Fenced {
             transfer: key,
             rails,
-        });
+        }));
         for rail in 0..self.cfg.rails.min(32) {
             if rails & (1 << rail) != 0 {
                 if self.rails[rail].is_active() {
                     self.renew_now(now, io, rail);
                 } else {
-                    self.retire_lanes(now, io, rail, None);
+                    self.retire_lanes(now, rail, None);
                 }
             }
         }
-        self.check_rails(now, io);
+        self.check_rails(now);
     }
 
     /// The peer confirmed that its side of rail `rail`'s old queue pairs is gone (it made a
     /// renewal, or answered ours): transfers waiting for that may finish.
-    pub(crate) fn rail_quiet(&mut self, now: Instant, io: &mut I, rail: usize) {
+    pub(crate) fn rail_quiet(&mut self, now: Instant, rail: usize) {
         if rail >= 32 {
             return;
         }
@@ -251,16 +250,17 @@ impl<I: Io> Connection<I> {
             if let Some(t) = self.transfers.get_mut(key) {
                 if t.awaiting_peer & bit != 0 {
                     t.awaiting_peer &= !bit;
-                    self.try_finish(now, io, key);
+                    self.try_finish(now, key);
                 }
             }
         }
     }
 
     /// Forgets our offer for rail `rail`, destroying its queue pairs.
-    pub(crate) fn drop_offer(&mut self, io: &mut I, rail: usize) {
+    pub(crate) fn drop_offer(&mut self, rail: usize) {
         if let Some(o) = self.offers[rail].take() {
-            io.destroy_lanes(&o.lanes);
+            self.actions
+                .push_back(Action::DestroyLanes(o.lanes.clone()));
             let recv = &mut self.recv[rail];
             if o.lanes.first().is_some_and(|l| recv.gen == Some(l.gen)) {
                 recv.gen = None;

@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
 use crate::config::Config;
-use crate::io::{Event, Io, LaneRef};
+use crate::io::{Action, Event, Io, LaneRef};
 use crate::lane::Lane;
 use crate::notify::Seen;
 use crate::rail::{RailCounters, RailLink, RailState};
@@ -53,7 +53,7 @@ struct RecvSlots {
 ///
 /// # Outcomes a caller can trust
 ///
-/// A transfer's outcome is reported (through [`Io::finished`]) only once none of its requests
+/// A transfer's outcome is reported (as an [`Action::Finished`]) only once none of its requests
 /// can touch its memory any more: every request it posted was credited by a completion, or the
 /// queue pair carrying it was destroyed. A transfer that stops early (its deadline passed, it
 /// was cancelled, one of its requests failed, the peer or every rail was lost) first stops
@@ -115,6 +115,8 @@ pub struct Connection<I: Io> {
     /// Whether this outage already failed the transfers.
     no_rail_failed: bool,
     state: State,
+    /// What the driver is left to carry out, in order ([`Connection::poll_action`]).
+    actions: VecDeque<Action<I>>,
 }
 
 impl<I: Io> std::fmt::Debug for Connection<I> {
@@ -211,7 +213,21 @@ impl<I: Io> Connection<I> {
             no_rail_since: None,
             no_rail_failed: false,
             state: State::Open,
+            actions: VecDeque::new(),
         }
+    }
+
+    /// The next thing the last calls left the driver to carry out, in the order the core
+    /// produced them ([`Action`]). The driver takes them all after every call into the core
+    /// and carries each out before it makes the next visible: a queue pair destroyed before
+    /// an outcome it protects, a control message after the destruction it announces.
+    pub fn poll_action(&mut self) -> Option<Action<I>> {
+        self.actions.pop_front()
+    }
+
+    /// Whether an action waits ([`Connection::poll_action`]).
+    pub fn has_actions(&self) -> bool {
+        !self.actions.is_empty()
     }
 
     /// Its settings.
@@ -445,7 +461,7 @@ impl<I: Io> Connection<I> {
     pub fn cancel(&mut self, now: Instant, io: &mut I, key: TransferKey) -> bool {
         let active = self.transfers.get(key).is_some_and(Transfer::is_active);
         if active {
-            self.stop(now, io, key, Failure::Cancelled);
+            self.stop(now, key, Failure::Cancelled);
             self.pump(now, io);
         }
         active
@@ -458,7 +474,7 @@ impl<I: Io> Connection<I> {
 
     /// Stops a transfer: it posts nothing more, and reaches its outcome once its requests are
     /// retired ([`Connection::try_finish`]).
-    fn stop(&mut self, now: Instant, io: &mut I, key: TransferKey, failure: Failure) {
+    fn stop(&mut self, now: Instant, key: TransferKey, failure: Failure) {
         let Some(t) = self.transfers.get_mut(key) else {
             return;
         };
@@ -486,13 +502,13 @@ impl<I: Io> Connection<I> {
             t.inflight = 0;
             t.awaiting_peer = 0;
         }
-        self.try_finish(now, io, key);
+        self.try_finish(now, key);
     }
 
     /// Finishes a transfer whose requests are all retired and whose WRITEs cannot still be on
     /// the wire: success when everything landed, its failure otherwise. A transfer that is
     /// blocked waits in `settling` (its timer is in [`Connection::poll_timeout`]).
-    pub(crate) fn try_finish(&mut self, now: Instant, io: &mut I, key: TransferKey) {
+    pub(crate) fn try_finish(&mut self, now: Instant, key: TransferKey) {
         let Some(t) = self.transfers.get(key) else {
             return;
         };
@@ -516,10 +532,10 @@ impl<I: Io> Connection<I> {
             }
             return;
         }
-        self.finish(now, io, key, result);
+        self.finish(now, key, result);
     }
 
-    fn finish(&mut self, now: Instant, io: &mut I, key: TransferKey, result: Result<(), Failure>) {
+    fn finish(&mut self, now: Instant, key: TransferKey, result: Result<(), Failure>) {
         let Some(t) = self.transfers.remove(key) else {
             return;
         };
@@ -530,13 +546,14 @@ impl<I: Io> Connection<I> {
             self.settling.swap_remove(i);
         }
         let stats = t.stats(now);
-        io.finished(t.handle, Outcome { result, stats });
+        self.actions
+            .push_back(Action::Finished(t.handle, Outcome { result, stats }));
     }
 
     /// Stops every transfer with `failure` (each finishes once its requests are retired).
-    fn fail_all(&mut self, now: Instant, io: &mut I, failure: &Failure) {
+    fn fail_all(&mut self, now: Instant, failure: &Failure) {
         for key in self.transfers.keys() {
-            self.stop(now, io, key, failure.clone());
+            self.stop(now, key, failure.clone());
         }
         self.pending.clear();
         self.notify_due.clear();
@@ -552,7 +569,7 @@ impl<I: Io> Connection<I> {
 
     /// Closes the connection: every transfer stops with `failure`, every queue pair is
     /// destroyed (so their outcomes come at once), and nothing is posted any more.
-    pub fn close(&mut self, now: Instant, io: &mut I, failure: Failure) {
+    pub fn close(&mut self, now: Instant, failure: Failure) {
         if self.is_closed() {
             return;
         }
@@ -562,17 +579,17 @@ impl<I: Io> Connection<I> {
             other => format!("{other:?}"),
         };
         self.state = State::Closed(reason);
-        self.fail_all(now, io, &failure);
+        self.fail_all(now, &failure);
         for rail in 0..self.cfg.rails {
-            self.drop_offer(io, rail);
-            self.retire_lanes(now, io, rail, None);
+            self.drop_offer(rail);
+            self.retire_lanes(now, rail, None);
         }
         // The peer is gone or going: what it still receives is its own business.
         for key in self.transfers.keys() {
             if let Some(t) = self.transfers.get_mut(key) {
                 t.awaiting_peer = 0;
             }
-            self.try_finish(now, io, key);
+            self.try_finish(now, key);
         }
     }
 
@@ -635,7 +652,7 @@ impl<I: Io> Connection<I> {
             self.deadlines.pop_first();
             let after = self.transfers.get(key).and_then(|t| t.timeout);
             if let Some(after) = after {
-                self.stop(now, io, key, Failure::Timeout { after });
+                self.stop(now, key, Failure::Timeout { after });
             }
         }
         for key in self.settling.clone() {
@@ -652,14 +669,14 @@ impl<I: Io> Connection<I> {
                     self.fence(now, io, key);
                 }
             }
-            self.try_finish(now, io, key);
+            self.try_finish(now, key);
         }
         for r in &mut self.rails {
             r.sample(now);
         }
         if !self.is_closed() {
             self.renewals_due(now, io);
-            self.check_rails(now, io);
+            self.check_rails(now);
         }
         self.pump(now, io);
     }
@@ -735,7 +752,8 @@ impl<I: Io> Connection<I> {
                 match io.arm_recv(lane, slot as u16) {
                     Ok(()) => *a = true,
                     Err(detail) => {
-                        io.event(Event::RearmFailed { lane, detail });
+                        self.actions
+                            .push_back(Action::Event(Event::RearmFailed { lane, detail }));
                         return;
                     }
                 }

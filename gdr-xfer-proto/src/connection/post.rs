@@ -52,7 +52,7 @@ impl<I: Io> Connection<I> {
                     if let Some(t) = self.transfers.get_mut(key) {
                         t.queued = false;
                     }
-                    self.stop(now, io, key, Failure::Rejected { detail });
+                    self.stop(now, key, Failure::Rejected { detail });
                 }
                 Next::RailFailed(rail, detail) => {
                     self.rail_failed(now, io, rail, None, detail);
@@ -355,7 +355,7 @@ impl<I: Io> Connection<I> {
                 PostResult::Rejected(detail) => {
                     self.rails[rail].free_send_slots.push(slot);
                     self.notify_due.pop_front();
-                    self.stop(now, io, key, Failure::Rejected { detail });
+                    self.stop(now, key, Failure::Rejected { detail });
                 }
                 PostResult::Broken { detail, .. } => {
                     self.rails[rail].free_send_slots.push(slot);

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use super::{Connection, Offer};
 use crate::control::Control;
-use crate::io::{Event, Io, LaneRef};
+use crate::io::{Action, Event, Io, LaneRef};
 use crate::lane::Lane;
 use crate::rail::RailState;
 
@@ -55,26 +55,27 @@ impl<I: Io> Connection<I> {
                 r.until = now + self.cfg.renew_timeout;
                 let epoch = r.epoch;
                 self.offers[rail] = Some(Offer { epoch, lanes });
-                io.event(Event::Renewing { rail, epoch, fence });
-                io.send_control(Control::Renew {
+                self.actions
+                    .push_back(Action::Event(Event::Renewing { rail, epoch, fence }));
+                self.actions.push_back(Action::SendControl(Control::Renew {
                     rail,
                     epoch,
                     endpoints,
-                });
+                }));
             }
-            Err(e) => self.renewal_failed(now, io, rail, format!("renewing: {e}")),
+            Err(e) => self.renewal_failed(now, rail, format!("renewing: {e}")),
         }
     }
 
     /// A renewal of rail `rail` failed: the rail pauses (a longer cool-down), and every
     /// transfer fails if no rail is left for a quiesce time.
-    fn renewal_failed(&mut self, now: Instant, io: &mut I, rail: usize, why: String) {
-        io.event(Event::RenewalFailed {
+    fn renewal_failed(&mut self, now: Instant, rail: usize, why: String) {
+        self.actions.push_back(Action::Event(Event::RenewalFailed {
             rail,
             why: why.clone(),
-        });
+        }));
         self.rails[rail].pause(now, why);
-        self.check_rails(now, io);
+        self.check_rails(now);
     }
 
     /// Starts the renewals that are due (cool-down over) and gives up those the peer did not
@@ -85,9 +86,9 @@ impl<I: Io> Connection<I> {
             match r.state {
                 RailState::Paused if now >= r.until => self.offer(now, io, rail, false),
                 RailState::Renewing if now >= r.until => {
-                    self.drop_offer(io, rail);
+                    self.drop_offer(rail);
                     let why = "the peer did not answer the renewal".to_string();
-                    self.renewal_failed(now, io, rail, why);
+                    self.renewal_failed(now, rail, why);
                 }
                 _ => {}
             }
@@ -96,8 +97,8 @@ impl<I: Io> Connection<I> {
 
     /// Puts `lanes` in place of rail `rail`'s current queue pairs (those are destroyed first,
     /// what they carried queued again).
-    fn install(&mut self, now: Instant, io: &mut I, rail: usize, lanes: &[LaneRef]) {
-        self.retire_lanes(now, io, rail, None);
+    fn install(&mut self, now: Instant, rail: usize, lanes: &[LaneRef]) {
+        self.retire_lanes(now, rail, None);
         for l in lanes {
             self.lanes[l.lane] = Lane::new(l.gen);
         }
@@ -120,7 +121,7 @@ impl<I: Io> Connection<I> {
                 epoch,
                 endpoints,
             } => self.on_renewed(now, io, rail, epoch, endpoints),
-            Control::Refused { rail, epoch } => self.on_refused(now, io, rail, epoch),
+            Control::Refused { rail, epoch } => self.on_refused(now, rail, epoch),
         }
         self.pump(now, io);
     }
@@ -137,13 +138,13 @@ impl<I: Io> Connection<I> {
     ) {
         let w = self.cfg.lanes_per_rail;
         if rail >= self.cfg.rails || io.endpoint_count(&theirs) != w {
-            io.event(Event::Ignored {
+            self.actions.push_back(Action::Event(Event::Ignored {
                 what: format!(
                     "a renewal of rail {rail} with {} queue pairs ({} rails of {w} shared)",
                     io.endpoint_count(&theirs),
                     self.cfg.rails
                 ),
-            });
+            }));
             return;
         }
         if self.offers[rail].is_some() {
@@ -151,25 +152,25 @@ impl<I: Io> Connection<I> {
                 // Both renewed at once: ours wins; the peer answers it.
                 return;
             }
-            self.drop_offer(io, rail);
+            self.drop_offer(rail);
         }
         // Ours go first, before the new ones take the receive slots; the peer's side of the
         // old queue pairs is gone already, so nothing of them can still land there.
-        self.retire_lanes(now, io, rail, None);
-        self.rail_quiet(now, io, rail);
+        self.retire_lanes(now, rail, None);
+        self.rail_quiet(now, rail);
         let refused = Control::Refused { rail, epoch };
         let (lanes, ours) = match self.create(io, rail) {
             Ok(x) => x,
             Err(e) => {
                 self.rail_failed(now, io, rail, None, format!("answering a renewal: {e}"));
-                io.send_control(refused);
+                self.actions.push_back(Action::SendControl(refused));
                 return;
             }
         };
-        self.install(now, io, rail, &lanes);
+        self.install(now, rail, &lanes);
         if let Err(e) = io.connect_lanes(rail, &lanes, &theirs) {
             self.rail_failed(now, io, rail, None, format!("connecting a renewal: {e}"));
-            io.send_control(refused);
+            self.actions.push_back(Action::SendControl(refused));
             return;
         }
         if !self.rails[rail].is_active() {
@@ -177,26 +178,28 @@ impl<I: Io> Connection<I> {
         }
         let slots = self.cfg.send_slots;
         self.rails[rail].admit(now, slots);
-        io.event(Event::RenewedByPeer { rail, epoch });
-        io.send_control(Control::Renewed {
-            rail,
-            epoch,
-            endpoints: ours,
-        });
+        self.actions
+            .push_back(Action::Event(Event::RenewedByPeer { rail, epoch }));
+        self.actions
+            .push_back(Action::SendControl(Control::Renewed {
+                rail,
+                epoch,
+                endpoints: ours,
+            }));
     }
 
     /// The peer refused our offer: the rail stays paused, with a longer cool-down.
-    fn on_refused(&mut self, now: Instant, io: &mut I, rail: usize, epoch: u32) {
+    fn on_refused(&mut self, now: Instant, rail: usize, epoch: u32) {
         if rail >= self.cfg.rails || self.offers[rail].as_ref().is_none_or(|o| o.epoch != epoch) {
-            io.event(Event::Ignored {
+            self.actions.push_back(Action::Event(Event::Ignored {
                 what: format!("a refusal of renewal {epoch} of rail {rail}, never offered"),
-            });
+            }));
             return;
         }
-        self.drop_offer(io, rail);
+        self.drop_offer(rail);
         // The peer destroyed its side of the old queue pairs before refusing.
-        self.rail_quiet(now, io, rail);
-        self.renewal_failed(now, io, rail, "the peer could not renew it".into());
+        self.rail_quiet(now, rail);
+        self.renewal_failed(now, rail, "the peer could not renew it".into());
     }
 
     /// The peer answered our offer: connect, install, probe.
@@ -213,17 +216,17 @@ impl<I: Io> Connection<I> {
                 .as_ref()
                 .is_some_and(|o| o.epoch == epoch && o.lanes.len() == io.endpoint_count(&theirs));
         if !matches {
-            io.event(Event::Ignored {
+            self.actions.push_back(Action::Event(Event::Ignored {
                 what: format!("an answer to renewal {epoch} of rail {rail}, never offered"),
-            });
+            }));
             return;
         }
         let Some(offer) = self.offers[rail].take() else {
             return;
         };
-        self.install(now, io, rail, &offer.lanes);
+        self.install(now, rail, &offer.lanes);
         // The peer's side of the old queue pairs is gone.
-        self.rail_quiet(now, io, rail);
+        self.rail_quiet(now, rail);
         if let Err(e) = io.connect_lanes(rail, &offer.lanes, &theirs) {
             self.rail_failed(now, io, rail, None, format!("connecting a renewal: {e}"));
             return;

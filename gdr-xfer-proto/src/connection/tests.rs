@@ -7,7 +7,7 @@ use super::Connection;
 use crate::config::Config;
 use crate::control::Control;
 use crate::io::{
-    Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
+    Action, Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
 };
 use crate::run::Run;
 use crate::transfer::{Failure, Outcome, Spec, TransferKey};
@@ -130,21 +130,6 @@ impl Io for Mock {
     fn endpoint_count(&self, e: &Vec<u32>) -> usize {
         e.len()
     }
-    fn destroy_lanes(&mut self, lanes: &[LaneRef]) {
-        self.destroyed.extend_from_slice(lanes);
-    }
-    fn send_control(&mut self, msg: Control<Vec<u32>>) {
-        self.control.push(msg);
-    }
-    fn finished(&mut self, handle: u32, outcome: Outcome) {
-        self.finished.push((handle, outcome));
-    }
-    fn deliver(&mut self, data: Vec<u8>, receipt: Receipt) {
-        self.delivered.push((data, receipt));
-    }
-    fn event(&mut self, event: Event) {
-        self.events.push(event);
-    }
 }
 
 impl Mock {
@@ -224,10 +209,25 @@ impl T {
             handle,
         };
         let now = self.at(ms);
-        if let Some(max) = self.inline_max {
-            return self.c.submit_inline_up_to(now, &mut self.io, spec, max);
+        let r = match self.inline_max {
+            Some(max) => self.c.submit_inline_up_to(now, &mut self.io, spec, max),
+            None => self.c.submit(now, &mut self.io, spec),
+        };
+        self.drain();
+        r
+    }
+
+    /// Takes what the core left to carry out, in order, into the mock's records.
+    fn drain(&mut self) {
+        while let Some(a) = self.c.poll_action() {
+            match a {
+                Action::DestroyLanes(l) => self.io.destroyed.extend(l),
+                Action::SendControl(m) => self.io.control.push(m),
+                Action::Finished(h, o) => self.io.finished.push((h, o)),
+                Action::Deliver(d, r) => self.io.delivered.push((d, r)),
+                Action::Event(e) => self.io.events.push(e),
+            }
         }
-        self.c.submit(now, &mut self.io, spec)
     }
 
     fn complete(&mut self, ms: u64, lane: LaneRef, wr_id: u64, status: Status) {
@@ -241,16 +241,19 @@ impl T {
             qp_num: 7,
         };
         self.c.handle_send_completion(now, &mut self.io, c);
+        self.drain();
     }
 
     /// Completes every post and message so far, in order, successfully.
     fn complete_all(&mut self, ms: u64) {
         while !self.io.posts.is_empty() || !self.io.messages.is_empty() {
             let posts = std::mem::take(&mut self.io.posts);
+            self.drain();
             for p in posts {
                 self.complete(ms, p.lane, *p.wr_ids.last().unwrap(), Status::Success);
             }
             let msgs = std::mem::take(&mut self.io.messages);
+            self.drain();
             for (lane, wr, _, _) in msgs {
                 self.complete(ms, lane, wr, Status::Success);
             }
@@ -273,11 +276,13 @@ impl T {
                 endpoints: vec![9],
             },
         );
+        self.drain();
     }
 
     fn tick(&mut self, ms: u64) {
         let now = self.at(ms);
         self.c.handle_timeout(now, &mut self.io);
+        self.drain();
     }
 }
 
@@ -540,6 +545,7 @@ fn a_rail_the_peer_renews_within_the_quiesce_time_carries_the_waiting_transfers_
             endpoints: vec![5],
         },
     );
+    t.drain();
     assert!(matches!(
         t.io.control.last(),
         Some(Control::Renewed { epoch: 1, .. })
@@ -555,6 +561,7 @@ fn a_notification_goes_only_after_every_request_completed_and_is_sent_again_afte
     t.submit(0, 1, Op::Write, 12, 0, Some(1000), Some(b"req-1"))
         .unwrap();
     let posts = std::mem::take(&mut t.io.posts);
+    t.drain();
     assert_eq!(posts.len(), 2);
     t.complete(
         1,
@@ -593,7 +600,9 @@ fn received_notifications_are_delivered_once_and_hold_their_slot_until_taken() {
     };
     let now = t.at(1);
     t.c.handle_recv(now, &mut t.io, l, 0, Some(&msg(5, b"a")));
+    t.drain();
     t.c.handle_recv(now, &mut t.io, l, 1, Some(&msg(5, b"a")));
+    t.drain();
     assert_eq!(
         t.io.delivered.len(),
         1,
@@ -605,6 +614,7 @@ fn received_notifications_are_delivered_once_and_hold_their_slot_until_taken() {
     assert_eq!(t.io.armed.len(), 1);
     let receipt = t.io.delivered[0].1;
     t.c.consumed(&mut t.io, receipt);
+    t.drain();
     assert_eq!(t.io.armed.len(), 2);
     assert_ne!(t.io.armed[0].1, t.io.armed[1].1);
     // A probe is never delivered; a short message neither.
@@ -614,7 +624,9 @@ fn received_notifications_are_delivered_once_and_hold_their_slot_until_taken() {
     }
     .encode();
     t.c.handle_recv(now, &mut t.io, l, 0, Some(&probe));
+    t.drain();
     t.c.handle_recv(now, &mut t.io, l, 1, Some(&[1, 2]));
+    t.drain();
     assert_eq!(t.io.delivered.len(), 1);
 }
 
@@ -653,16 +665,17 @@ fn bad_submissions_are_refused_with_nothing_kept_whatever_the_state() {
             t.c.submit(now, &mut t.io, s),
             Err(Failure::Rejected { .. })
         ));
+        t.drain();
     }
     assert_eq!(t.c.transfers(), 0);
     // Closed: still the argument error first, then the state.
     t.c.close(
         now,
-        &mut t.io,
         Failure::PeerLost {
             reason: "gone".into(),
         },
     );
+    t.drain();
     assert!(matches!(
         t.submit(0, 1, Op::Write, 1, 0, None, Some(&[0; 17])),
         Err(Failure::Rejected { .. })
@@ -708,6 +721,7 @@ fn a_pinned_transfer_keeps_to_its_rail_when_its_preferred_rail_comes_back() {
     };
     let now = t.at(2);
     t.c.submit(now, &mut t.io, spec).unwrap();
+    t.drain();
     let first = t.io.posts.remove(0);
     assert_eq!(first.lane.lane, 1);
     // Rail 0 comes back (renewal answered, probe completed).
@@ -732,6 +746,7 @@ fn a_cancelled_transfer_posts_nothing_more_and_reports_when_quiet() {
     let k = t.submit(0, 1, Op::Write, 5, 0, None, Some(b"n")).unwrap();
     assert_eq!(t.io.posts.len(), 1);
     assert!(t.c.cancel(t.at(1), &mut t.io, k));
+    t.drain();
     assert!(t.io.finished.is_empty(), "two requests still in flight");
     t.complete_all(2);
     assert_eq!(t.io.outcome(1), Some(&Err(Failure::Cancelled)));
@@ -740,6 +755,7 @@ fn a_cancelled_transfer_posts_nothing_more_and_reports_when_quiet() {
         "neither the rest nor the notification"
     );
     assert!(!t.c.cancel(t.at(3), &mut t.io, k), "gone");
+    t.drain();
 }
 
 #[test]
@@ -751,6 +767,7 @@ fn a_cancel_while_everything_is_in_flight_still_reports_cancelled_once_quiet() {
     let k = t.submit(0, 1, Op::Write, 3, 0, None, Some(b"n")).unwrap();
     assert_eq!(t.io.posts.len(), 1, "one batch with every request");
     assert!(t.c.cancel(t.at(1), &mut t.io, k));
+    t.drain();
     assert!(t.io.finished.is_empty(), "requests still in flight");
     t.complete_all(2);
     assert_eq!(t.io.outcome(1), Some(&Err(Failure::Cancelled)));
@@ -763,6 +780,7 @@ fn a_cancel_while_everything_is_in_flight_still_reports_cancelled_once_quiet() {
     t.complete_all(4);
     assert_eq!(t.io.outcome(2), Some(&Ok(())));
     assert!(!t.c.cancel(t.at(5), &mut t.io, k2));
+    t.drain();
     assert_eq!(t.io.outcome(2), Some(&Ok(())));
 }
 
@@ -790,6 +808,7 @@ fn a_queued_transfer_is_checked_at_once_and_posted_by_post_queued_or_the_next_ti
     assert!(t.io.posts.is_empty());
     let now = t.at(3);
     t.c.post_queued(now, &mut t.io);
+    t.drain();
     assert_eq!(t.io.posts.len(), 1);
     t.complete_all(4);
     assert_eq!(t.io.outcome(2), Some(&Ok(())));
@@ -822,6 +841,7 @@ fn renewals_cross_the_initiator_wins_and_refusals_and_silence_pause_the_rail() {
                 endpoints: vec![5],
             },
         );
+        t.drain();
         if initiator {
             assert_eq!(t.io.control.len(), n, "ours wins: no answer");
         } else {
@@ -844,6 +864,7 @@ fn renewals_cross_the_initiator_wins_and_refusals_and_silence_pause_the_rail() {
     };
     let now = t.at(202);
     t.c.handle_control(now, &mut t.io, Control::Refused { rail: 0, epoch });
+    t.drain();
     assert_eq!(t.c.rails()[0].0, crate::RailState::Paused);
     t.tick(202 + 400);
     assert_eq!(t.c.rails()[0].0, crate::RailState::Renewing);
@@ -866,6 +887,7 @@ fn renewals_cross_the_initiator_wins_and_refusals_and_silence_pause_the_rail() {
             endpoints: vec![1],
         },
     );
+    t.drain();
     t.c.handle_control(
         now,
         &mut t.io,
@@ -875,6 +897,7 @@ fn renewals_cross_the_initiator_wins_and_refusals_and_silence_pause_the_rail() {
             endpoints: vec![1],
         },
     );
+    t.drain();
     assert!(
         t.io.events
             .iter()
@@ -892,11 +915,11 @@ fn closing_the_connection_destroys_its_queue_pairs_and_ends_every_transfer() {
     let now = t.at(1);
     t.c.close(
         now,
-        &mut t.io,
         Failure::PeerLost {
             reason: "bye".into(),
         },
     );
+    t.drain();
     assert_eq!(t.io.destroyed.len(), 4);
     assert!(matches!(
         t.io.outcome(1),
@@ -929,6 +952,7 @@ fn a_message_is_a_notification_without_data_held_back_by_the_send_slots() {
         let now = t.at(ms);
         t.c.submit(now, &mut t.io, spec)
     };
+    t.drain();
     // Sent at once, nothing else posted; done once the peer's NIC took it.
     message(&mut t, 0, 1, 1000, b"want 7").unwrap();
     assert!(t.io.posts.is_empty());
@@ -982,7 +1006,9 @@ fn the_drivers_bound_holds_slots_and_defers_new_posts_until_rearm() {
     // again), the second holds its slot although the connection's own bound has room.
     t.io.buffer_places = Some(1);
     t.c.handle_recv(now, &mut t.io, l, 0, Some(&msg(1)));
+    t.drain();
     t.c.handle_recv(now, &mut t.io, l, 1, Some(&msg(2)));
+    t.drain();
     let holds: Vec<bool> = t.io.delivered.iter().map(|(_, r)| r.holds).collect();
     assert_eq!(holds, [false, true]);
     assert_eq!(t.io.armed, [(l, 0)], "only the first's slot posted again");
@@ -992,6 +1018,7 @@ fn the_drivers_bound_holds_slots_and_defers_new_posts_until_rearm() {
     t.io.defer_slots = true;
     t.io.buffer_places = Some(1);
     t.c.handle_recv(now, &mut t.io, l, 2, Some(&msg(3)));
+    t.drain();
     assert_eq!(t.io.armed.len(), 1, "deferred");
     let probe = Header {
         flags: Header::PROBE,
@@ -999,9 +1026,11 @@ fn the_drivers_bound_holds_slots_and_defers_new_posts_until_rearm() {
     }
     .encode();
     t.c.handle_recv(now, &mut t.io, l, 3, Some(&probe));
+    t.drain();
     assert_eq!(t.io.armed.len(), 2, "a probe's slot is given back");
     let held = t.io.delivered[1].1;
     t.c.consumed(&mut t.io, held);
+    t.drain();
     assert_eq!(
         t.io.armed.len(),
         3,
@@ -1009,9 +1038,11 @@ fn the_drivers_bound_holds_slots_and_defers_new_posts_until_rearm() {
     );
     // Once the driver lets, rearm posts what was deferred: every slot is posted again.
     t.c.rearm(&mut t.io);
+    t.drain();
     assert_eq!(t.io.armed.len(), 3);
     t.io.defer_slots = false;
     t.c.rearm(&mut t.io);
+    t.drain();
     let mut slots: Vec<u16> = t.io.armed[1..].iter().map(|(_, s)| *s).collect();
     slots.sort_unstable();
     assert_eq!(slots, [1, 2, 3]);
@@ -1020,8 +1051,10 @@ fn the_drivers_bound_holds_slots_and_defers_new_posts_until_rearm() {
     t.c.recv_slots_unposted();
     t.io.defer_slots = true;
     t.c.rearm(&mut t.io);
+    t.drain();
     assert!(t.io.armed.is_empty());
     t.io.defer_slots = false;
     t.c.rearm(&mut t.io);
+    t.drain();
     assert_eq!(t.io.armed.len(), 2);
 }

@@ -5,9 +5,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use super::net::{Net, QpState, SimQp, Wr, WrKind, SEG};
-use crate::control::Control;
-use crate::io::{Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, Status};
-use crate::transfer::Outcome;
+use crate::io::{Header, Io, LaneRef, Op, Pieces, PostResult, Status};
 
 /// A local segment in the simulation: segment `seg` of agent `agent`'s memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,10 +46,6 @@ impl Pieces for SimPieces {
 /// What the core produced during one call, for the world to act on.
 #[derive(Default)]
 pub(crate) struct Out {
-    pub(crate) control: Vec<Control<Vec<usize>>>,
-    pub(crate) finished: Vec<(usize, Outcome)>,
-    pub(crate) delivered: VecDeque<(Vec<u8>, Receipt)>,
-    pub(crate) events: Vec<Event>,
     /// Queue pairs made (rail, number, lane), for the agent's endpoint to route.
     pub(crate) routed: Vec<(usize, u32, LaneRef)>,
     /// Queue pairs destroyed (rail, number, lane), for the endpoint to unroute.
@@ -72,6 +66,23 @@ pub struct SimIo {
 }
 
 impl SimIo {
+    /// Carries out [`crate::Action::DestroyLanes`]: the queue pairs of `lanes` are gone (their
+    /// requests will not execute), and unrouted.
+    pub(crate) fn destroy_lanes(&mut self, lanes: &[LaneRef]) {
+        let mut net = self.net.borrow_mut();
+        for l in lanes {
+            if let Some(i) = self.qps.iter().position(|(x, _)| x == l) {
+                let (_, qp) = self.qps.swap_remove(i);
+                let q = &mut net.qps[qp];
+                self.out.unrouted.push((q.rail, qp as u32, *l));
+                q.state = QpState::Destroyed;
+                q.sq.clear();
+                q.recv.clear();
+                q.busy = None;
+            }
+        }
+    }
+
     pub(crate) fn new(
         net: Rc<RefCell<Net>>,
         agent: usize,
@@ -307,37 +318,6 @@ impl Io for SimIo {
 
     fn endpoint_count(&self, endpoints: &Vec<usize>) -> usize {
         endpoints.len()
-    }
-
-    fn destroy_lanes(&mut self, lanes: &[LaneRef]) {
-        let mut net = self.net.borrow_mut();
-        for l in lanes {
-            if let Some(i) = self.qps.iter().position(|(x, _)| x == l) {
-                let (_, qp) = self.qps.swap_remove(i);
-                let q = &mut net.qps[qp];
-                self.out.unrouted.push((q.rail, qp as u32, *l));
-                q.state = QpState::Destroyed;
-                q.sq.clear();
-                q.recv.clear();
-                q.busy = None;
-            }
-        }
-    }
-
-    fn send_control(&mut self, msg: Control<Vec<usize>>) {
-        self.out.control.push(msg);
-    }
-
-    fn finished(&mut self, handle: usize, outcome: Outcome) {
-        self.out.finished.push((handle, outcome));
-    }
-
-    fn deliver(&mut self, data: Vec<u8>, receipt: Receipt) {
-        self.out.delivered.push_back((data, receipt));
-    }
-
-    fn event(&mut self, event: Event) {
-        self.out.events.push(event);
     }
 }
 

@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::connection::Connection;
 use crate::endpoint::{ConnId, Endpoint};
 use crate::handshake::{self, Offer, Settings, Shape};
-use crate::io::{Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
+use crate::io::{Action, Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
 use crate::peer_table::PeerTable;
 use crate::rail::MAX_COOLDOWN;
 use crate::run::Run;
@@ -702,7 +702,7 @@ impl World {
                 *at = Some(self.now);
                 let now = self.endpoints[agent].let_go(*id, Some(Failure::PeerLost { reason }));
                 if let Some(f) = now {
-                    self.call(agent, peer, |core, io, now| core.close(now, io, f));
+                    self.call(agent, peer, |core, _, now| core.close(now, f));
                 }
                 let d = self.us(100, 2000);
                 self.at(d, Ev::Poll { agent });
@@ -734,7 +734,7 @@ impl World {
                 self.report.conns_gone += 1;
                 self.log(|| format!("agent {agent} let its connection to {peer} go"));
                 if let Some(f) = failure {
-                    self.call(agent, peer, |core, io, now| core.close(now, io, f));
+                    self.call(agent, peer, |core, _, now| core.close(now, f));
                 }
             }
         }
@@ -771,6 +771,15 @@ impl World {
         let Some(c) = self.conns[agent][peer].as_mut() else {
             return;
         };
+        // The core's actions, carried out in its order, as the driver does: a destruction at
+        // once (nothing executes on those queue pairs any more), the rest below.
+        let mut actions = Vec::new();
+        while let Some(a) = c.core.poll_action() {
+            if let Action::DestroyLanes(lanes) = &a {
+                c.io.destroy_lanes(lanes);
+            }
+            actions.push(a);
+        }
         let mut out = std::mem::take(&mut c.io.out);
         let next = c.core.poll_timeout();
         if let Some((id, _)) = self.conn_ids[agent][peer] {
@@ -782,88 +791,98 @@ impl World {
                 endpoint.unroute(rail, n, id, lane);
             }
         }
-        for msg in out.control {
-            if !self.net.borrow().alive[peer] {
-                continue;
-            }
-            let bytes = match Message::<SimCodec>::from_control(msg).encode() {
-                Ok(bytes) => bytes,
-                Err(e) => panic!("agent {agent} sent a control message it cannot encode: {e}"),
-            };
-            self.send_control(agent, peer, bytes);
-        }
-        for (x, o) in out.finished {
-            if x & CHILD != 0 {
-                self.child_finished(agent, peer, x & !CHILD, o);
-                continue;
-            }
-            self.log(|| format!("outcome {x}: {:?}", o.result));
-            self.trace_hash
-                .note(&(x, o.result.as_ref().err().map(failure_kind)));
-            let bound = self.p.cfg.outcome_bound() + SLACK;
-            let mut net = self.net.borrow_mut();
-            let alive = net.alive[peer];
-            let now = self.now;
-            let Net { xfers, mem, .. } = &mut *net;
-            let mut v = xfers.outcome(x, &o.result, mem, alive, bound, now);
-            let t = &xfers.list[x];
-            if let (Err(f), true, true) = (&o.result, t.innocent, self.p.class == FaultClass::Clean)
-            {
-                v.push(format!(
-                    "transfer {x} had nothing wrong with it, yet failed with {f:?} (one caller's mistake or a fault harmed it)"
-                ));
-            }
-            if let (Err(f), true, FaultClass::Kill) = (&o.result, t.innocent, self.p.class) {
-                if !matches!(f, Failure::PeerLost { .. }) && t.peer != 2 && t.agent != 2 {
-                    v.push(format!(
-                        "transfer {x} between two surviving agents failed with {f:?} when another agent died"
-                    ));
-                }
-            }
-            if let Err(f) = &o.result {
-                if self.liveness.contains(&x) {
-                    v.push(format!(
-                        "transfer {x}, submitted after the faults healed and the rails had time to come back, failed with {f:?}"
-                    ));
-                }
-            }
-            if o.result.is_ok() && self.liveness.contains(&x) {
-                self.report.liveness_done += 1;
-            }
-            match &o.result {
-                Ok(()) => self.report.done += 1,
-                Err(f) => *self.report.failed.entry(failure_kind(f)).or_default() += 1,
-            }
-            net.violations.extend(v);
-        }
-        for (data, receipt) in out.delivered {
-            if data.len() >= 8 {
-                let x = u64::from_be_bytes(data[..8].try_into().expect("8 bytes")) as usize;
-                let mut net = self.net.borrow_mut();
-                if let Some(t) = net.xfers.list.get_mut(x) {
-                    t.deliveries += 1;
-                    if t.deliveries > 1 {
-                        net.violation(format!("transfer {x}'s notification was delivered twice"));
+        'actions: for action in actions {
+            match action {
+                Action::DestroyLanes(_) => {}
+                Action::SendControl(msg) => {
+                    if !self.net.borrow().alive[peer] {
+                        continue 'actions;
                     }
+                    let bytes = match Message::<SimCodec>::from_control(msg).encode() {
+                        Ok(bytes) => bytes,
+                        Err(e) => {
+                            panic!("agent {agent} sent a control message it cannot encode: {e}")
+                        }
+                    };
+                    self.send_control(agent, peer, bytes);
                 }
-            }
-            self.report.notifications += 1;
-            let d = if self.p.slow_consumer {
-                self.us(500, 30_000)
-            } else {
-                self.us(0, 100)
-            };
-            if let Some(c) = self.conns[agent][peer].as_mut() {
-                c.inbox.push_back(receipt);
-            }
-            self.at(d, Ev::Consume { agent, peer });
-        }
-        for e in out.events {
-            match e {
-                Event::Fenced { .. } => self.report.fences += 1,
-                Event::Renewing { .. } => self.report.renewals += 1,
-                Event::RailPaused { .. } => self.report.rail_pauses += 1,
-                _ => {}
+                Action::Finished(x, o) => {
+                    self.check_quiet_at_outcome(x);
+                    if x & CHILD != 0 {
+                        self.child_finished(agent, peer, x & !CHILD, o);
+                        continue 'actions;
+                    }
+                    self.log(|| format!("outcome {x}: {:?}", o.result));
+                    self.trace_hash
+                        .note(&(x, o.result.as_ref().err().map(failure_kind)));
+                    let bound = self.p.cfg.outcome_bound() + SLACK;
+                    let mut net = self.net.borrow_mut();
+                    let alive = net.alive[peer];
+                    let now = self.now;
+                    let Net { xfers, mem, .. } = &mut *net;
+                    let mut v = xfers.outcome(x, &o.result, mem, alive, bound, now);
+                    let t = &xfers.list[x];
+                    if let (Err(f), true, true) =
+                        (&o.result, t.innocent, self.p.class == FaultClass::Clean)
+                    {
+                        v.push(format!(
+                            "transfer {x} had nothing wrong with it, yet failed with {f:?} (one caller's mistake or a fault harmed it)"
+                        ));
+                    }
+                    if let (Err(f), true, FaultClass::Kill) = (&o.result, t.innocent, self.p.class)
+                    {
+                        if !matches!(f, Failure::PeerLost { .. }) && t.peer != 2 && t.agent != 2 {
+                            v.push(format!(
+                                "transfer {x} between two surviving agents failed with {f:?} when another agent died"
+                            ));
+                        }
+                    }
+                    if let Err(f) = &o.result {
+                        if self.liveness.contains(&x) {
+                            v.push(format!(
+                                "transfer {x}, submitted after the faults healed and the rails had time to come back, failed with {f:?}"
+                            ));
+                        }
+                    }
+                    if o.result.is_ok() && self.liveness.contains(&x) {
+                        self.report.liveness_done += 1;
+                    }
+                    match &o.result {
+                        Ok(()) => self.report.done += 1,
+                        Err(f) => *self.report.failed.entry(failure_kind(f)).or_default() += 1,
+                    }
+                    net.violations.extend(v);
+                }
+                Action::Deliver(data, receipt) => {
+                    if data.len() >= 8 {
+                        let x = u64::from_be_bytes(data[..8].try_into().expect("8 bytes")) as usize;
+                        let mut net = self.net.borrow_mut();
+                        if let Some(t) = net.xfers.list.get_mut(x) {
+                            t.deliveries += 1;
+                            if t.deliveries > 1 {
+                                net.violation(format!(
+                                    "transfer {x}'s notification was delivered twice"
+                                ));
+                            }
+                        }
+                    }
+                    self.report.notifications += 1;
+                    let d = if self.p.slow_consumer {
+                        self.us(500, 30_000)
+                    } else {
+                        self.us(0, 100)
+                    };
+                    if let Some(c) = self.conns[agent][peer].as_mut() {
+                        c.inbox.push_back(receipt);
+                    }
+                    self.at(d, Ev::Consume { agent, peer });
+                }
+                Action::Event(e) => match e {
+                    Event::Fenced { .. } => self.report.fences += 1,
+                    Event::Renewing { .. } => self.report.renewals += 1,
+                    Event::RailPaused { .. } => self.report.rail_pauses += 1,
+                    _ => {}
+                },
             }
         }
         if let Some(t) = next {
@@ -875,6 +894,24 @@ impl World {
             }
         }
     }
+    /// When transfer `x` reports its outcome, no queue pair still holds one of its requests:
+    /// the core destroyed those carrying it before (in its action order), or they completed.
+    fn check_quiet_at_outcome(&mut self, x: usize) {
+        if x & CHILD != 0 {
+            return;
+        }
+        let mut net = self.net.borrow_mut();
+        let holding = net
+            .qps
+            .iter()
+            .position(|q| q.state != QpState::Destroyed && q.sq.iter().any(|w| w.xfer == Some(x)));
+        if let Some(q) = holding {
+            net.violation(format!(
+                "transfer {x} reported its outcome while queue pair {q} still held one of its requests"
+            ));
+        }
+    }
+
     /// The faults heal: queue pairs are created again, none is slow or doomed any more; from
     /// now on the applications submit only plain transfers, each of which must succeed.
     fn heal(&mut self) {
