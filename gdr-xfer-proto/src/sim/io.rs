@@ -57,6 +57,8 @@ pub struct SimIo {
     net: Rc<RefCell<Net>>,
     agent: usize,
     peer: usize,
+    /// The incarnation of the connection.
+    inc: u32,
     qps: Vec<(LaneRef, usize)>,
     pieces: SimPieces,
     /// Largest message a send slot holds (header included).
@@ -85,8 +87,7 @@ impl SimIo {
 
     pub(crate) fn new(
         net: Rc<RefCell<Net>>,
-        agent: usize,
-        peer: usize,
+        (agent, peer, inc): (usize, usize, u32),
         send_max: usize,
         depth: usize,
     ) -> SimIo {
@@ -94,6 +95,7 @@ impl SimIo {
             net,
             agent,
             peer,
+            inc,
             qps: Vec::new(),
             pieces: SimPieces::default(),
             send_max,
@@ -115,6 +117,7 @@ impl SimIo {
             peer: self.peer,
             rail,
             lane,
+            inc: self.inc,
             remote: None,
             state: QpState::Created,
             sq: VecDeque::new(),

@@ -77,6 +77,8 @@ pub(crate) struct SimQp {
     pub(crate) peer: usize,
     pub(crate) rail: usize,
     pub(crate) lane: LaneRef,
+    /// The incarnation of the connection it belongs to.
+    pub(crate) inc: u32,
     pub(crate) remote: Option<usize>,
     pub(crate) state: QpState,
     pub(crate) sq: VecDeque<Wr>,
@@ -405,6 +407,7 @@ impl Net {
                     Ev::Recv {
                         agent: ragent,
                         peer,
+                        qp: r,
                         lane,
                         slot,
                         msg: Some(bytes),
@@ -487,6 +490,7 @@ impl Net {
                 Ev::Recv {
                     agent,
                     peer,
+                    qp,
                     lane,
                     slot,
                     msg: None,

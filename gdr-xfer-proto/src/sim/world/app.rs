@@ -72,6 +72,7 @@ impl World {
             self.report.liveness += 1;
         }
         let (rkeys, stale) = self.remote_keys(agent, peer, &drawn.remote_segs);
+        let parted = self.parted[agent][peer];
         self.report.stale_plans += u64::from(stale);
         let rail_mask = if self.rng.percent(30) { 1 } else { u32::MAX };
         // Some are queued without posting (as an event loop's submissions are), posted a while
@@ -91,7 +92,7 @@ impl World {
                 notify: notify.is_some(),
                 misuse,
                 deadline: Some(self.now + timeout),
-                innocent: generous && misuse.is_none() && !cancel && !stale,
+                innocent: generous && misuse.is_none() && !cancel && !stale && !parted,
                 state: XState::Live,
                 key: None,
                 arrivals: 0,
@@ -365,6 +366,7 @@ impl World {
             d
         });
         let all: Vec<usize> = (0..SEGS).collect();
+        let parted = self.parted[agent][peer];
         let (epochs, stale) = match self.seen(agent, peer, &all) {
             Some(seen) => (seen.epochs, seen.stale),
             None => {
@@ -386,7 +388,7 @@ impl World {
                 notify: notify.is_some(),
                 misuse: None,
                 deadline: Some(self.now + timeout),
-                innocent: generous && !cancel && !stale,
+                innocent: generous && !cancel && !stale && !parted,
                 state: XState::Live,
                 key: None,
                 arrivals: 0,
@@ -518,7 +520,9 @@ impl World {
                 }
             }
             busy |= left > 0;
-            self.settle(agent, p);
+            if let Some(inc) = self.conns[agent][p].as_ref().map(|c| c.inc) {
+                self.settle(agent, p, inc);
+            }
         }
         if busy {
             self.stage_soon(agent);

@@ -34,6 +34,8 @@ pub(crate) enum Ev {
     Recv {
         agent: usize,
         peer: usize,
+        /// The queue pair it completed on (the endpoint routes it by its number).
+        qp: usize,
         lane: LaneRef,
         slot: u16,
         msg: Option<Vec<u8>>,
@@ -49,6 +51,9 @@ pub(crate) enum Ev {
     Control {
         from: usize,
         to: usize,
+        /// The incarnation of the connection it was sent on (a later connection between the
+        /// same agents has its own control link: it never sees this one's messages).
+        inc: u32,
         /// The encoded [`crate::wire::Message`].
         bytes: Vec<u8>,
     },
@@ -91,6 +96,16 @@ pub(crate) enum Ev {
     },
     /// The faults heal: the liveness phase begins.
     Heal,
+    /// `agent` disconnects from `peer` (a goodbye).
+    Leave {
+        agent: usize,
+        peer: usize,
+    },
+    /// `a` connects to `b` again, once both let their last connection go.
+    Join {
+        a: usize,
+        b: usize,
+    },
     Lost {
         agent: usize,
         peer: usize,

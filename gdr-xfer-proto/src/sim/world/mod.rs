@@ -43,10 +43,13 @@ struct Conn {
     inbox: VecDeque<Receipt>,
     /// Staged transfers to this peer.
     jobs: Vec<SimJob>,
+    /// Which connection between the two agents it is (0, then one more after each reconnection).
+    inc: u32,
+    /// Its number in its agent's endpoint.
+    id: ConnId,
+    /// When its agent let it go.
+    let_go_at: Option<Duration>,
 }
-
-/// A connection's number in its agent's endpoint, and when the agent let it go.
-type Admitted = (ConnId, Option<Duration>);
 
 /// The scenario a seed draws.
 #[derive(Debug, Clone)]
@@ -64,6 +67,8 @@ pub(crate) struct Params {
     /// notification differ between agents): every connection is configured by the
     /// handshake's negotiation between the two, as the driver configures it.
     pub(crate) agent_settings: Vec<(usize, Settings)>,
+    /// Whether runs may disconnect and reconnect two agents (`GDR_SIM_RECONNECT=1`).
+    pub(crate) reconnect: bool,
 }
 
 pub(crate) struct World {
@@ -77,11 +82,17 @@ pub(crate) struct World {
     conns: Vec<Vec<Option<Conn>>>,
     /// Each agent's endpoint (the peer's index for a connection): every send completion is
     /// routed through it, by rail and queue pair number, as the driver does.
-    endpoints: Vec<Endpoint<usize>>,
+    endpoints: Vec<Endpoint<(usize, u32)>>,
     /// `agent`'s table of `peer`'s segments ([`tables`]).
     tables: Vec<Vec<PeerTable>>,
-    /// `agent`'s connection number for `peer` in its endpoint, and when it was let go.
-    conn_ids: Vec<Vec<Option<Admitted>>>,
+    /// Connections let go and replaced by a newer one between the same agents, until their
+    /// endpoint lets them go: (agent, peer, connection).
+    retired: Vec<(usize, usize, Conn)>,
+    /// The incarnation of the newest connection between two agents.
+    inc: Vec<Vec<u32>>,
+    /// Whether two agents parted ([`Ev::Leave`]) and did not connect again yet: transfers
+    /// between them meanwhile are no innocent ones (they may meet the goodbye).
+    parted: Vec<Vec<bool>>,
     stagers: Vec<SimStager>,
     /// When each agent's staging step is next due (if one is scheduled).
     stage_at: Vec<Option<Duration>>,
@@ -162,6 +173,7 @@ impl World {
             .collect();
         let p = Params {
             agent_settings,
+            reconnect: std::env::var("GDR_SIM_RECONNECT").is_ok_and(|v| v == "1"),
             class,
             agents,
             cfg,
@@ -195,7 +207,9 @@ impl World {
             endpoints: (0..agents)
                 .map(|_| Endpoint::new(p.cfg.rails, agents))
                 .collect(),
-            conn_ids: vec![vec![None; agents]; agents],
+            retired: Vec::new(),
+            inc: vec![vec![0; agents]; agents],
+            parted: vec![vec![false; agents]; agents],
             tables: vec![vec![PeerTable::new(); agents]; agents],
             stagers: (0..agents)
                 .map(|_| SimStager::new(p.stager.0, p.stager.1, p.stager.2))
@@ -248,69 +262,77 @@ impl World {
         Duration::from_micros(self.rng.range(lo, hi))
     }
 
-    /// Connects every pair of agents (the one of the lower index initiates): the handshake's
-    /// negotiation between their settings, both cores, their queue pairs, receives posted,
-    /// each connection admitted by its agent's endpoint.
+    /// Connects every pair of agents (the one of the lower index initiates).
     fn connect_all(&mut self) {
         for a in 0..self.p.agents {
             for b in a + 1..self.p.agents {
-                let (ca, cb) = self.negotiate(a, b);
-                let mut ios = [
-                    SimIo::new(
-                        self.net.clone(),
-                        a,
-                        b,
-                        ca.notify_max as usize + Header::LEN,
-                        ca.send_depth as usize,
-                    ),
-                    SimIo::new(
-                        self.net.clone(),
-                        b,
-                        a,
-                        cb.notify_max as usize + Header::LEN,
-                        cb.send_depth as usize,
-                    ),
-                ];
-                let mut routes = [Vec::new(), Vec::new()];
-                for lane in 0..ca.lanes() {
-                    let rail = lane / ca.lanes_per_rail;
-                    let l = LaneRef {
-                        lane,
-                        gen: lane as u64,
-                    };
-                    let qa = ios[0].add_qp(rail, l);
-                    let qb = ios[1].add_qp(rail, l);
-                    routes[0].push((rail, qa as u32, l));
-                    routes[1].push((rail, qb as u32, l));
-                    ios[0].connect(qa, qb);
-                    ios[1].connect(qb, qa);
-                    if lane % ca.lanes_per_rail == 0 {
-                        for (io, slots) in ios.iter_mut().zip([ca.recv_slots, cb.recv_slots]) {
-                            for slot in 0..slots {
-                                io.arm_recv(l, slot).expect("a new queue pair");
-                            }
-                        }
+                self.connect_pair(a, b);
+            }
+        }
+    }
+
+    /// Connects `a` (the initiator) and `b`: the handshake's negotiation between their
+    /// settings, both cores, their queue pairs, receives posted, the segment tables exchanged,
+    /// each connection admitted by its agent's endpoint (under the pair's current
+    /// incarnation).
+    fn connect_pair(&mut self, a: usize, b: usize) {
+        let inc = self.inc[a][b];
+        let (ca, cb) = self.negotiate(a, b);
+        let mut ios = [
+            SimIo::new(
+                self.net.clone(),
+                (a, b, inc),
+                ca.notify_max as usize + Header::LEN,
+                ca.send_depth as usize,
+            ),
+            SimIo::new(
+                self.net.clone(),
+                (b, a, inc),
+                cb.notify_max as usize + Header::LEN,
+                cb.send_depth as usize,
+            ),
+        ];
+        let mut routes = [Vec::new(), Vec::new()];
+        for lane in 0..ca.lanes() {
+            let rail = lane / ca.lanes_per_rail;
+            let l = LaneRef {
+                lane,
+                gen: lane as u64,
+            };
+            let qa = ios[0].add_qp(rail, l);
+            let qb = ios[1].add_qp(rail, l);
+            routes[0].push((rail, qa as u32, l));
+            routes[1].push((rail, qb as u32, l));
+            ios[0].connect(qa, qb);
+            ios[1].connect(qb, qa);
+            if lane % ca.lanes_per_rail == 0 {
+                for (io, slots) in ios.iter_mut().zip([ca.recv_slots, cb.recv_slots]) {
+                    for slot in 0..slots {
+                        io.arm_recv(l, slot).expect("a new queue pair");
                     }
                 }
-                for (me, other, r) in [(a, b, &routes[0]), (b, a, &routes[1])] {
-                    let id = self.endpoints[me]
-                        .admit(&format!("agent {other}"), other, r)
-                        .unwrap_or_else(|e| panic!("agent {me} refused agent {other}: {e}"));
-                    self.conn_ids[me][other] = Some((id, None));
-                }
-                self.exchange_tables(a, b, ca.rails);
-                let [ia, ib] = ios;
-                let now = self.instant();
-                for (me, other, cfg, io) in [(a, b, ca, ia), (b, a, cb, ib)] {
-                    self.conns[me][other] = Some(Conn {
-                        core: Connection::new(cfg, now),
-                        io,
-                        timer: None,
-                        inbox: VecDeque::new(),
-                        jobs: Vec::new(),
-                    });
-                }
             }
+        }
+        let mut ids = [ConnId(0); 2];
+        for (k, (me, other)) in [(a, b), (b, a)].into_iter().enumerate() {
+            ids[k] = self.endpoints[me]
+                .admit(&format!("agent {other}"), (other, inc), &routes[k])
+                .unwrap_or_else(|e| panic!("agent {me} refused agent {other}: {e}"));
+        }
+        self.exchange_tables(a, b, ca.rails);
+        let [ia, ib] = ios;
+        let now = self.instant();
+        for (me, other, cfg, io, id) in [(a, b, ca, ia, ids[0]), (b, a, cb, ib, ids[1])] {
+            self.conns[me][other] = Some(Conn {
+                core: Connection::new(cfg, now),
+                io,
+                timer: None,
+                inbox: VecDeque::new(),
+                jobs: Vec::new(),
+                inc,
+                id,
+                let_go_at: None,
+            });
         }
     }
 
@@ -395,6 +417,21 @@ impl World {
                 let d = self.us(0, horizon);
                 self.at(d, Ev::Kill { agent: 2 });
             }
+        }
+        // With `GDR_SIM_RECONNECT=1`, half the runs disconnect two agents and connect them
+        // again (a goodbye, then a new handshake under the same names while the old connection
+        // may still drain). Off by default: it finds requests already on the wire landing in
+        // the live peer's memory, and notifications reaching it, after the disconnecting side
+        // reported their transfers failed (a local close does not wait for the peer).
+        if self.p.reconnect
+            && self.p.class != FaultClass::Kill
+            && self.p.staged_pct == 0
+            && self.rng.percent(50)
+        {
+            let d = self.us(0, horizon);
+            let agent = self.rng.index(self.p.agents);
+            let peer = (agent + 1 + self.rng.index(self.p.agents - 1)) % self.p.agents;
+            self.at(d, Ev::Leave { agent, peer });
         }
         // Every fault has ended by then (links are up within 300 ms of going down); the heal
         // stops those that would persist, and once the rails had time to come back (a paused
@@ -488,35 +525,18 @@ impl World {
             Ev::Fail { qp, token, status } => self.net.borrow_mut().fail(qp, token, status),
             Ev::Cqe { agent, peer, c } => {
                 self.log(|| format!("cqe {agent}->{peer} {c:?}"));
-                let rail = self.net.borrow().qps[c.qp_num as usize].rail;
-                let routed = self.endpoints[agent]
-                    .lookup(rail, c.qp_num)
-                    .map(|(&p, lane)| (p, lane));
-                match routed {
-                    Some((p, lane)) => {
-                        if (p, lane) != (peer, c.lane) {
-                            self.net.borrow_mut().violation(format!(
-                                "agent {agent}'s endpoint routed a completion of queue pair {} (agent {peer}'s, {:?}) to agent {p}'s {lane:?}",
-                                c.qp_num, c.lane
-                            ));
-                        }
-                        self.report.routed += 1;
-                        self.call(agent, p, |core, io, now| {
-                            core.handle_send_completion(now, io, c)
-                        });
-                    }
-                    // Its queue pair was destroyed (gdr drops those completions) or its
-                    // connection is gone.
-                    None => {
-                        self.report.routed_nowhere += 1;
-                        self.log(|| format!("cqe of qp {} routed nowhere", c.qp_num));
-                    }
+                if let Some((p, inc)) = self.route(agent, c.qp_num as usize, c.lane) {
+                    self.report.routed += 1;
+                    self.call_inc(agent, p, inc, |core, io, now| {
+                        core.handle_send_completion(now, io, c)
+                    });
                 }
                 self.polled(agent, false);
             }
             Ev::Recv {
                 agent,
                 peer,
+                qp,
                 lane,
                 slot,
                 msg,
@@ -527,9 +547,11 @@ impl World {
                         msg.is_some()
                     )
                 });
-                self.call(agent, peer, |core, io, now| {
-                    core.handle_recv(now, io, lane, slot, msg.as_deref())
-                });
+                if let Some((p, inc)) = self.route(agent, qp, lane) {
+                    self.call_inc(agent, p, inc, |core, io, now| {
+                        core.handle_recv(now, io, lane, slot, msg.as_deref())
+                    });
+                }
                 self.polled(agent, false);
             }
             Ev::Timer { agent, peer } => self.on_timer(agent, peer),
@@ -540,7 +562,12 @@ impl World {
                     self.at(d, Ev::Poll { agent });
                 }
             }
-            Ev::Control { from, to, bytes } => self.on_control(from, to, &bytes),
+            Ev::Control {
+                from,
+                to,
+                inc,
+                bytes,
+            } => self.on_control(from, to, inc, &bytes),
             Ev::Submit { agent, peer, left } => self.submit(agent, peer, left),
             Ev::Cancel { xfer } => self.on_cancel(xfer),
             Ev::PostQueued { agent, peer } => {
@@ -582,6 +609,8 @@ impl World {
             }
             Ev::Kill { agent } => self.kill(agent),
             Ev::Heal => self.heal(),
+            Ev::Leave { agent, peer } => self.leave(agent, peer),
+            Ev::Join { a, b } => self.join(a, b),
             Ev::CopyDone { agent, slot } => self.on_copy_done(agent, slot, false),
             Ev::CommitDone { agent, slot } => self.on_copy_done(agent, slot, true),
             Ev::StageStep { agent } => {
@@ -614,11 +643,19 @@ impl World {
     }
 
     /// A control message from `from` arrives at `to`, through the real decoder.
-    fn on_control(&mut self, from: usize, to: usize, bytes: &[u8]) {
+    fn on_control(&mut self, from: usize, to: usize, inc: u32, bytes: &[u8]) {
+        // Sent on an earlier connection between the two: its control link is closed.
+        if self.conns[to][from].as_ref().is_none_or(|c| c.inc != inc) {
+            return;
+        }
         let msg = match Message::<SimCodec>::decode(&format!("agent {from}"), bytes)
             .map(Message::into_control)
         {
             Ok(Ok(control)) => control,
+            Ok(Err(Message::Bye(reason))) => {
+                self.log(|| format!("bye {from}->{to}: {reason}"));
+                return self.on_lost(to, from);
+            }
             Ok(Err(table)) => {
                 self.log(|| format!("table {from}->{to} {table:?}"));
                 return self.apply_table(from, to, table);
@@ -690,24 +727,126 @@ impl World {
     /// `agent` notices that `peer` vanished: first its connection is closing, a little later
     /// (`close`) it is closed.
     fn on_lost(&mut self, agent: usize, peer: usize) {
-        let reason = format!("agent {peer} vanished");
+        let reason = format!("agent {peer} vanished or said goodbye");
+        self.spoil_pair(agent, peer);
         // As the driver does when a peer goes: new transfers are refused at once, and the
         // endpoint lets the connection go; once every completion queued before was handled it
         // hands it back, and what is still in flight fails then ([`World::polled`]).
-        if let Some(c) = self.conns[agent][peer].as_mut() {
-            c.core.closing(reason.clone());
+        let now_at = self.now;
+        let Some(c) = self.conns[agent][peer].as_mut() else {
+            return;
+        };
+        if c.let_go_at.is_some() {
+            return;
         }
-        if let Some((id, at)) = &mut self.conn_ids[agent][peer] {
-            if at.is_none() {
-                *at = Some(self.now);
-                let now = self.endpoints[agent].let_go(*id, Some(Failure::PeerLost { reason }));
-                if let Some(f) = now {
-                    self.call(agent, peer, |core, _, now| core.close(now, f));
-                }
-                let d = self.us(100, 2000);
-                self.at(d, Ev::Poll { agent });
+        c.core.closing(reason.clone());
+        c.let_go_at = Some(now_at);
+        let id = c.id;
+        let now = self.endpoints[agent].let_go(id, Some(Failure::PeerLost { reason }));
+        if let Some(f) = now {
+            self.call(agent, peer, |core, _, now| core.close(now, f));
+        }
+        let d = self.us(100, 2000);
+        self.at(d, Ev::Poll { agent });
+    }
+
+    /// Transfers live between `agent` and `peer` when their connection goes are no innocent
+    /// ones (they fail with the connection).
+    fn spoil_pair(&mut self, agent: usize, peer: usize) {
+        let mut net = self.net.borrow_mut();
+        for x in &mut net.xfers.list {
+            if x.state == XState::Live
+                && ((x.agent, x.peer) == (agent, peer) || (x.agent, x.peer) == (peer, agent))
+            {
+                x.innocent = false;
             }
         }
+    }
+
+    /// `agent` disconnects from `peer`: its connection closes at once (what it carried fails),
+    /// its endpoint lets it go (it drains while a new connection may come), and the peer is
+    /// told goodbye on the control link. The two connect again a little later.
+    fn leave(&mut self, agent: usize, peer: usize) {
+        let live = self.conns[agent][peer]
+            .as_ref()
+            .is_some_and(|c| c.let_go_at.is_none() && c.core.gone_reason().is_none());
+        if !live || !self.net.borrow().alive[agent] || !self.net.borrow().alive[peer] {
+            return;
+        }
+        self.log(|| format!("leave {agent}->{peer}"));
+        self.parted[agent][peer] = true;
+        self.parted[peer][agent] = true;
+        self.report.reconnections += 1;
+        self.spoil_pair(agent, peer);
+        let inc = self.inc[agent][peer];
+        self.call(agent, peer, |core, _, now| {
+            core.close(
+                now,
+                Failure::PeerLost {
+                    reason: "disconnected by this agent".into(),
+                },
+            )
+        });
+        let bye = Message::<SimCodec>::Bye(format!("agent {agent} closed the connection"))
+            .encode()
+            .expect("a goodbye encodes");
+        self.send_control(agent, peer, inc, bye);
+        if let Some(mut c) = self.conns[agent][peer].take() {
+            c.let_go_at = Some(self.now);
+            if let Some(f) = self.endpoints[agent].let_go(c.id, None) {
+                c.core.close(self.instant(), f);
+            }
+            self.retired.push((agent, peer, c));
+        }
+        let d = self.us(100, 2000);
+        self.at(d, Ev::Poll { agent });
+        let d = self.us(2000, 20_000);
+        self.at(
+            d,
+            Ev::Join {
+                a: agent.min(peer),
+                b: agent.max(peer),
+            },
+        );
+    }
+
+    /// `a` connects to `b` again, once both let their last connection go (each endpoint refuses
+    /// a second connection of one name, as the driver's handshake is then refused and tried
+    /// again); until then it tries again every few milliseconds.
+    fn join(&mut self, a: usize, b: usize) {
+        let net_alive = {
+            let n = self.net.borrow();
+            n.alive[a] && n.alive[b]
+        };
+        if !net_alive {
+            return;
+        }
+        // A side is free once its last connection was let go and holds no staged job.
+        let side_free = |c: &Option<Conn>| {
+            c.as_ref()
+                .is_none_or(|c| c.let_go_at.is_some() && c.jobs.is_empty())
+        };
+        let free = side_free(&self.conns[a][b])
+            && side_free(&self.conns[b][a])
+            && self.endpoints[a].peer(&format!("agent {b}")).is_none()
+            && self.endpoints[b].peer(&format!("agent {a}")).is_none();
+        if !free {
+            let d = self.us(1000, 5000);
+            self.at(d, Ev::Join { a, b });
+            return;
+        }
+        self.log(|| format!("join {a}<->{b}"));
+        for (x, y) in [(a, b), (b, a)] {
+            if let Some(c) = self.conns[x][y].take() {
+                self.retired.push((x, y, c));
+            }
+        }
+        let inc = self.inc[a][b] + 1;
+        self.inc[a][b] = inc;
+        self.inc[b][a] = inc;
+        self.connect_pair(a, b);
+        self.parted[a][b] = false;
+        self.parted[b][a] = false;
     }
 
     /// `agent`'s progress thread polled its completion queues: when nothing is queued for it
@@ -715,17 +854,27 @@ impl World {
     /// they are drained, and the connections its endpoint lets go now must have no completion
     /// queued before they were let go still unhandled.
     fn polled(&mut self, agent: usize, strict: bool) {
+        // Every poll drains what is visible (the completions of this instant are handled in
+        // order; one may still wait at this very instant for a poll that is no completion's).
         let last = self.net.borrow().cq_at[agent];
-        if last > self.now || (strict && last == self.now) {
+        if strict && last == self.now {
             return;
         }
         for rail in 0..self.p.cfg.rails {
-            for (peer, failure) in self.endpoints[agent].drained(rail) {
-                let at = self.conn_ids[agent][peer].and_then(|(_, at)| at);
-                let early = self.queue.iter().any(|e| {
-                    matches!(e.ev, Ev::Cqe { agent: a, peer: p, .. } | Ev::Recv { agent: a, peer: p, .. } if a == agent && p == peer)
-                        && at.is_some_and(|t| e.at <= t)
-                });
+            for ((peer, inc), failure) in self.endpoints[agent].drained(rail) {
+                let at = self.conn_mut(agent, peer, inc).and_then(|c| c.let_go_at);
+                let early = {
+                    let net = self.net.borrow();
+                    self.queue.iter().any(|e| {
+                        let qp = match &e.ev {
+                            Ev::Cqe { agent: a, c, .. } if *a == agent => c.qp_num as usize,
+                            Ev::Recv { agent: a, qp, .. } if *a == agent => *qp,
+                            _ => return false,
+                        };
+                        let q = &net.qps[qp];
+                        q.peer == peer && q.inc == inc && at.is_some_and(|t| e.at <= t)
+                    })
+                };
                 if early {
                     self.net.borrow_mut().violation(format!(
                         "agent {agent}'s endpoint let its connection to {peer} go with a completion queued before that still unhandled"
@@ -734,10 +883,33 @@ impl World {
                 self.report.conns_gone += 1;
                 self.log(|| format!("agent {agent} let its connection to {peer} go"));
                 if let Some(f) = failure {
-                    self.call(agent, peer, |core, _, now| core.close(now, f));
+                    self.call_inc(agent, peer, inc, |core, _, now| core.close(now, f));
                 }
             }
         }
+    }
+
+    /// The connection and lane a completion of queue pair `qp` of `agent` is routed to by the
+    /// agent's endpoint ((peer, incarnation)), checked against the queue pair's own; `None`
+    /// when it is routed nowhere (destroyed, or its connection gone).
+    fn route(&mut self, agent: usize, qp: usize, lane: LaneRef) -> Option<(usize, u32)> {
+        let (rail, owner) = {
+            let net = self.net.borrow();
+            let q = &net.qps[qp];
+            (q.rail, (q.peer, q.inc, q.lane))
+        };
+        let Some((&(peer, inc), routed)) = self.endpoints[agent].lookup(rail, qp as u32) else {
+            self.report.routed_nowhere += 1;
+            self.log(|| format!("completion of qp {qp} routed nowhere"));
+            return None;
+        };
+        if (peer, inc, routed) != owner || routed != lane {
+            self.net.borrow_mut().violation(format!(
+                "agent {agent}'s endpoint routed a completion of queue pair {qp} (connection {:?}) to agent {peer}'s connection {inc}, {routed:?}",
+                owner
+            ));
+        }
+        Some((peer, inc))
     }
 
     /// Calls the core of `agent`'s connection to `peer` (if both live), then acts on what it
@@ -748,27 +920,67 @@ impl World {
         peer: usize,
         f: impl FnOnce(&mut Connection<SimIo>, &mut SimIo, Instant),
     ) {
+        let Some(inc) = self.conns[agent][peer].as_ref().map(|c| c.inc) else {
+            return;
+        };
+        self.call_inc(agent, peer, inc, f);
+    }
+
+    /// As [`World::call`], for incarnation `inc` of the connection (the current one, or one
+    /// let go and replaced, still draining).
+    fn call_inc(
+        &mut self,
+        agent: usize,
+        peer: usize,
+        inc: u32,
+        f: impl FnOnce(&mut Connection<SimIo>, &mut SimIo, Instant),
+    ) {
         let now = self.instant();
-        let Some(c) = self.conns[agent][peer].as_mut() else {
+        let Some(c) = self.conn_mut(agent, peer, inc) else {
             return;
         };
         f(&mut c.core, &mut c.io, now);
-        self.settle(agent, peer);
+        self.settle(agent, peer, inc);
+    }
+
+    /// Incarnation `inc` of `agent`'s connection to `peer`, if it is still there.
+    fn conn_mut(&mut self, agent: usize, peer: usize, inc: u32) -> Option<&mut Conn> {
+        if self.conns[agent][peer]
+            .as_ref()
+            .is_some_and(|c| c.inc == inc)
+        {
+            return self.conns[agent][peer].as_mut();
+        }
+        self.retired
+            .iter_mut()
+            .find(|(a, p, c)| *a == agent && *p == peer && c.inc == inc)
+            .map(|(_, _, c)| c)
     }
 
     /// Sends an encoded control message from `from` to `to`, after the ones sent before (one
     /// ordered link per direction).
-    fn send_control(&mut self, from: usize, to: usize, bytes: Vec<u8>) {
+    fn send_control(&mut self, from: usize, to: usize, inc: u32, bytes: Vec<u8>) {
         let d = self.us(30, 1500);
         let at = (self.now + d).max(self.control_at[from][to] + Duration::from_nanos(1));
         self.control_at[from][to] = at;
-        self.push(at, Ev::Control { from, to, bytes });
+        self.push(
+            at,
+            Ev::Control {
+                from,
+                to,
+                inc,
+                bytes,
+            },
+        );
     }
 
     /// Acts on what a core call produced: control messages sent, outcomes checked,
     /// notifications queued for the application, the timer set.
-    fn settle(&mut self, agent: usize, peer: usize) {
-        let Some(c) = self.conns[agent][peer].as_mut() else {
+    fn settle(&mut self, agent: usize, peer: usize, inc: u32) {
+        let current = self.conns[agent][peer]
+            .as_ref()
+            .is_some_and(|c| c.inc == inc);
+        let Some(c) = self.conn_mut(agent, peer, inc) else {
             return;
         };
         // The core's actions, carried out in its order, as the driver does: a destruction at
@@ -782,14 +994,13 @@ impl World {
         }
         let mut out = std::mem::take(&mut c.io.out);
         let next = c.core.poll_timeout();
-        if let Some((id, _)) = self.conn_ids[agent][peer] {
-            let endpoint = &mut self.endpoints[agent];
-            for (rail, n, lane) in out.routed.drain(..) {
-                endpoint.route(rail, n, id, lane);
-            }
-            for (rail, n, lane) in out.unrouted.drain(..) {
-                endpoint.unroute(rail, n, id, lane);
-            }
+        let id = c.id;
+        let endpoint = &mut self.endpoints[agent];
+        for (rail, n, lane) in out.routed.drain(..) {
+            endpoint.route(rail, n, id, lane);
+        }
+        for (rail, n, lane) in out.unrouted.drain(..) {
+            endpoint.unroute(rail, n, id, lane);
         }
         'actions: for action in actions {
             match action {
@@ -804,7 +1015,7 @@ impl World {
                             panic!("agent {agent} sent a control message it cannot encode: {e}")
                         }
                     };
-                    self.send_control(agent, peer, bytes);
+                    self.send_control(agent, peer, inc, bytes);
                 }
                 Action::Finished(x, o) => {
                     self.check_quiet_at_outcome(x);
@@ -872,7 +1083,7 @@ impl World {
                     } else {
                         self.us(0, 100)
                     };
-                    if let Some(c) = self.conns[agent][peer].as_mut() {
+                    if let Some(c) = self.conn_mut(agent, peer, inc) {
                         c.inbox.push_back(receipt);
                     }
                     self.at(d, Ev::Consume { agent, peer });
@@ -885,7 +1096,7 @@ impl World {
                 },
             }
         }
-        if let Some(t) = next {
+        if let (Some(t), true) = (next, current) {
             let at = t.saturating_duration_since(self.base).max(self.now);
             let c = self.conns[agent][peer].as_mut().expect("checked above");
             if c.timer.is_none_or(|cur| at < cur || cur < self.now) {
@@ -1008,9 +1219,16 @@ impl World {
                 });
             }
         }
-        for (a, row) in self.conns.iter().enumerate() {
-            for (p, c) in row.iter().enumerate() {
-                if let Some(c) = c {
+        let current = self
+            .conns
+            .iter()
+            .enumerate()
+            .flat_map(|(a, row)| row.iter().enumerate().map(move |(p, c)| (a, p, c)))
+            .filter_map(|(a, p, c)| c.as_ref().map(|c| (a, p, c)));
+        let replaced = self.retired.iter().map(|(a, p, c)| (*a, *p, c));
+        for (a, p, c) in current.chain(replaced) {
+            {
+                {
                     if !c.jobs.is_empty() {
                         return Err(format!(
                             "agent {a}'s connection to {p} still has {} staged jobs",

@@ -51,6 +51,8 @@ impl World {
     /// is ready, as the driver does), through the wire's encoder and decoder.
     pub(super) fn exchange_tables(&mut self, a: usize, b: usize, rails: usize) {
         for (owner, to) in [(a, b), (b, a)] {
+            // A new connection starts with an empty table (an earlier one's went with it).
+            self.tables[to][owner] = PeerTable::new();
             let list: Vec<SegmentInfo> = (0..SEGS)
                 .map(|s| self.seg_info(owner, s, self.net.borrow().key_epoch[owner][s]))
                 .collect();
@@ -71,13 +73,15 @@ impl World {
         let added = Message::<SimCodec>::Segments(vec![self.seg_info(owner, seg, new)]);
         let removed = Message::<SimCodec>::Removed(vec![seg_id(seg, old)]);
         for peer in 0..self.p.agents {
-            if peer == owner || self.conns[owner][peer].is_none() || !self.net.borrow().alive[peer]
-            {
+            let Some(inc) = self.conns[owner][peer].as_ref().map(|c| c.inc) else {
+                continue;
+            };
+            if peer == owner || !self.net.borrow().alive[peer] {
                 continue;
             }
             for msg in [added.clone(), removed.clone()] {
                 let bytes = msg.encode().expect("a table message encodes");
-                self.send_control(owner, peer, bytes);
+                self.send_control(owner, peer, inc, bytes);
             }
         }
     }
