@@ -346,6 +346,37 @@ def test_disconnect_fails_pending_transfers_with_peer_lost(pair):
         pb.write(seg, 0, remote, 0, 16).wait(WAIT)
 
 
+def test_another_agents_peer_and_lists_are_refused_and_break_nothing(pair):
+    """Issue 37's class from Python: another agent's peer handle to ``disconnect``, a
+    ``RemoteList`` prepared on another agent's connection (to the same peer) to
+    ``transfer_indexed``: refused with ``ForeignObject`` before anything changed; both
+    connections keep working."""
+    a, b, pb, pa = pair
+    c = agent("py-c")
+    try:
+        pc = c.connect(b.listen("127.0.0.1:0"))
+        buf = np.zeros(8192, np.uint8)
+        b.register(buf, "d")
+        remote = pb.wait_segment("d")
+        pc.wait_segment("d")
+        src_a = a.register(pattern(1, 4096), "sa")
+        src_c = c.register(pattern(2, 4096), "sc")
+        with pytest.raises(gdr.ForeignObject) as e:
+            c.disconnect(pb)
+        assert (e.value.call, e.value.kind, e.value.peer) == ("Agent::disconnect", "peer", "py-b")
+        listed = gdr.RemoteList(pb, [(remote, 0, 4096)])
+        with pytest.raises(gdr.ForeignObject) as e:
+            pc.transfer_indexed("write", gdr.LocalList([(src_c, 0, 4096)]), [0], listed, [0])
+        assert (e.value.call, e.value.kind) == ("Peer::transfer_indexed", "remote list")
+        assert pb.is_connected and pc.is_connected
+        pb.transfer_indexed("write", gdr.LocalList([(src_a, 0, 4096)]), [0], listed, [0]).wait(WAIT)
+        pc.write(src_c, 0, remote, 4096, 4096).wait(WAIT)
+        assert bytes(buf[:4096]) == bytes(pattern(1, 4096))
+        assert bytes(buf[4096:]) == bytes(pattern(2, 4096))
+    finally:
+        c.shutdown(0.5)
+
+
 def test_cancel_ends_a_transfer_with_cancelled_or_success(pair):
     a, b, pb, pa = pair
     # Large enough that the progress thread still has slices to post when cancel comes (rxe

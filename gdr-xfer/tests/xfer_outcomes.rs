@@ -207,6 +207,15 @@ fn a_request_stuck_in_flight_past_the_deadline_is_fenced_and_never_lands_after()
     );
 }
 
+/// Writes entry 0 of `local` to entry 0 of `list` through `peer`.
+fn write_entry_0(
+    peer: &gdr_xfer::Peer,
+    local: &LocalList,
+    list: &gdr_xfer::RemoteList,
+) -> gdr_xfer::Result<gdr_xfer::Transfer> {
+    peer.transfer_indexed(Op::Write, local, &[0], list, &[0], &TransferOptions::new())
+}
+
 /// Finding 2, and the class of issue 37: every call given an object of another agent of the
 /// same process (a segment as a transfer's local side, as the parent of `register_within`, to
 /// `deregister`; a peer handle to `disconnect`; a remote list prepared on another connection) is
@@ -294,16 +303,7 @@ fn another_agents_objects_are_refused_and_fail_nothing_else() {
     // A remote list prepared on another agent's connection to the same peer.
     let list = pb.prepare_remote(&[(r.id, 0, 4096)]).unwrap();
     let local = LocalList::new(&[(&foreign, 0, 4096)]).unwrap();
-    let e = pc
-        .transfer_indexed(
-            Op::Write,
-            &local,
-            &[0],
-            &list,
-            &[0],
-            &TransferOptions::new(),
-        )
-        .unwrap_err();
+    let e = write_entry_0(&pc, &local, &list).unwrap_err();
     assert!(
         matches!(&e, Error::ForeignObject { call: "Peer::transfer_indexed", object: Foreign::RemoteList(n), .. } if n == "f2b"),
         "{e}"
@@ -321,17 +321,10 @@ fn another_agents_objects_are_refused_and_fail_nothing_else() {
     let seen = pa.wait_segment_named("carved", WAIT).unwrap();
     assert_eq!((seen.id, seen.len), (carved.id(), 4096));
     let local = LocalList::new(&[(&src, 0, 4096)]).unwrap();
-    pb.transfer_indexed(
-        Op::Write,
-        &local,
-        &[0],
-        &list,
-        &[0],
-        &TransferOptions::new(),
-    )
-    .unwrap()
-    .wait(WAIT)
-    .unwrap();
+    write_entry_0(&pb, &local, &list)
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
     pc.write(
         &[Desc::new(&foreign, 0, r.id, 4096, 4096)],
         &TransferOptions::new(),
@@ -374,16 +367,7 @@ fn a_remote_list_of_an_earlier_connection_is_refused() {
     }
     let again = a.connect(&addr).unwrap();
     again.wait_segment_named("dst", WAIT).unwrap();
-    let e = again
-        .transfer_indexed(
-            Op::Write,
-            &local,
-            &[0],
-            &list,
-            &[0],
-            &TransferOptions::new(),
-        )
-        .unwrap_err();
+    let e = write_entry_0(&again, &local, &list).unwrap_err();
     assert!(
         matches!(&e, Error::ForeignObject { object: Foreign::RemoteList(n), .. } if n == "f2rb"),
         "{e}"
@@ -391,15 +375,7 @@ fn a_remote_list_of_an_earlier_connection_is_refused() {
     println!("a remote list of an earlier connection: {e}");
     src.write(0, &[7u8; 4096]).unwrap();
     let fresh = again.prepare_remote(&[(r.id, 0, 4096)]).unwrap();
-    again
-        .transfer_indexed(
-            Op::Write,
-            &local,
-            &[0],
-            &fresh,
-            &[0],
-            &TransferOptions::new(),
-        )
+    write_entry_0(&again, &local, &fresh)
         .unwrap()
         .wait(WAIT)
         .unwrap();
