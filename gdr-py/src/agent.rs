@@ -380,8 +380,11 @@ impl PyAgent {
             .collect())
     }
 
-    /// Closes the connection to `peer`: its pending transfers fail with `PeerLost`. Raises
-    /// `ForeignObject` for another agent's peer (its connection is left as it is).
+    /// Closes the connection to `peer`: new transfers are refused at once; those in flight
+    /// stop, each ending `PeerLost` (or success, if all its bytes had landed) once neither
+    /// side's memory can be touched by it; then the peer is told goodbye (GIL released while
+    /// it waits). Raises `ForeignObject` for another agent's peer (its connection is left as it
+    /// is).
     fn disconnect(&self, py: Python<'_>, peer: &Bound<'_, PyPeer>) -> PyResult<()> {
         let agent = self.agent()?;
         let peer = &peer.get().peer;

@@ -269,6 +269,39 @@ impl Connection {
         self.table_wakers.wake_all();
     }
 
+    /// This agent leaves the connection while the peer is up (a disconnect, a shutdown): new
+    /// transfers are refused and those in flight stop, each reporting once neither side's
+    /// memory can be touched by it ([`gdr_xfer_proto::Connection::leave`]). Does not wait:
+    /// [`Connection::wait_left`] does.
+    pub(crate) fn start_leaving(&self, failure: Failure) {
+        let reason = match &failure {
+            Failure::PeerLost { reason } => reason.clone(),
+            Failure::AgentClosed => "the agent was shut down".into(),
+            other => format!("{other:?}"),
+        };
+        self.set_closing(reason);
+        self.drive(|core, _, now| core.leave(now, failure));
+    }
+
+    /// Waits until the connection holds no transfer (after [`Connection::start_leaving`]), or
+    /// until `end`, running its timers meanwhile (the progress threads handle its completions).
+    pub(crate) fn wait_left(&self, end: Instant) {
+        loop {
+            let now = Instant::now();
+            if self.lock().core.transfers() == 0 || now >= end {
+                return;
+            }
+            self.tick(now);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// How long a leaving connection may take to report every transfer: the core's bound after
+    /// a stop, plus the timer period's slack.
+    pub(crate) fn leave_bound(&self) -> std::time::Duration {
+        self.lock().core.config().outcome_bound() + std::time::Duration::from_millis(100)
+    }
+
     /// The connection closes: its notifications in the agent's queue hold no slot any more,
     /// and it posts no new one (the agent's bound, [`crate::notify::NoteQueue`]).
     fn seal_notes(&self) {

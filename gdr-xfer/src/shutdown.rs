@@ -16,9 +16,9 @@ use crate::wire::Message;
 pub struct ShutdownReport {
     /// The caller's transfers pending when the shutdown began.
     pub pending: usize,
-    /// Those still pending when the grace time ended: they failed with
-    /// [`Error::AgentClosed`] (reported, as every outcome, only once their memory is quiet:
-    /// the connections' queue pairs are destroyed first).
+    /// Those still pending when the grace time ended: they stopped with
+    /// [`Error::AgentClosed`] (or succeeded, if all their bytes had landed), reported, as every
+    /// outcome, only once neither side's memory can be touched by them.
     pub failed: usize,
 }
 
@@ -31,8 +31,12 @@ impl Agent {
     ///    `Duration::MAX`: as long as they take, each still bounded by its own deadline).
     /// 3. The agent's directory records (feature `etcd`) are deleted, so that peers looking it
     ///    up find nothing and peers watching it let it go, without waiting for its lease to end.
-    /// 4. Every connection is closed: peers are told (`bye`), transfers still pending fail
-    ///    with [`Error::AgentClosed`], and every thread of the agent ends before this returns.
+    /// 4. Transfers still pending stop: each reports [`Error::AgentClosed`] (success if all
+    ///    its bytes had landed) once neither side's memory can be touched by it: its requests
+    ///    in flight completed, or were fenced (within about twice
+    ///    [`AgentConfig::quiesce`](crate::AgentConfig::quiesce)). Then every connection is
+    ///    closed, peers are told (`bye`), and every thread of the agent ends before this
+    ///    returns.
     ///
     /// Afterwards the agent only answers: segments can be listed and deregistered,
     /// notifications already received taken. Calling it again, or dropping the agent, does
@@ -85,6 +89,22 @@ impl Agent {
         shared.notify_peers_changed();
         #[cfg(feature = "etcd")]
         self.withdraw();
+        // Transfers still in flight stop and report once quiet on both sides, while the
+        // progress threads still run (closing at once would report them while requests already
+        // on the wire may still land in the peers' memory).
+        let peers = shared.peer_list();
+        for c in &peers {
+            c.start_leaving(Failure::AgentClosed);
+        }
+        let end = Instant::now()
+            + peers
+                .iter()
+                .map(|c| c.leave_bound())
+                .max()
+                .unwrap_or_default();
+        for c in &peers {
+            c.wait_left(end);
+        }
         {
             let _endpoint = shared.lock_endpoint();
             shared.shutdown.store(true, Ordering::Release);

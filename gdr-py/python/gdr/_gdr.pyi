@@ -321,8 +321,10 @@ class Agent:
     def peer(self, name: str) -> Optional[Peer]: ...
     def peers(self) -> List[Peer]: ...
     def disconnect(self, peer: Peer) -> None:
-        """Closes the connection to ``peer`` (its transfers fail with ``PeerLost``);
-        ``ForeignObject`` for another agent's peer, whose connection is left as it is."""
+        """Closes the connection to ``peer``: transfers in flight stop, each ending
+        ``PeerLost`` (or success, if all its bytes had landed) once neither side's memory can be
+        touched by it, then the peer is told goodbye; ``ForeignObject`` for another agent's
+        peer, whose connection is left as it is."""
     def register(self, obj: Any, name: str = "") -> Segment:
         """Registers a writable, C-contiguous tensor or buffer: CUDA tensors through DLPack
         (GPUDirect, else staged: ``Segment.path`` says), host memory through the buffer

@@ -567,8 +567,30 @@ impl<I: Io> Connection<I> {
         }
     }
 
+    /// This side closes the connection while the peer is still up (a disconnect): new
+    /// transfers are refused, and every transfer stops with `failure` as if its deadline passed
+    /// now. Nothing more is posted; requests in flight are credited by their completions, or
+    /// fenced after [`Config::quiesce`] (a fenced WRITE also waits for the peer to confirm its
+    /// side of the queue pairs is gone), so each outcome comes only once neither side's memory
+    /// can be touched by the transfer, within [`Config::outcome_bound`]. A transfer whose every
+    /// byte had landed reports success. Once [`Connection::transfers`] is 0 the driver says
+    /// goodbye and closes ([`Connection::close`]); closing at once instead would report
+    /// outcomes while requests already on the wire may still land in the peer's memory.
+    pub fn leave(&mut self, now: Instant, failure: Failure) {
+        if self.is_closed() {
+            return;
+        }
+        let reason = match &failure {
+            Failure::PeerLost { reason } => reason.clone(),
+            other => format!("{other:?}"),
+        };
+        self.closing(reason);
+        self.fail_all(now, &failure);
+    }
+
     /// Closes the connection: every transfer stops with `failure`, every queue pair is
-    /// destroyed (so their outcomes come at once), and nothing is posted any more.
+    /// destroyed (so their outcomes come at once), and nothing is posted any more. For a peer
+    /// that is gone; while it is up, [`Connection::leave`] first.
     pub fn close(&mut self, now: Instant, failure: Failure) {
         if self.is_closed() {
             return;

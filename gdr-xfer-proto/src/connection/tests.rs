@@ -1058,3 +1058,49 @@ fn the_drivers_bound_holds_slots_and_defers_new_posts_until_rearm() {
     t.drain();
     assert_eq!(t.io.armed.len(), 2);
 }
+
+/// Leaving a connection whose peer is up (a disconnect): new transfers are refused at once,
+/// and a WRITE on the wire reports only once nothing of it can land any more: when its
+/// requests complete (success: every byte landed), or, never completing, once fenced and the
+/// peer confirmed (or one more quiesce time) — never at the leave itself.
+#[test]
+fn leaving_reports_each_transfer_only_once_nothing_of_it_can_land() {
+    let lost = || Failure::PeerLost {
+        reason: "disconnected by this agent".into(),
+    };
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Write, 2, 0, Some(10_000), None).unwrap();
+    t.c.leave(t.at(1), lost());
+    t.drain();
+    assert!(
+        t.io.finished.is_empty(),
+        "reported while its requests were on the wire"
+    );
+    assert!(matches!(
+        t.submit(1, 2, Op::Write, 1, 0, Some(10_000), None),
+        Err(Failure::PeerLost { .. })
+    ));
+    t.complete_all(2);
+    assert_eq!(t.io.outcome(1), Some(&Ok(())), "every byte had landed");
+    assert_eq!(t.c.transfers(), 0);
+
+    // Its requests never complete: fenced after the quiesce time, then the peer's answer.
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Write, 2, 0, Some(10_000), None).unwrap();
+    t.c.leave(t.at(1), lost());
+    t.drain();
+    t.tick(50);
+    assert!(t.io.finished.is_empty() && t.io.destroyed.is_empty());
+    t.tick(101);
+    assert_eq!(t.io.destroyed, vec![lane(0, 0)]);
+    assert!(
+        t.io.finished.is_empty(),
+        "its bytes may still be on the wire towards the peer"
+    );
+    t.peer_renews(105);
+    assert!(matches!(
+        t.io.outcome(1),
+        Some(Err(Failure::PeerLost { .. }))
+    ));
+    assert_eq!(t.c.transfers(), 0);
+}

@@ -26,9 +26,11 @@
 //!   connection let go (its peer vanished or said goodbye) goes only once every completion
 //!   queued for it before then was handled, and what it still carried fails then, as in the
 //!   driver; every outcome comes once no live queue pair holds one of the transfer's requests;
-//! - with `GDR_SIM_RECONNECT=1`, half the runs of the first three classes disconnect two agents
-//!   and connect them again under the same names while the old connection may still drain
-//!   (off by default: see the open finding in `world`'s plan);
+//! - half the runs of the first three classes (without staged transfers) disconnect two agents
+//!   and connect them again: the leaving side's transfers stop and report once neither side's
+//!   memory can be touched by them ([`crate::Connection::leave`]), then it says goodbye and
+//!   closes, and a new handshake under the same names follows while the old connection may
+//!   still drain (`GDR_SIM_RECONNECT=0`: none);
 //! - every agent's table of a peer (the core's [`crate::PeerTable`], fed the peer's
 //!   announcements through the wire format, in order with its other control messages) accepts
 //!   every honest message; applications plan from it, so a transfer planned before a

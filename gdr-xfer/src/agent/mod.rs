@@ -280,8 +280,12 @@ impl Agent {
         }
     }
 
-    /// Closes the connection to a peer: its pending transfers fail with [`Error::PeerLost`].
-    /// After [`Agent::shutdown`] every connection is closed already: it does nothing.
+    /// Closes the connection to a peer. New transfers to it are refused at once; those in
+    /// flight stop, each reporting [`Error::PeerLost`] (success if all its bytes had landed)
+    /// once neither side's memory can be touched by it: its requests in flight completed, or
+    /// were fenced (within about twice [`AgentConfig::quiesce`]). It returns once they all
+    /// reported (or that bound passed); then the peer is told goodbye and the connection
+    /// closes. After [`Agent::shutdown`] every connection is closed already: it does nothing.
     ///
     /// # Errors
     /// [`Error::ForeignObject`] for another agent's peer handle (its connection is left as it

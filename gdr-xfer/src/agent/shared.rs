@@ -275,14 +275,20 @@ impl AgentShared {
 
     /// [`Agent::disconnect`].
     pub(crate) fn disconnect(&self, peer: &Peer) {
-        peer.conn.send_control(&Message::Bye(format!(
+        let failure = Failure::PeerLost {
+            reason: "disconnected by this agent".into(),
+        };
+        // Transfers in flight report first, once quiet on both sides: closing at once would
+        // report them while requests already on the wire may still land in the peer's memory.
+        let conn = &peer.conn;
+        conn.start_leaving(failure.clone());
+        conn.wait_left(Instant::now() + conn.leave_bound());
+        conn.send_control(&Message::Bye(format!(
             "{} closed the connection",
             self.config.name
         )));
-        peer.conn.lose(Failure::PeerLost {
-            reason: "disconnected by this agent".into(),
-        });
-        self.remove_peer(&peer.conn);
+        conn.lose(failure);
+        self.remove_peer(conn);
     }
 
     pub(crate) fn notify_peers_changed(&self) {

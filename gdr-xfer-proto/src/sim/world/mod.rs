@@ -49,6 +49,9 @@ struct Conn {
     id: ConnId,
     /// When its agent let it go.
     let_go_at: Option<Duration>,
+    /// Its agent is leaving ([`Connection::leave`]): once it holds no transfer, it says
+    /// goodbye and closes.
+    leaving: bool,
 }
 
 /// The scenario a seed draws.
@@ -67,7 +70,7 @@ pub(crate) struct Params {
     /// notification differ between agents): every connection is configured by the
     /// handshake's negotiation between the two, as the driver configures it.
     pub(crate) agent_settings: Vec<(usize, Settings)>,
-    /// Whether runs may disconnect and reconnect two agents (`GDR_SIM_RECONNECT=1`).
+    /// Whether runs may disconnect and reconnect two agents (unless `GDR_SIM_RECONNECT=0`).
     pub(crate) reconnect: bool,
 }
 
@@ -173,7 +176,7 @@ impl World {
             .collect();
         let p = Params {
             agent_settings,
-            reconnect: std::env::var("GDR_SIM_RECONNECT").is_ok_and(|v| v == "1"),
+            reconnect: !std::env::var("GDR_SIM_RECONNECT").is_ok_and(|v| v == "0"),
             class,
             agents,
             cfg,
@@ -332,6 +335,7 @@ impl World {
                 inc,
                 id,
                 let_go_at: None,
+                leaving: false,
             });
         }
     }
@@ -418,11 +422,9 @@ impl World {
                 self.at(d, Ev::Kill { agent: 2 });
             }
         }
-        // With `GDR_SIM_RECONNECT=1`, half the runs disconnect two agents and connect them
-        // again (a goodbye, then a new handshake under the same names while the old connection
-        // may still drain). Off by default: it finds requests already on the wire landing in
-        // the live peer's memory, and notifications reaching it, after the disconnecting side
-        // reported their transfers failed (a local close does not wait for the peer).
+        // Half the runs disconnect two agents and connect them again: the leaving side's
+        // transfers stop and report once quiet, then a goodbye, then a new handshake under the
+        // same names while the old connection may still drain (`GDR_SIM_RECONNECT=0`: none).
         if self.p.reconnect
             && self.p.class != FaultClass::Kill
             && self.p.staged_pct == 0
@@ -763,13 +765,14 @@ impl World {
         }
     }
 
-    /// `agent` disconnects from `peer`: its connection closes at once (what it carried fails),
-    /// its endpoint lets it go (it drains while a new connection may come), and the peer is
-    /// told goodbye on the control link. The two connect again a little later.
+    /// `agent` disconnects from `peer`, as the driver does: its transfers stop (each reports
+    /// once neither side's memory can be touched by it, [`Connection::leave`]); once none is
+    /// left it says goodbye, closes and lets the connection go ([`World::finish_leave`]). The
+    /// two connect again a little later.
     fn leave(&mut self, agent: usize, peer: usize) {
         let live = self.conns[agent][peer]
             .as_ref()
-            .is_some_and(|c| c.let_go_at.is_none() && c.core.gone_reason().is_none());
+            .is_some_and(|c| c.let_go_at.is_none() && !c.leaving && c.core.gone_reason().is_none());
         if !live || !self.net.borrow().alive[agent] || !self.net.borrow().alive[peer] {
             return;
         }
@@ -778,7 +781,30 @@ impl World {
         self.parted[peer][agent] = true;
         self.report.reconnections += 1;
         self.spoil_pair(agent, peer);
-        let inc = self.inc[agent][peer];
+        if let Some(c) = self.conns[agent][peer].as_mut() {
+            c.leaving = true;
+        }
+        self.call(agent, peer, |core, _, now| {
+            core.leave(
+                now,
+                Failure::PeerLost {
+                    reason: "disconnected by this agent".into(),
+                },
+            )
+        });
+    }
+
+    /// The leaving connection holds no transfer any more: goodbye, close, let go.
+    fn finish_leave(&mut self, agent: usize, peer: usize) {
+        let Some(c) = self.conns[agent][peer].as_mut() else {
+            return;
+        };
+        c.leaving = false;
+        let inc = c.inc;
+        let bye = Message::<SimCodec>::Bye(format!("agent {agent} closed the connection"))
+            .encode()
+            .expect("a goodbye encodes");
+        self.send_control(agent, peer, inc, bye);
         self.call(agent, peer, |core, _, now| {
             core.close(
                 now,
@@ -787,10 +813,6 @@ impl World {
                 },
             )
         });
-        let bye = Message::<SimCodec>::Bye(format!("agent {agent} closed the connection"))
-            .encode()
-            .expect("a goodbye encodes");
-        self.send_control(agent, peer, inc, bye);
         if let Some(mut c) = self.conns[agent][peer].take() {
             c.let_go_at = Some(self.now);
             if let Some(f) = self.endpoints[agent].let_go(c.id, None) {
@@ -1095,6 +1117,14 @@ impl World {
                     _ => {}
                 },
             }
+        }
+        let done_leaving = current
+            && self.conns[agent][peer]
+                .as_ref()
+                .is_some_and(|c| c.leaving && c.core.transfers() == 0);
+        if done_leaving {
+            self.finish_leave(agent, peer);
+            return;
         }
         if let (Some(t), true) = (next, current) {
             let at = t.saturating_duration_since(self.base).max(self.now);
