@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use gdr_test_support::pattern;
-use gdr_test_support::xfer::{agent, connected};
-use gdr_xfer::{Desc, Error, Location, TransferOptions};
+use gdr_test_support::xfer::{agent, agent_with, connected};
+use gdr_xfer::{AgentConfig, Desc, Error, Location, TransferOptions};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -170,9 +170,12 @@ fn every_call_says_agent_closed(
 #[test]
 #[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
 fn a_shutdown_without_grace_fails_what_is_pending_and_counts_it() {
-    // Whether a transfer is still in flight when shutdown comes is a race with the NIC: on a
-    // loaded host Soft-RoCE may finish all 64 MiB before the shutdown. Every attempt checks
-    // the accounting; at least one of five must catch transfers in flight and fail them.
+    // A shutdown stops what is pending: requests already posted complete (a transfer whose
+    // every byte landed reports success), nothing more is posted, so a transfer with requests
+    // still unposted fails with AgentClosed once its posted ones are done. With send queues of
+    // 16, most of 1,024 requests wait unposted; still, on a loaded host Soft-RoCE may finish
+    // before the shutdown. Every attempt checks the accounting; at least one of five must catch
+    // transfers pending and fail them.
     let mut closed_total = 0;
     for attempt in 0..5 {
         closed_total += shutdown_attempt(attempt);
@@ -190,7 +193,7 @@ fn a_shutdown_without_grace_fails_what_is_pending_and_counts_it() {
 /// [`Error::AgentClosed`].
 fn shutdown_attempt(attempt: u32) -> usize {
     let (a, b, pb, _pa) = connected(
-        agent(&format!("za{attempt}")),
+        agent_with(AgentConfig::new(format!("za{attempt}")).send_queue_depth(16)),
         agent(&format!("zb{attempt}")),
     );
     let len = 64usize << 20;
@@ -224,8 +227,8 @@ fn shutdown_attempt(attempt: u32) -> usize {
     // counted but done.
     assert!(closed <= report.failed, "{closed} > {report:?}");
     assert!(report.failed <= report.pending, "{report:?}");
-    // The source memory is the caller's again: the transfers' requests are gone with the
-    // queue pairs; dropping it now is fine.
+    // The source memory is the caller's again: every transfer reported, so none of its
+    // requests will touch it; dropping it now is fine.
     drop(src);
     closed
 }
