@@ -36,12 +36,19 @@
 //! deadline passed after all its bytes had landed reports success.
 //!
 //! One caller's mistake fails only its own transfer: another agent's segment as the local side
-//! is refused before anything is posted ([`Error::ForeignSegment`]); a request the NIC refuses
+//! is refused before anything is posted ([`Error::ForeignSegment`]), and any other object of
+//! another agent given to a call (a parent segment, a segment to deregister, a peer to
+//! disconnect), or a remote list of another connection, before anything changes
+//! ([`Error::ForeignObject`]); a request the NIC refuses
 //! for its own reason (a stale remote key) fails its transfer ([`Error::SliceFailed`]) and the
 //! queue pairs it broke are renewed at once, the other transfers' requests posted again.
 //!
+//! A disconnect or a shutdown stops the transfers in flight the same way (each reports once
+//! neither side's memory can be touched by it) before the connection closes.
+//!
 //! The bookkeeping behind these promises is the sans-IO core [`gdr_xfer_proto`] (transfers,
-//! lanes, deadlines, fences, failover, renewal, notifications), driven here by gdr's queue
+//! lanes, deadlines, fences, failover, renewal, notifications; the peers, completion routing,
+//! handshake and segment tables between connections), driven here by gdr's queue
 //! pairs and threads, and checked there by a deterministic simulation of agents over simulated
 //! RC queue pairs with faults drawn from a seed (`cargo xtask sim`).
 //!
