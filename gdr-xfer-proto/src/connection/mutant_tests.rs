@@ -1,0 +1,477 @@
+//! Unit tests written against the mutants cargo-mutants found alive (`cargo xtask mutants`):
+//! each pins one decision of the core that neither `tests.rs` nor the simulation observed. The
+//! scripted driver is a small copy of `tests.rs`'s (kept apart so both files can change on
+//! their own).
+
+use std::time::{Duration, Instant};
+
+use super::Connection;
+use crate::config::Config;
+use crate::control::Control;
+use crate::io::{
+    Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
+};
+use crate::rail::RailState;
+use crate::run::Run;
+use crate::transfer::{Failure, Outcome, Spec, TransferKey};
+
+#[derive(Default)]
+struct Batch(Vec<(u64, u64, u64, u32, u64)>);
+
+impl Pieces for Batch {
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+    fn push(&mut self, lo: u64, ra: u64, len: u64, rkey: u32, wr_id: u64) -> bool {
+        self.0.push((lo, ra, len, rkey, wr_id));
+        true
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// A post the driver carried out.
+#[derive(Debug, Clone, PartialEq)]
+struct Post {
+    lane: LaneRef,
+    op: Op,
+    /// (local offset, remote address, len, rkey, wr_id) per request.
+    pieces: Vec<(u64, u64, u64, u32, u64)>,
+}
+
+impl Post {
+    fn last_wr(&self) -> u64 {
+        self.pieces.last().expect("a post has requests").4
+    }
+}
+
+#[derive(Default)]
+struct Mock {
+    batch: Batch,
+    posts: Vec<Post>,
+    messages: Vec<(LaneRef, u64, u16, Header, Vec<u8>)>,
+    armed: Vec<(LaneRef, u16)>,
+    created: Vec<LaneRef>,
+    destroyed: Vec<LaneRef>,
+    control: Vec<Control<Vec<u32>>>,
+    finished: Vec<(u32, Outcome)>,
+    delivered: Vec<(Vec<u8>, Receipt)>,
+    events: Vec<Event>,
+    /// Results for the next posts (default: posted).
+    script: Vec<PostResult>,
+    /// The driver defers new receive slots.
+    defer_slots: bool,
+}
+
+impl Io for Mock {
+    type Local = u8;
+    type Handle = u32;
+    type Endpoints = Vec<u32>;
+    type Pieces = Batch;
+
+    fn pieces(&mut self) -> &mut Batch {
+        &mut self.batch
+    }
+    fn post_rdma(&mut self, lane: LaneRef, op: Op, _local: &u8) -> PostResult {
+        if !self.script.is_empty() {
+            let r = self.script.remove(0);
+            if r != PostResult::Posted {
+                return r;
+            }
+        }
+        self.posts.push(Post {
+            lane,
+            op,
+            pieces: self.batch.0.clone(),
+        });
+        PostResult::Posted
+    }
+    fn post_message(
+        &mut self,
+        lane: LaneRef,
+        wr_id: u64,
+        slot: u16,
+        h: Header,
+        data: &[u8],
+    ) -> PostResult {
+        self.messages.push((lane, wr_id, slot, h, data.to_vec()));
+        PostResult::Posted
+    }
+    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String> {
+        self.armed.push((lane, slot));
+        Ok(())
+    }
+    fn may_arm_recv(&mut self) -> bool {
+        !self.defer_slots
+    }
+    fn create_lanes(&mut self, _rail: usize, lanes: &[LaneRef]) -> Result<Vec<u32>, String> {
+        self.created.extend_from_slice(lanes);
+        Ok(lanes.iter().map(|l| 100 + l.gen as u32).collect())
+    }
+    fn connect_lanes(
+        &mut self,
+        _rail: usize,
+        _lanes: &[LaneRef],
+        _remote: &Vec<u32>,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+    fn endpoint_count(&self, e: &Vec<u32>) -> usize {
+        e.len()
+    }
+    fn destroy_lanes(&mut self, lanes: &[LaneRef]) {
+        self.destroyed.extend_from_slice(lanes);
+    }
+    fn send_control(&mut self, msg: Control<Vec<u32>>) {
+        self.control.push(msg);
+    }
+    fn finished(&mut self, handle: u32, outcome: Outcome) {
+        self.finished.push((handle, outcome));
+    }
+    fn deliver(&mut self, data: Vec<u8>, receipt: Receipt) {
+        self.delivered.push((data, receipt));
+    }
+    fn event(&mut self, event: Event) {
+        self.events.push(event);
+    }
+}
+
+impl Mock {
+    fn outcome(&self, handle: u32) -> Option<&Outcome> {
+        self.finished
+            .iter()
+            .find(|(h, _)| *h == handle)
+            .map(|(_, o)| o)
+    }
+    fn result(&self, handle: u32) -> Option<&Result<(), Failure>> {
+        self.outcome(handle).map(|o| &o.result)
+    }
+}
+
+struct T {
+    c: Connection<Mock>,
+    io: Mock,
+    t0: Instant,
+}
+
+fn cfg(rails: usize, lanes: usize) -> Config {
+    let mut c = Config::new(rails, lanes);
+    c.send_depth = 8;
+    c.slice_size = 100;
+    c.stripe_min = 0;
+    c.send_slots = 2;
+    c.recv_slots = 2;
+    c.recv_buffered = 0;
+    c.notify_max = 16;
+    c.quiesce = Duration::from_millis(100);
+    c
+}
+
+/// `runs` runs of `len` bytes each, 1000 bytes apart on both sides, of local segment 0 and
+/// remote segment 0.
+fn runs(runs: u64, len: u64) -> Vec<Run> {
+    (0..runs)
+        .map(|i| Run {
+            local: 0,
+            local_offset: i * 1000,
+            remote_addr: 0x10000 + i * 1000,
+            remote: 0,
+            len,
+        })
+        .collect()
+}
+
+impl T {
+    fn new(cfg: Config) -> T {
+        let t0 = Instant::now();
+        T {
+            c: Connection::new(cfg, t0),
+            io: Mock::default(),
+            t0,
+        }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.t0 + Duration::from_millis(ms)
+    }
+
+    /// A spec of the given runs, keys for every rail, any rail.
+    fn spec(&self, handle: u32, op: Op, runs: Vec<Run>, timeout_ms: Option<u64>) -> Spec<Mock> {
+        let rails = self.c.config().rails as u32;
+        Spec {
+            op,
+            locals: vec![0],
+            runs,
+            rkeys: (0..rails).map(|r| 0xa0 + r).collect(),
+            timeout: timeout_ms.map(Duration::from_millis),
+            notify: None,
+            rail_mask: u32::MAX,
+            handle,
+        }
+    }
+
+    fn submit_spec(&mut self, ms: u64, spec: Spec<Mock>) -> Result<TransferKey, Failure> {
+        let now = self.at(ms);
+        self.c.submit(now, &mut self.io, spec)
+    }
+
+    /// `n` runs of 100 bytes (one request each).
+    fn submit(
+        &mut self,
+        ms: u64,
+        handle: u32,
+        op: Op,
+        n: u64,
+        timeout_ms: Option<u64>,
+    ) -> Result<TransferKey, Failure> {
+        let spec = self.spec(handle, op, runs(n, 100), timeout_ms);
+        self.submit_spec(ms, spec)
+    }
+
+    fn complete(&mut self, ms: u64, lane: LaneRef, wr_id: u64, status: Status) {
+        let now = self.at(ms);
+        let c = SendCompletion {
+            lane,
+            wr_id,
+            status,
+            raw_status: 0,
+            vendor_err: 0,
+            qp_num: 7,
+        };
+        self.c.handle_send_completion(now, &mut self.io, c);
+    }
+
+    /// Completes every post and message so far, in order, successfully.
+    fn complete_all(&mut self, ms: u64) {
+        while !self.io.posts.is_empty() || !self.io.messages.is_empty() {
+            for p in std::mem::take(&mut self.io.posts) {
+                self.complete(ms, p.lane, p.last_wr(), Status::Success);
+            }
+            for (lane, wr, ..) in std::mem::take(&mut self.io.messages) {
+                self.complete(ms, lane, wr, Status::Success);
+            }
+        }
+    }
+
+    fn tick(&mut self, ms: u64) {
+        let now = self.at(ms);
+        self.c.handle_timeout(now, &mut self.io);
+    }
+}
+
+fn lane(lane: usize, gen: u64) -> LaneRef {
+    LaneRef { lane, gen }
+}
+
+#[test]
+fn lanes_name_each_queue_pair_and_none_once_its_rail_failed() {
+    let mut t = T::new(cfg(2, 2));
+    assert_eq!(
+        t.c.lanes(),
+        vec![
+            Some(lane(0, 0)),
+            Some(lane(1, 1)),
+            Some(lane(2, 2)),
+            Some(lane(3, 3))
+        ]
+    );
+    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    let p = t.io.posts.remove(0);
+    t.complete(1, p.lane, p.last_wr(), Status::LaneError);
+    let rail = p.lane.lane / 2;
+    let lanes = t.c.lanes();
+    assert_eq!(lanes.len(), 4);
+    for (i, l) in lanes.iter().enumerate() {
+        if i / 2 == rail {
+            assert_eq!(*l, None, "lane {i} of the failed rail");
+        } else {
+            assert_eq!(*l, Some(lane(i, i as u64)), "lane {i}");
+        }
+    }
+}
+
+#[test]
+fn transfers_counts_the_unfinished_ones() {
+    let mut t = T::new(cfg(1, 1));
+    assert_eq!(t.c.transfers(), 0);
+    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    t.submit(0, 2, Op::Write, 1, None).unwrap();
+    assert_eq!(t.c.transfers(), 2);
+    t.complete_all(1);
+    assert_eq!(t.c.transfers(), 0);
+    assert_eq!(t.io.finished.len(), 2);
+}
+
+#[test]
+fn a_no_rail_failure_names_each_rails_state_and_last_error() {
+    let mut t = T::new(cfg(2, 1));
+    t.submit(0, 1, Op::Read, 2, None).unwrap();
+    // Whatever a failed rail carried goes on the other: fail both.
+    while let Some(p) = t.io.posts.pop() {
+        t.complete(1, p.lane, p.last_wr(), Status::LaneError);
+    }
+    assert!(t.c.rails().iter().all(|r| r.0 == RailState::Paused));
+    t.tick(101);
+    let detail = match t.io.result(1) {
+        Some(Err(Failure::NoRail { detail })) => detail.clone(),
+        other => panic!("{other:?}"),
+    };
+    let why = t.c.rails()[0].1.last_error.clone().expect("a last error");
+    assert_eq!(
+        detail,
+        format!("rail 0 Paused: {why}; rail 1 Paused: {why}"),
+        "{detail}"
+    );
+    match t.submit(102, 2, Op::Read, 1, None) {
+        Err(Failure::NoRail { detail: d }) => assert_eq!(d, detail),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_transfer_of_exactly_the_inline_bound_is_posted_at_once() {
+    let mut t = T::new(cfg(1, 1));
+    let spec = t.spec(1, Op::Write, runs(2, 100), None);
+    let now = t.at(0);
+    t.c.submit_inline_up_to(now, &mut t.io, spec, 200).unwrap();
+    assert_eq!(t.io.posts.len(), 1, "200 bytes, bound 200: posted inline");
+    let spec = t.spec(2, Op::Write, runs(2, 100), None);
+    t.c.submit_inline_up_to(now, &mut t.io, spec, 199).unwrap();
+    assert_eq!(t.io.posts.len(), 1, "one byte over: queued");
+    assert_eq!(t.c.poll_timeout(), Some(now), "due at once");
+}
+
+#[test]
+fn a_transfer_needs_a_remote_key_per_rail_for_each_remote_segment() {
+    let mut t = T::new(cfg(2, 1));
+    let mut spec = t.spec(1, Op::Write, runs(1, 100), None);
+    spec.rkeys.truncate(1);
+    assert!(matches!(
+        t.submit_spec(0, spec),
+        Err(Failure::Rejected { .. })
+    ));
+    assert_eq!(t.c.transfers(), 0);
+    assert!(t.io.posts.is_empty());
+}
+
+#[test]
+fn a_cancelled_transfer_without_a_notification_is_cancelled_even_if_everything_landed() {
+    let mut t = T::new(cfg(1, 1));
+    let k = t.submit(0, 1, Op::Write, 3, None).unwrap();
+    assert!(t.c.is_pending(k));
+    assert_eq!(t.io.posts.len(), 1, "every request in flight");
+    assert!(t.c.cancel(t.at(1), &mut t.io, k));
+    assert!(t.c.is_pending(k), "its requests are still in flight");
+    t.complete_all(2);
+    assert_eq!(t.io.result(1), Some(&Err(Failure::Cancelled)));
+    assert!(!t.c.is_pending(k));
+}
+
+#[test]
+fn a_closing_connection_refuses_new_transfers_with_the_first_reason() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    assert_eq!(t.c.gone_reason(), None);
+    t.c.closing("peer said goodbye");
+    t.c.closing("a later reason");
+    assert_eq!(t.c.gone_reason(), Some("peer said goodbye"));
+    assert!(!t.c.is_closed());
+    match t.submit(1, 2, Op::Write, 1, None) {
+        Err(Failure::PeerLost { reason }) => assert_eq!(reason, "peer said goodbye"),
+        other => panic!("{other:?}"),
+    }
+    // What is in flight goes on.
+    t.complete_all(2);
+    assert_eq!(t.io.result(1), Some(&Ok(())));
+}
+
+#[test]
+fn an_idle_open_connection_still_wakes_for_a_paused_rails_cooldown() {
+    let mut t = T::new(cfg(2, 1));
+    t.submit(0, 1, Op::Read, 1, None).unwrap();
+    let p = t.io.posts.remove(0);
+    t.complete(1, p.lane, p.last_wr(), Status::LaneError);
+    t.complete_all(2);
+    assert_eq!(
+        t.io.result(1),
+        Some(&Ok(())),
+        "carried on by the other rail"
+    );
+    assert_eq!(t.c.transfers(), 0);
+    assert_eq!(
+        t.c.poll_timeout(),
+        Some(t.at(1) + crate::FIRST_COOLDOWN),
+        "the paused rail's renewal is due after its cool-down"
+    );
+}
+
+#[test]
+fn with_no_rail_the_next_wake_is_one_quiesce_time_later_not_the_cooldown() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Read, 1, None).unwrap();
+    let p = t.io.posts.remove(0);
+    t.complete(1, p.lane, p.last_wr(), Status::LaneError);
+    assert_eq!(
+        t.c.poll_timeout(),
+        Some(t.at(101)),
+        "the transfers fail one quiesce time after the last rail went"
+    );
+    t.tick(101);
+    assert!(matches!(t.io.result(1), Some(Err(Failure::NoRail { .. }))));
+    assert_eq!(
+        t.c.poll_timeout(),
+        Some(t.at(1) + crate::FIRST_COOLDOWN),
+        "then only the rail's renewal"
+    );
+}
+
+#[test]
+fn a_rail_with_bytes_in_flight_wakes_for_its_throughput_sample() {
+    let mut t = T::new(cfg(1, 1));
+    assert_eq!(t.c.poll_timeout(), None, "nothing to do");
+    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    assert_eq!(t.c.poll_timeout(), Some(t.at(0) + crate::SAMPLE));
+    t.complete_all(5);
+    assert_eq!(t.c.poll_timeout(), None, "idle again");
+}
+
+#[test]
+fn a_stopped_write_with_nothing_in_flight_waits_for_the_peer_without_a_fence() {
+    // Its deadline stops it with its request in flight; its rail then fails, which retires the
+    // request (nothing in flight) but leaves it on the wire towards the peer until one quiesce
+    // time after the failure. The quiesce time after the stop passes meanwhile: nothing is left
+    // to fence.
+    let mut t = T::new(cfg(2, 1));
+    t.submit(0, 1, Op::Write, 1, Some(10)).unwrap();
+    t.tick(10);
+    let p = t.io.posts.remove(0);
+    t.complete(50, p.lane, p.last_wr(), Status::LaneError);
+    assert_eq!(t.io.destroyed, vec![p.lane]);
+    t.tick(110);
+    assert!(
+        !t.io
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Fenced { .. })),
+        "{:?}",
+        t.io.events
+    );
+    assert_eq!(t.c.rails()[1 - p.lane.lane].1.fences, 0);
+    assert!(t.io.finished.is_empty(), "on the wire until 150");
+    t.tick(150);
+    assert!(matches!(t.io.result(1), Some(Err(Failure::Timeout { .. }))));
+}
+
+#[test]
+fn a_closed_connection_never_wakes_even_with_a_queued_transfer_it_ended() {
+    let mut t = T::new(cfg(1, 1));
+    let spec = t.spec(1, Op::Write, runs(2, 100), None);
+    let now = t.at(0);
+    t.c.submit_inline_up_to(now, &mut t.io, spec, 0).unwrap();
+    assert_eq!(t.c.poll_timeout(), Some(now), "queued: due at once");
+    t.c.close(t.at(1), &mut t.io, Failure::AgentClosed);
+    assert_eq!(t.io.result(1), Some(&Err(Failure::AgentClosed)));
+    assert_eq!(t.c.transfers(), 0);
+    assert_eq!(t.c.poll_timeout(), None);
+}
