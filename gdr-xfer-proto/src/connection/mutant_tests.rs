@@ -475,3 +475,51 @@ fn a_closed_connection_never_wakes_even_with_a_queued_transfer_it_ended() {
     assert_eq!(t.c.transfers(), 0);
     assert_eq!(t.c.poll_timeout(), None);
 }
+
+#[test]
+fn a_rail_counts_the_bytes_and_requests_completed_on_it() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Write, 3, None).unwrap();
+    t.complete_all(1);
+    let (state, stats) = &t.c.rails()[0];
+    assert_eq!(*state, RailState::Active);
+    assert_eq!(
+        (stats.bytes, stats.slices, stats.inflight_bytes),
+        (300, 3, 0)
+    );
+}
+
+#[test]
+fn a_rail_renewed_after_its_cooldown_does_not_hold_off_the_no_rail_failure() {
+    let mut c = cfg(1, 1);
+    // Longer than the first cool-down: the renewal starts before the transfers fail.
+    c.quiesce = Duration::from_millis(300);
+    let mut t = T::new(c);
+    t.submit(0, 1, Op::Read, 1, None).unwrap();
+    let p = t.io.posts.remove(0);
+    t.complete(1, p.lane, p.last_wr(), Status::LaneError);
+    t.tick(201);
+    assert_eq!(t.c.rails()[0].0, RailState::Renewing);
+    assert!(t.io.finished.is_empty());
+    t.tick(301);
+    assert!(
+        matches!(t.io.result(1), Some(Err(Failure::NoRail { .. }))),
+        "{:?}",
+        t.io.finished
+    );
+}
+
+#[test]
+fn a_fenced_rail_still_counts_as_usable_while_the_peer_answers() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Read, 1, Some(10)).unwrap();
+    t.submit(0, 2, Op::Read, 1, None).unwrap();
+    t.tick(10);
+    t.tick(110);
+    assert!(matches!(t.io.result(1), Some(Err(Failure::Timeout { .. }))));
+    assert_eq!(t.c.rails()[0].0, RailState::Renewing, "fenced");
+    // One quiesce time into the fence, the renewal (5 s to answer) still carries transfer 2.
+    t.tick(211);
+    assert_eq!(t.io.result(2), None, "{:?}", t.io.finished);
+    assert!(t.submit(212, 3, Op::Read, 1, None).is_ok());
+}
