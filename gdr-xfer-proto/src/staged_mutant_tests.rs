@@ -200,3 +200,77 @@ fn a_write_releases_its_buffers_and_adds_up_its_childrens_figures() {
     io.back.sort_unstable();
     assert_eq!(io.back, vec![(0, false), (1, false)]);
 }
+
+#[test]
+fn tickets_keep_to_the_window_and_a_busy_stager_posts_nothing_yet() {
+    let t0 = Instant::now();
+    let mut io = Io {
+        busy: true,
+        ..Io::default()
+    };
+    let mut j = job(Op::Write, &[100, 100, 100], false, t0);
+    j.step(&mut io, t0, 2);
+    assert_eq!(io.next_ticket, 0);
+    assert_eq!(j.posted_at(), None, "nothing started, nothing posted");
+    io.busy = false;
+    j.step(&mut io, t0, 2);
+    assert_eq!(io.next_ticket, 2, "a window of two tickets");
+    assert!(j.owns_ticket(1) && j.owns_ticket(2) && !j.owns_ticket(3));
+    assert_eq!(j.posted_at(), None, "run 2 not started");
+    j.on_ticket_finished(1, Ok(()));
+    j.step(&mut io, t0, 2);
+    assert_eq!(io.next_ticket, 3);
+    assert_eq!(j.posted_at(), None, "tickets 2 and 3 still lend chunks");
+}
+
+#[test]
+fn a_direct_job_is_posted_when_its_last_run_goes_and_keeps_that_time() {
+    let t0 = Instant::now();
+    let t1 = t0 + Duration::from_millis(7);
+    let mut io = Io::default();
+    let runs = vec![
+        StagedRun {
+            staged: false,
+            len: 100,
+        };
+        2
+    ];
+    let mut j: StagedJob<C, u32> = StagedJob::new(Op::Write, runs, None, None, t0);
+    j.step(&mut io, t0, 4);
+    assert_eq!(io.posted.len(), 2);
+    assert_eq!(io.timeouts, vec![Duration::MAX; 2], "no deadline");
+    assert_eq!(j.posted_at(), Some(t0));
+    j.step(&mut io, t1, 4);
+    assert_eq!(j.posted_at(), Some(t0), "not moved by a later step");
+    j.on_child_finished(1, Ok(ChildStats::default()));
+    j.on_child_finished(2, Ok(ChildStats::default()));
+    j.step(&mut io, t1, 4);
+    assert!(j.is_over());
+    assert_eq!(j.result(), Ok(()));
+}
+
+#[test]
+fn a_buffer_that_waited_for_the_nic_is_counted() {
+    let t0 = Instant::now();
+    let mut io = Io::default();
+    let mut j = job(Op::Read, &[200], false, t0);
+    j.step(&mut io, t0, 4);
+    j.on_chunk(&mut io, t0, C(1, 0, 100, 0));
+    j.on_chunk(&mut io, t0, C(1, 100, 100, 1));
+    io.not_quiet = vec![0, 1];
+    j.on_child_finished(1, Ok(ChildStats::default()));
+    j.on_child_finished(2, Ok(ChildStats::default()));
+    j.on_ticket_finished(1, Ok(()));
+    j.step(&mut io, t0, 4);
+    assert!(!j.is_over());
+    io.not_quiet.clear();
+    j.step(&mut io, t0, 4);
+    assert!(j.is_over());
+    assert_eq!(j.stats().waited_for_nic, 2);
+    io.back.sort_unstable();
+    assert_eq!(
+        io.back,
+        vec![(0, true), (1, true)],
+        "a READ's bytes committed"
+    );
+}

@@ -62,6 +62,13 @@ struct Mock {
     script: Vec<PostResult>,
     /// The driver defers new receive slots.
     defer_slots: bool,
+    /// The driver cannot create queue pairs.
+    create_fails: bool,
+    /// The driver cannot connect queue pairs.
+    connect_fails: bool,
+    /// The driver's bound across connections: places left to keep a notification without its
+    /// slot (`None`: unbounded).
+    buffer_places: Option<usize>,
 }
 
 impl Io for Mock {
@@ -102,10 +109,23 @@ impl Io for Mock {
         self.armed.push((lane, slot));
         Ok(())
     }
+    fn buffer_notification(&mut self) -> bool {
+        match &mut self.buffer_places {
+            None => true,
+            Some(0) => false,
+            Some(n) => {
+                *n -= 1;
+                true
+            }
+        }
+    }
     fn may_arm_recv(&mut self) -> bool {
         !self.defer_slots
     }
     fn create_lanes(&mut self, _rail: usize, lanes: &[LaneRef]) -> Result<Vec<u32>, String> {
+        if self.create_fails {
+            return Err("no queue pair".into());
+        }
         self.created.extend_from_slice(lanes);
         Ok(lanes.iter().map(|l| 100 + l.gen as u32).collect())
     }
@@ -115,6 +135,9 @@ impl Io for Mock {
         _lanes: &[LaneRef],
         _remote: &Vec<u32>,
     ) -> Result<(), String> {
+        if self.connect_fails {
+            return Err("cannot connect".into());
+        }
         Ok(())
     }
     fn endpoint_count(&self, e: &Vec<u32>) -> usize {
@@ -522,4 +545,178 @@ fn a_fenced_rail_still_counts_as_usable_while_the_peer_answers() {
     t.tick(211);
     assert_eq!(t.io.result(2), None, "{:?}", t.io.finished);
     assert!(t.submit(212, 3, Op::Read, 1, None).is_ok());
+}
+
+impl T {
+    /// The peer answers our last renewal offer.
+    fn peer_renews(&mut self, ms: u64) {
+        let (rail, epoch) = match self.io.control.last() {
+            Some(Control::Renew { rail, epoch, .. }) => (*rail, *epoch),
+            other => panic!("no renewal offered: {other:?}"),
+        };
+        let now = self.at(ms);
+        let endpoints = vec![9; self.c.config().lanes_per_rail];
+        self.c.handle_control(
+            now,
+            &mut self.io,
+            Control::Renewed {
+                rail,
+                epoch,
+                endpoints,
+            },
+        );
+    }
+}
+
+#[test]
+fn a_rail_whose_probe_completes_is_readmitted_once() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Read, 1, None).unwrap();
+    let p = t.io.posts.remove(0);
+    t.complete(1, p.lane, p.last_wr(), Status::LaneError);
+    t.tick(201);
+    t.peer_renews(202);
+    assert_eq!(t.c.rails()[0].0, RailState::Probing);
+    let (lane, wr, _, h, _) = t.io.messages.pop().expect("the probe");
+    assert_eq!(h.flags, Header::PROBE);
+    t.complete(203, lane, wr, Status::Success);
+    let (state, stats) = &t.c.rails()[0];
+    assert_eq!(*state, RailState::Active);
+    assert_eq!((stats.readmissions, stats.renewals), (1, 1));
+    assert!(t
+        .io
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Readmitted { rail: 0 })));
+    // New transfers go on the new queue pair.
+    t.submit(204, 2, Op::Read, 1, None).unwrap();
+    assert_eq!(t.io.posts.len(), 1);
+    assert_eq!(t.io.posts[0].lane, lane);
+    t.complete_all(205);
+    assert_eq!(t.io.result(2), Some(&Ok(())));
+}
+
+impl T {
+    /// The peer offers new queue pairs for rail `rail`.
+    fn peer_offers(&mut self, ms: u64, rail: usize, epoch: u32) {
+        let now = self.at(ms);
+        let endpoints = vec![5; self.c.config().lanes_per_rail];
+        self.c.handle_control(
+            now,
+            &mut self.io,
+            Control::Renew {
+                rail,
+                epoch,
+                endpoints,
+            },
+        );
+    }
+
+    /// Fails rail `rail` with a lane error on a transfer pinned to it (by its mask).
+    fn fail_rail(&mut self, ms: u64, handle: u32, rail: usize) {
+        let mut spec = self.spec(handle, Op::Read, runs(1, 100), None);
+        spec.rail_mask = 1 << rail;
+        self.submit_spec(ms, spec).unwrap();
+        let p = self.io.posts.pop().expect("posted");
+        let w = self.c.config().lanes_per_rail;
+        assert_eq!(p.lane.lane / w, rail);
+        self.complete(ms, p.lane, p.last_wr(), Status::LaneError);
+        assert_eq!(self.c.rails()[rail].0, RailState::Paused);
+    }
+
+    fn pauses_of(&self, rail: usize) -> usize {
+        self.io
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::RailPaused { rail: r, .. } if *r == rail))
+            .count()
+    }
+}
+
+#[test]
+fn a_peer_renewal_of_a_paused_rail_we_cannot_make_fails_it_only_once() {
+    // Four rails of two lanes: the failed rail's neighbours keep their queue pairs.
+    let mut t = T::new(cfg(4, 2));
+    t.fail_rail(0, 1, 3);
+    assert_eq!(t.pauses_of(3), 1);
+    t.io.create_fails = true;
+    t.peer_offers(5, 3, 1);
+    assert_eq!(
+        t.io.control.last(),
+        Some(&Control::Refused { rail: 3, epoch: 1 })
+    );
+    assert_eq!(t.pauses_of(3), 1, "it was down already: {:?}", t.io.events);
+    assert_eq!(t.c.rails()[3].1.errors, 1);
+    assert_eq!(t.c.rails()[3].0, RailState::Paused);
+}
+
+#[test]
+fn a_peer_renewal_of_an_active_rail_we_cannot_make_pauses_it() {
+    let mut t = T::new(cfg(2, 1));
+    t.io.create_fails = true;
+    t.peer_offers(5, 1, 1);
+    assert_eq!(
+        t.io.control.last(),
+        Some(&Control::Refused { rail: 1, epoch: 1 })
+    );
+    assert_eq!(t.c.rails()[1].0, RailState::Paused);
+    assert_eq!(t.c.rails()[1].1.errors, 1);
+    assert_eq!(t.c.lanes()[1], None);
+    assert_eq!(t.pauses_of(1), 1);
+}
+
+#[test]
+fn a_peer_renewal_of_a_paused_rail_that_cannot_connect_destroys_the_new_queue_pairs() {
+    let mut t = T::new(cfg(1, 1));
+    t.fail_rail(0, 1, 0);
+    t.io.connect_fails = true;
+    t.peer_offers(5, 0, 1);
+    assert_eq!(
+        t.io.control.last(),
+        Some(&Control::Refused { rail: 0, epoch: 1 })
+    );
+    let new = *t.io.created.last().expect("created");
+    assert!(t.io.destroyed.contains(&new), "{:?}", t.io.destroyed);
+    assert_eq!(t.c.lanes(), vec![None]);
+    assert_eq!(t.c.rails()[0].0, RailState::Paused);
+    assert_eq!(t.c.rails()[0].1.errors, 2);
+}
+
+#[test]
+fn a_failover_is_timed_from_the_failure_to_the_repost() {
+    let mut t = T::new(cfg(2, 1));
+    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    let p = t.io.posts.remove(0);
+    assert_eq!(t.c.rails()[p.lane.lane].1.last_failover, None);
+    t.complete(3, p.lane, p.last_wr(), Status::LaneError);
+    assert_eq!(
+        t.io.posts.len(),
+        1,
+        "posted again on the other rail at once"
+    );
+    let failed = &t.c.rails()[p.lane.lane].1;
+    assert_eq!(
+        (failed.retries, failed.last_failover),
+        (1, Some(Duration::ZERO))
+    );
+}
+
+#[test]
+fn notifications_keep_their_slot_only_past_the_buffered_count() {
+    let mut c = cfg(1, 1);
+    c.recv_buffered = 1;
+    let mut t = T::new(c);
+    let now = t.at(0);
+    for id in 1..=2u64 {
+        let mut msg = Header { flags: 0, id }.encode().to_vec();
+        msg.extend_from_slice(b"hi");
+        t.c.handle_recv(now, &mut t.io, lane(0, 0), id as u16 - 1, Some(&msg));
+    }
+    let holds: Vec<bool> = t.io.delivered.iter().map(|(_, r)| r.holds).collect();
+    assert_eq!(
+        holds,
+        vec![false, true],
+        "one buffered, the second holds its slot"
+    );
+    assert_eq!(t.io.delivered[0].0, b"hi");
 }
