@@ -720,3 +720,138 @@ fn notifications_keep_their_slot_only_past_the_buffered_count() {
     );
     assert_eq!(t.io.delivered[0].0, b"hi");
 }
+
+#[test]
+fn a_rail_that_fails_carrying_nothing_has_no_failover_to_time() {
+    let mut t = T::new(cfg(3, 1));
+    // Rail 0 fails idle (an error completion with nothing posted).
+    t.complete(1, lane(0, 0), 0, Status::LaneError);
+    assert_eq!(t.c.rails()[0].0, RailState::Paused);
+    // Rail 1 fails with a request, posted again on rail 2.
+    let mut spec = t.spec(1, Op::Read, runs(1, 100), None);
+    spec.rail_mask = 1 << 1;
+    t.submit_spec(2, spec).unwrap();
+    let p = t.io.posts.remove(0);
+    assert_eq!(p.lane.lane, 1);
+    t.complete(5, p.lane, p.last_wr(), Status::LaneError);
+    assert_eq!(t.io.posts[0].lane.lane, 2);
+    assert_eq!(t.c.rails()[1].1.last_failover, Some(Duration::ZERO));
+    assert_eq!(
+        t.c.rails()[0].1.last_failover,
+        None,
+        "rail 0 had nothing to post again"
+    );
+}
+
+#[test]
+fn losing_every_rail_with_no_transfer_fails_nothing_and_says_nothing() {
+    let mut t = T::new(cfg(1, 1));
+    t.complete(1, lane(0, 0), 0, Status::LaneError);
+    assert_eq!(t.c.rails()[0].0, RailState::Paused);
+    t.tick(101);
+    t.tick(150);
+    assert!(
+        !t.io
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::NoRail { .. })),
+        "{:?}",
+        t.io.events
+    );
+    // A transfer submitted now is refused at once: no rail for a quiesce time.
+    assert!(matches!(
+        t.submit(160, 1, Op::Read, 1, None),
+        Err(Failure::NoRail { .. })
+    ));
+}
+
+impl T {
+    /// The peer answers our last renewal and our probe completes: the rail is active again.
+    fn readmit(&mut self, ms: u64) {
+        self.peer_renews(ms);
+        let (lane, wr, _, h, _) = self.io.messages.pop().expect("the probe");
+        assert_eq!(h.flags, Header::PROBE);
+        self.complete(ms, lane, wr, Status::Success);
+    }
+}
+
+#[test]
+fn a_fence_retires_the_bytes_it_carried_and_counts_what_it_posts_again() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Read, 1, Some(10)).unwrap();
+    t.submit(0, 2, Op::Read, 1, None).unwrap();
+    assert_eq!(t.c.rails()[0].1.inflight_bytes, 200);
+    t.tick(10);
+    t.io.posts.clear();
+    t.tick(110);
+    let r = &t.c.rails()[0].1;
+    assert_eq!((r.fences, r.retries, r.inflight_bytes), (1, 1, 0));
+    assert_eq!(r.last_failover, None, "not posted again yet");
+    t.readmit(116);
+    assert_eq!(t.io.posts.len(), 1, "transfer 2 again");
+    assert_eq!(
+        t.c.rails()[0].1.last_failover,
+        Some(Duration::from_millis(6))
+    );
+    t.complete_all(117);
+    let o = t.io.outcome(2).expect("finished");
+    assert_eq!(o.result, Ok(()));
+    assert_eq!(o.stats.retried_slices, 1);
+}
+
+#[test]
+fn a_fenced_write_on_the_second_rail_waits_for_that_rails_peer() {
+    let mut t = T::new(cfg(2, 1));
+    let mut spec = t.spec(1, Op::Write, runs(1, 100), Some(10));
+    spec.rail_mask = 1 << 1;
+    t.submit_spec(0, spec).unwrap();
+    assert_eq!(t.io.posts[0].lane.lane, 1);
+    t.tick(10);
+    t.tick(110);
+    assert_eq!(t.io.destroyed, vec![lane(1, 1)]);
+    assert!(t.io.finished.is_empty(), "its bytes may be on the wire");
+    assert_eq!(t.c.poll_timeout(), Some(t.at(210)));
+    t.peer_renews(120);
+    assert!(matches!(t.io.result(1), Some(Err(Failure::Timeout { .. }))));
+}
+
+#[test]
+fn a_fence_of_a_stopped_transfer_alone_posts_nothing_again() {
+    let mut t = T::new(cfg(2, 1));
+    let mut spec = t.spec(1, Op::Read, runs(1, 100), Some(10));
+    spec.rail_mask = 1;
+    t.submit_spec(0, spec).unwrap();
+    t.tick(10);
+    t.tick(110);
+    assert!(matches!(t.io.result(1), Some(Err(Failure::Timeout { .. }))));
+    let r = &t.c.rails()[0].1;
+    assert_eq!((r.fences, r.retries), (1, 0));
+    t.readmit(112);
+    assert_eq!(t.c.rails()[0].0, RailState::Active);
+    // Rail 1 fails carrying transfer 2, which goes on rail 0: only rail 1 had a failover.
+    let mut spec = t.spec(2, Op::Read, runs(1, 100), None);
+    spec.rail_mask = 1 << 1;
+    t.submit_spec(113, spec).unwrap();
+    let p = t.io.posts.pop().unwrap();
+    assert_eq!(p.lane.lane, 1);
+    t.complete(120, p.lane, p.last_wr(), Status::LaneError);
+    assert_eq!(t.io.posts.last().unwrap().lane.lane, 0);
+    assert_eq!(t.c.rails()[1].1.last_failover, Some(Duration::ZERO));
+    assert_eq!(t.c.rails()[0].1.last_failover, None);
+}
+
+#[test]
+fn receive_slots_of_a_destroyed_queue_pair_are_posted_anew_as_the_driver_allows() {
+    let mut t = T::new(cfg(1, 1));
+    t.io.defer_slots = true;
+    t.complete(1, lane(0, 0), 0, Status::LaneError);
+    t.tick(201);
+    let new = *t.io.created.last().expect("renewal offered");
+    assert!(
+        t.io.armed.is_empty(),
+        "the old queue pair's slots died with it; new ones wait for the driver"
+    );
+    t.io.defer_slots = false;
+    t.c.rearm(&mut t.io);
+    assert_eq!(t.io.armed, vec![(new, 0), (new, 1)]);
+}
