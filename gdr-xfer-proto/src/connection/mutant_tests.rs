@@ -407,6 +407,18 @@ fn a_closing_connection_refuses_new_transfers_with_the_first_reason() {
     // What is in flight goes on.
     t.complete_all(2);
     assert_eq!(t.io.result(1), Some(&Ok(())));
+    // And what is not posted yet is posted: 12 requests, 8 fit the send queue.
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Write, 12, None).unwrap();
+    assert_eq!(t.io.posts.len(), 1);
+    t.c.closing("bye");
+    let first = t.io.posts.remove(0);
+    assert_eq!(first.pieces.len(), 8);
+    t.complete(1, first.lane, first.last_wr(), Status::Success);
+    assert_eq!(t.io.posts.len(), 1, "the other 4 go while closing");
+    assert_eq!(t.io.posts[0].pieces.len(), 4);
+    t.complete_all(2);
+    assert_eq!(t.io.result(1), Some(&Ok(())));
 }
 
 #[test]
@@ -854,4 +866,94 @@ fn receive_slots_of_a_destroyed_queue_pair_are_posted_anew_as_the_driver_allows(
     t.io.defer_slots = false;
     t.c.rearm(&mut t.io);
     assert_eq!(t.io.armed, vec![(new, 0), (new, 1)]);
+}
+
+#[test]
+fn an_unanswered_renewal_destroys_its_queue_pairs_and_their_receive_slots_with_them() {
+    let mut t = T::new(cfg(1, 1));
+    t.complete(1, lane(0, 0), 0, Status::LaneError);
+    t.tick(201);
+    let offered = *t.io.created.last().expect("renewal offered");
+    assert_eq!(t.io.armed, vec![(offered, 0), (offered, 1)]);
+    let timeout = 201 + t.c.config().renew_timeout.as_millis() as u64;
+    t.tick(timeout);
+    assert!(t.io.destroyed.contains(&offered), "{:?}", t.io.destroyed);
+    assert_eq!(t.c.rails()[0].0, RailState::Paused);
+    assert!(t
+        .io
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::RenewalFailed { rail: 0, .. })));
+    // The next offer's slots are new posts, which the driver may defer.
+    t.io.defer_slots = true;
+    t.io.armed.clear();
+    let cooldown = 2 * crate::FIRST_COOLDOWN.as_millis() as u64;
+    t.tick(timeout + cooldown);
+    let next = *t.io.created.last().unwrap();
+    assert_ne!(next, offered, "a second offer");
+    assert!(t.io.armed.is_empty(), "{:?}", t.io.armed);
+}
+
+#[test]
+fn a_broken_post_fails_its_rail_and_the_transfer_goes_on_the_other_at_once() {
+    let mut t = T::new(cfg(2, 1));
+    t.io.script = vec![PostResult::Broken {
+        posted: 0,
+        detail: "not ready".into(),
+    }];
+    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    let paused: Vec<usize> = (0..2)
+        .filter(|&r| t.c.rails()[r].0 == RailState::Paused)
+        .collect();
+    assert_eq!(paused.len(), 1);
+    assert_eq!(
+        t.io.posts.len(),
+        1,
+        "posted on the other rail in the same call"
+    );
+    assert_ne!(t.io.posts[0].lane.lane, paused[0]);
+}
+
+#[test]
+fn a_lane_the_driver_found_full_waits_for_a_completion() {
+    let mut t = T::new(cfg(1, 1));
+    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    t.io.script = vec![PostResult::Full];
+    t.submit(0, 2, Op::Write, 1, None).unwrap();
+    assert_eq!(t.io.posts.len(), 1);
+    t.tick(1);
+    t.c.post_queued(t.at(1), &mut t.io);
+    assert_eq!(t.io.posts.len(), 1, "no completion yet: still full");
+    let p = t.io.posts[0].clone();
+    t.complete(2, p.lane, p.last_wr(), Status::Success);
+    assert_eq!(t.io.posts.len(), 2, "the completion made room");
+}
+
+#[test]
+fn one_rails_lanes_take_batches_in_turn_and_skip_a_full_one() {
+    let mut c = cfg(1, 2);
+    c.send_depth = 2;
+    let mut t = T::new(c);
+    for h in 1..=3 {
+        t.submit(0, h, Op::Write, 2, None).unwrap();
+    }
+    let lanes: Vec<usize> = t.io.posts.iter().map(|p| p.lane.lane).collect();
+    assert_eq!(lanes, vec![0, 1], "round robin; the third waits for room");
+    // Lane 1 completes; lane 0 is next in turn but full: the third goes on lane 1.
+    let p = t.io.posts[1].clone();
+    t.complete(1, p.lane, p.last_wr(), Status::Success);
+    assert_eq!(t.io.posts.len(), 3);
+    assert_eq!(t.io.posts[2].lane.lane, 1);
+}
+
+#[test]
+fn rails_past_the_thirty_second_carry_transfers_too() {
+    let mut t = T::new(cfg(33, 1));
+    let mut spec = t.spec(1, Op::Write, runs(1, 100), None);
+    // Preferring rail 32 cannot be said in the mask; any rail carries it.
+    spec.rail_mask = 0;
+    t.submit_spec(0, spec).unwrap();
+    assert_eq!(t.io.posts.len(), 1);
+    t.complete_all(1);
+    assert_eq!(t.io.result(1), Some(&Ok(())));
 }
