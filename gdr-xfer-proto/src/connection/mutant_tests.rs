@@ -957,3 +957,104 @@ fn rails_past_the_thirty_second_carry_transfers_too() {
     t.complete_all(1);
     assert_eq!(t.io.result(1), Some(&Ok(())));
 }
+
+#[test]
+fn a_rails_lanes_take_batches_in_turn_on_a_connection_of_several_rails() {
+    let on_rail_1 = |t: &mut T, h: u32, n: u64| {
+        let mut spec = t.spec(h, Op::Write, runs(n, 100), None);
+        spec.rail_mask = 1 << 1;
+        t.submit_spec(0, spec).unwrap();
+        t.io.posts.last().map(|p| p.lane.lane)
+    };
+    let mut t = T::new(cfg(2, 2));
+    let lanes: Vec<_> = (1..=3).map(|h| on_rail_1(&mut t, h, 1)).collect();
+    assert_eq!(
+        lanes,
+        vec![Some(2), Some(3), Some(2)],
+        "rail 1's lanes, in turn"
+    );
+    // Lane 2 full and next in turn: the batch goes on lane 3.
+    let mut c = cfg(2, 2);
+    c.send_depth = 2;
+    let mut t = T::new(c);
+    assert_eq!(on_rail_1(&mut t, 1, 2), Some(2));
+    assert_eq!(on_rail_1(&mut t, 2, 1), Some(3));
+    assert_eq!(on_rail_1(&mut t, 3, 1), Some(3), "lane 2 has no room");
+    assert_eq!(t.io.posts.len(), 3);
+}
+
+#[test]
+fn lanes_of_one_rail_take_single_requests_in_turn_and_are_counted_in_the_stats() {
+    let mut t = T::new(cfg(1, 2));
+    for h in 1..=3 {
+        t.submit(0, h, Op::Write, 1, None).unwrap();
+    }
+    let lanes: Vec<usize> = t.io.posts.iter().map(|p| p.lane.lane).collect();
+    assert_eq!(lanes, vec![0, 1, 0]);
+    // 12 requests, 8 per batch: one batch per lane.
+    let mut t = T::new(cfg(1, 2));
+    t.submit(0, 1, Op::Write, 12, None).unwrap();
+    let lanes: Vec<usize> = t.io.posts.iter().map(|p| p.lane.lane).collect();
+    assert_eq!(lanes, vec![0, 1]);
+    t.complete_all(1);
+    let o = t.io.outcome(1).expect("finished");
+    assert_eq!(o.result, Ok(()));
+    assert_eq!((o.stats.lanes_mask, o.stats.rails_mask), (0b11, 0b1));
+}
+
+#[test]
+fn a_batch_is_at_most_a_chunk_on_one_rail_and_a_stripe_chunk_on_several() {
+    let mut c = cfg(1, 1);
+    c.send_depth = 1000;
+    let mut t = T::new(c);
+    t.submit(0, 1, Op::Write, 100, None).unwrap();
+    let sizes: Vec<usize> = t.io.posts.iter().map(|p| p.pieces.len()).collect();
+    assert_eq!(sizes, vec![crate::CHUNK, 100 - crate::CHUNK]);
+    let mut c = cfg(2, 1);
+    c.send_depth = 1000;
+    let mut t = T::new(c);
+    t.submit(0, 1, Op::Write, 100, None).unwrap();
+    let sizes: Vec<usize> = t.io.posts.iter().map(|p| p.pieces.len()).collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 100);
+    assert_eq!(sizes[0], crate::STRIPE_CHUNK, "{sizes:?}");
+    assert!(sizes.iter().all(|&n| n <= crate::STRIPE_CHUNK), "{sizes:?}");
+}
+
+#[test]
+fn a_batch_goes_to_the_emptier_of_equal_rails() {
+    let mut t = T::new(cfg(2, 1));
+    let mut spec = t.spec(1, Op::Write, runs(1, 100), None);
+    spec.rail_mask = 1;
+    t.submit_spec(0, spec).unwrap();
+    t.submit(0, 2, Op::Write, 1, None).unwrap();
+    let lanes: Vec<usize> = t.io.posts.iter().map(|p| p.lane.lane).collect();
+    assert_eq!(lanes, vec![0, 1]);
+}
+
+#[test]
+fn a_batch_weighs_its_own_bytes_against_each_rails_speed() {
+    let mut c = cfg(2, 1);
+    c.send_depth = 100;
+    let mut t = T::new(c);
+    let on = |t: &mut T, ms: u64, h: u32, rail: usize, n: u64| {
+        let mut spec = t.spec(h, Op::Write, runs(n, 100), None);
+        spec.rail_mask = 1 << rail;
+        t.submit_spec(ms, spec).unwrap();
+    };
+    // Rail 0 moves 1,000 bytes in 10 ms, rail 1 in 100 ms.
+    on(&mut t, 0, 1, 0, 10);
+    t.complete_all(10);
+    t.tick(20);
+    on(&mut t, 20, 2, 1, 10);
+    t.complete_all(120);
+    t.tick(120);
+    let rate = |t: &T, r: usize| t.c.rails()[r].1.throughput;
+    assert!((rate(&t, 0) - 1.0e5).abs() < 1.0, "{}", rate(&t, 0));
+    assert!((rate(&t, 1) - 1.0e4).abs() < 1.0, "{}", rate(&t, 1));
+    // 2,000 bytes queued on the fast rail: a batch of 1,000 bytes still ends sooner there
+    // (3,000 bytes at 100 kB/s) than alone on the slow one (1,000 bytes at 10 kB/s).
+    on(&mut t, 121, 3, 0, 20);
+    t.submit(121, 4, Op::Write, 10, None).unwrap();
+    let last = t.io.posts.last().unwrap();
+    assert_eq!((last.lane.lane, last.pieces.len()), (0, 10));
+}
