@@ -947,10 +947,10 @@ fn one_rails_lanes_take_batches_in_turn_and_skip_a_full_one() {
 }
 
 #[test]
-fn rails_past_the_thirty_second_carry_transfers_too() {
+fn a_connection_of_more_than_thirty_two_rails_carries_transfers() {
     let mut t = T::new(cfg(33, 1));
     let mut spec = t.spec(1, Op::Write, runs(1, 100), None);
-    // Preferring rail 32 cannot be said in the mask; any rail carries it.
+    // No preferred rail: every rail a mask can name (the first 32) may carry it.
     spec.rail_mask = 0;
     t.submit_spec(0, spec).unwrap();
     assert_eq!(t.io.posts.len(), 1);
@@ -1029,6 +1029,8 @@ fn a_batch_goes_to_the_emptier_of_equal_rails() {
     t.submit(0, 2, Op::Write, 1, None).unwrap();
     let lanes: Vec<usize> = t.io.posts.iter().map(|p| p.lane.lane).collect();
     assert_eq!(lanes, vec![0, 1]);
+    t.complete_all(1);
+    assert_eq!(t.io.outcome(2).expect("finished").stats.rails_mask, 1 << 1);
 }
 
 #[test]
