@@ -1060,3 +1060,53 @@ fn a_batch_weighs_its_own_bytes_against_each_rails_speed() {
     let last = t.io.posts.last().unwrap();
     assert_eq!((last.lane.lane, last.pieces.len()), (0, 10));
 }
+
+#[test]
+fn messages_go_on_the_first_lane_of_the_first_active_rail_each_with_its_own_id() {
+    let mut t = T::new(cfg(2, 2));
+    // Rail 0 fails: rail 1's first lane (lane 2, generation 2) carries the messages.
+    t.complete(1, lane(0, 0), 0, Status::LaneError);
+    for h in 1..=2 {
+        let mut spec = t.spec(h, Op::Write, Vec::new(), None);
+        spec.notify = Some(vec![h as u8]);
+        t.submit_spec(2, spec).unwrap();
+    }
+    let sent: Vec<(LaneRef, u64, Vec<u8>)> =
+        t.io.messages
+            .iter()
+            .map(|(l, _, _, h, d)| (*l, h.id, d.clone()))
+            .collect();
+    assert_eq!(
+        sent,
+        vec![(lane(2, 2), 1, vec![1]), (lane(2, 2), 2, vec![2])]
+    );
+    t.complete_all(3);
+    assert_eq!(t.io.result(1), Some(&Ok(())));
+    assert_eq!(t.io.result(2), Some(&Ok(())));
+}
+
+#[test]
+fn a_failed_rail_is_offered_again_only_after_its_cooldown_and_probed_on_its_first_lane() {
+    let mut t = T::new(cfg(2, 2));
+    t.complete(1, lane(2, 2), 0, Status::LaneError);
+    assert_eq!(t.c.rails()[1].0, RailState::Paused);
+    t.tick(100);
+    assert!(t.io.control.is_empty(), "cooling down: {:?}", t.io.control);
+    t.tick(201);
+    assert!(matches!(
+        t.io.control.last(),
+        Some(Control::Renew { rail: 1, .. })
+    ));
+    let new = t.io.created.clone();
+    assert_eq!(new.len(), 2);
+    assert_eq!((new[0].lane, new[1].lane), (2, 3));
+    assert_ne!(new[0].gen, new[1].gen, "a generation is never reused");
+    t.peer_renews(202);
+    let (probe_lane, probe_wr, _, h, _) = t.io.messages.pop().expect("the probe");
+    assert_eq!(h.flags, Header::PROBE);
+    assert_eq!(probe_lane, new[0], "on the rail's first new lane");
+    // The next request gets a number of its own.
+    t.submit(203, 1, Op::Write, 1, None).unwrap();
+    let first = t.io.posts[0].pieces[0].4;
+    assert!(first > probe_wr, "{first} after the probe's {probe_wr}");
+}
