@@ -1110,3 +1110,67 @@ fn a_failed_rail_is_offered_again_only_after_its_cooldown_and_probed_on_its_firs
     let first = t.io.posts[0].pieces[0].4;
     assert!(first > probe_wr, "{first} after the probe's {probe_wr}");
 }
+
+#[test]
+fn a_peer_renewal_counts_a_readmission_only_for_a_rail_that_was_down() {
+    let mut t = T::new(cfg(2, 1));
+    t.peer_offers(1, 0, 1);
+    assert!(matches!(
+        t.io.control.last(),
+        Some(Control::Renewed {
+            rail: 0,
+            epoch: 1,
+            ..
+        })
+    ));
+    let r = &t.c.rails()[0].1;
+    assert_eq!((r.readmissions, r.renewals), (0, 1), "it was active");
+    t.fail_rail(2, 1, 1);
+    t.peer_offers(3, 1, 1);
+    assert_eq!(t.c.rails()[1].0, RailState::Active);
+    let r = &t.c.rails()[1].1;
+    assert_eq!((r.readmissions, r.renewals), (1, 1), "it was paused");
+}
+
+#[test]
+fn answers_to_renewals_never_offered_are_ignored() {
+    let mut t = T::new(cfg(1, 1));
+    let ignored = |t: &T| {
+        t.io.events
+            .iter()
+            .filter(|e| matches!(e, Event::Ignored { .. }))
+            .count()
+    };
+    // No offer at all, and a rail that does not exist.
+    let now = t.at(1);
+    t.c.handle_control(now, &mut t.io, Control::Refused { rail: 0, epoch: 7 });
+    t.c.handle_control(now, &mut t.io, Control::Refused { rail: 1, epoch: 1 });
+    let renewed = |rail, epoch, n| Control::Renewed {
+        rail,
+        epoch,
+        endpoints: vec![9; n],
+    };
+    t.c.handle_control(now, &mut t.io, renewed(1, 1, 1));
+    assert_eq!(ignored(&t), 3);
+    assert_eq!(t.c.rails()[0].0, RailState::Active);
+    assert_eq!(t.c.rails()[0].1.errors, 0);
+    // Our offer (epoch 1) is out: a stale epoch, or the wrong number of queue pairs, is not its
+    // answer.
+    t.complete(2, lane(0, 0), 0, Status::LaneError);
+    t.tick(202);
+    assert!(matches!(
+        t.io.control.last(),
+        Some(Control::Renew {
+            rail: 0,
+            epoch: 1,
+            ..
+        })
+    ));
+    t.c.handle_control(t.at(203), &mut t.io, renewed(0, 0, 1));
+    t.c.handle_control(t.at(203), &mut t.io, renewed(0, 1, 2));
+    assert_eq!(ignored(&t), 5);
+    assert_eq!(t.c.rails()[0].0, RailState::Renewing);
+    assert!(t.io.messages.is_empty(), "no probe");
+    t.c.handle_control(t.at(204), &mut t.io, renewed(0, 1, 1));
+    assert_eq!(t.c.rails()[0].0, RailState::Probing);
+}
