@@ -379,3 +379,7 @@ mod tests {
         assert!(fresh.cost_among(65536, best) > 10.0 * fresh.cost_among(65536, None));
     }
 }
+
+#[cfg(test)]
+#[path = "rail_mutant_tests.rs"]
+mod mutant_tests;

@@ -111,3 +111,7 @@ mod tests {
         assert_eq!(s.keys(), vec![b]);
     }
 }
+
+#[cfg(test)]
+#[path = "slab_mutant_tests.rs"]
+mod mutant_tests;

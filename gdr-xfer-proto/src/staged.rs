@@ -709,3 +709,7 @@ mod tests {
         assert!(matches!(j.result(), Err(Failure::Timeout { .. })));
     }
 }
+
+#[cfg(test)]
+#[path = "staged_mutant_tests.rs"]
+mod mutant_tests;

@@ -13,6 +13,7 @@
 //! * `post-cost`: gdr-xfer's instructions per posted block, under callgrind in the VM.
 //! * `downstream`: build a new crate from README.md's dependency line and example.
 //! * `fuzz [--minutes N] [TARGET...]`: the cargo-fuzz targets in fuzz/, executions and crashes.
+//! * `mutants`: cargo-mutants over gdr-xfer-proto's decision code (`.cargo/mutants.toml`).
 
 mod bench;
 mod bundle;
@@ -23,6 +24,7 @@ mod compare_xfer;
 mod demo;
 mod downstream;
 mod fuzz;
+mod mutants;
 mod perftest;
 mod post_cost;
 mod py_cost;
@@ -88,6 +90,8 @@ enum Command {
     Fuzz(fuzz::FuzzOpts),
     /// The deterministic simulation of gdr-xfer's core over many seeds (or one, or a mutant).
     Sim(sim::SimOpts),
+    /// Mutation testing of gdr-xfer's core with cargo-mutants (installed by hand; not in CI).
+    Mutants(mutants::MutantsOpts),
     /// The Python binding: build the abi3 wheel (maturin), host pytest, then VM pytest.
     PyTest(py_test::PyTestOpts),
     /// The Python binding's own instructions per call of Peer.transfer_blocks against the Rust
@@ -112,6 +116,7 @@ fn main() -> ExitCode {
         Command::Downstream => downstream::downstream(),
         Command::Fuzz(opts) => fuzz::fuzz(&opts),
         Command::Sim(opts) => sim::sim(&opts),
+        Command::Mutants(opts) => mutants::mutants(&opts),
         Command::PyTest(opts) => py_test::py_test(&opts),
         Command::PyCost(opts) => py_cost::py_cost(&opts),
     };

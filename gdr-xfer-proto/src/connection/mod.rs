@@ -789,3 +789,6 @@ pub use crate::io::Receipt;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod mutant_tests;
