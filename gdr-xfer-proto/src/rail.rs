@@ -381,5 +381,4 @@ mod tests {
 }
 
 #[cfg(test)]
-#[path = "rail_mutant_tests.rs"]
 mod mutant_tests;

@@ -113,5 +113,4 @@ mod tests {
 }
 
 #[cfg(test)]
-#[path = "slab_mutant_tests.rs"]
 mod mutant_tests;

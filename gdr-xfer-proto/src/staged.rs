@@ -550,83 +550,7 @@ impl<C, K: Copy + PartialEq> StagedJob<C, K> {
 mod tests {
     use super::*;
 
-    /// A chunk: (ticket, offset in run, len, buffer).
-    #[derive(Debug, PartialEq)]
-    struct C(u64, u64, u64, usize);
-
-    #[derive(Default)]
-    struct Io {
-        next_ticket: u64,
-        busy: bool,
-        posted: Vec<(u32, usize, u64, u64, bool)>,
-        next_child: u32,
-        cancelled: Vec<u32>,
-        cancelled_tickets: Vec<u64>,
-        not_quiet: Vec<usize>,
-        back: Vec<(usize, bool)>,
-    }
-
-    impl StageIo for Io {
-        type Chunk = C;
-        type Child = u32;
-        fn ticket_of(&self, c: &C) -> u64 {
-            c.0
-        }
-        fn place(&self, c: &C, _run: usize) -> (u64, u64) {
-            (c.1, c.2)
-        }
-        fn len_of(&self, c: &C) -> u64 {
-            c.2
-        }
-        fn start(&mut self, _run: usize) -> Result<u64, Start> {
-            if self.busy {
-                return Err(Start::Busy);
-            }
-            self.next_ticket += 1;
-            Ok(self.next_ticket)
-        }
-        fn cancel_ticket(&mut self, t: u64) {
-            self.cancelled_tickets.push(t);
-        }
-        fn post(
-            &mut self,
-            _c: Option<&C>,
-            run: usize,
-            offset: u64,
-            len: u64,
-            _t: Duration,
-            notify: Option<&[u8]>,
-        ) -> Result<u32, Failure> {
-            self.next_child += 1;
-            self.posted
-                .push((self.next_child, run, offset, len, notify.is_some()));
-            Ok(self.next_child)
-        }
-        fn cancel_child(&mut self, c: u32) {
-            self.cancelled.push(c);
-        }
-        fn is_quiet(&self, c: &C) -> bool {
-            !self.not_quiet.contains(&c.3)
-        }
-        fn give_back(&mut self, c: C, commit: bool) -> Result<(), String> {
-            self.back.push((c.3, commit));
-            Ok(())
-        }
-    }
-
-    fn job(op: Op, lens: &[u64], notify: bool, t0: Instant) -> StagedJob<C, u32> {
-        let runs = lens
-            .iter()
-            .map(|&len| StagedRun { staged: true, len })
-            .collect();
-        StagedJob::new(
-            op,
-            runs,
-            notify.then(|| b"n".to_vec()),
-            Some(Duration::from_secs(1)),
-            t0,
-        )
-    }
+    use super::scripted::{job, Io, C};
 
     #[test]
     fn the_notification_waits_for_every_other_byte_whatever_the_order_chunks_come_in() {
@@ -711,5 +635,6 @@ mod tests {
 }
 
 #[cfg(test)]
-#[path = "staged_mutant_tests.rs"]
 mod mutant_tests;
+#[cfg(test)]
+mod scripted;

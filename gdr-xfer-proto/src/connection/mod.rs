@@ -788,6 +788,8 @@ impl<I: Io> Connection<I> {
 pub use crate::io::Receipt;
 
 #[cfg(test)]
+mod scripted;
+#[cfg(test)]
 mod tests;
 
 #[cfg(test)]

@@ -1,195 +1,16 @@
 //! Unit tests written against the mutants cargo-mutants found alive (`cargo xtask mutants`):
-//! each pins one decision of the core that neither `tests.rs` nor the simulation observed. The
-//! scripted driver is a small copy of `tests.rs`'s (kept apart so both files can change on
-//! their own).
+//! each pins one decision of the core that neither `tests.rs` nor the simulation observed, with
+//! the same scripted driver (`scripted.rs`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::Connection;
-use crate::config::Config;
 use crate::control::Control;
-use crate::io::{
-    Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
-};
+use crate::io::{Event, Header, LaneRef, Op, PostResult, Status};
 use crate::rail::RailState;
 use crate::run::Run;
-use crate::transfer::{Failure, Outcome, Spec, TransferKey};
+use crate::transfer::{Failure, Spec, TransferKey};
 
-#[derive(Default)]
-struct Batch(Vec<(u64, u64, u64, u32, u64)>);
-
-impl Pieces for Batch {
-    fn clear(&mut self) {
-        self.0.clear();
-    }
-    fn push(&mut self, lo: u64, ra: u64, len: u64, rkey: u32, wr_id: u64) -> bool {
-        self.0.push((lo, ra, len, rkey, wr_id));
-        true
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-}
-
-/// A post the driver carried out.
-#[derive(Debug, Clone, PartialEq)]
-struct Post {
-    lane: LaneRef,
-    op: Op,
-    /// (local offset, remote address, len, rkey, wr_id) per request.
-    pieces: Vec<(u64, u64, u64, u32, u64)>,
-}
-
-impl Post {
-    fn last_wr(&self) -> u64 {
-        self.pieces.last().expect("a post has requests").4
-    }
-}
-
-#[derive(Default)]
-struct Mock {
-    batch: Batch,
-    posts: Vec<Post>,
-    messages: Vec<(LaneRef, u64, u16, Header, Vec<u8>)>,
-    armed: Vec<(LaneRef, u16)>,
-    created: Vec<LaneRef>,
-    destroyed: Vec<LaneRef>,
-    control: Vec<Control<Vec<u32>>>,
-    finished: Vec<(u32, Outcome)>,
-    delivered: Vec<(Vec<u8>, Receipt)>,
-    events: Vec<Event>,
-    /// Results for the next posts (default: posted).
-    script: Vec<PostResult>,
-    /// The driver defers new receive slots.
-    defer_slots: bool,
-    /// The driver cannot create queue pairs.
-    create_fails: bool,
-    /// The driver cannot connect queue pairs.
-    connect_fails: bool,
-    /// The driver's bound across connections: places left to keep a notification without its
-    /// slot (`None`: unbounded).
-    buffer_places: Option<usize>,
-}
-
-impl Io for Mock {
-    type Local = u8;
-    type Handle = u32;
-    type Endpoints = Vec<u32>;
-    type Pieces = Batch;
-
-    fn pieces(&mut self) -> &mut Batch {
-        &mut self.batch
-    }
-    fn post_rdma(&mut self, lane: LaneRef, op: Op, _local: &u8) -> PostResult {
-        if !self.script.is_empty() {
-            let r = self.script.remove(0);
-            if r != PostResult::Posted {
-                return r;
-            }
-        }
-        self.posts.push(Post {
-            lane,
-            op,
-            pieces: self.batch.0.clone(),
-        });
-        PostResult::Posted
-    }
-    fn post_message(
-        &mut self,
-        lane: LaneRef,
-        wr_id: u64,
-        slot: u16,
-        h: Header,
-        data: &[u8],
-    ) -> PostResult {
-        self.messages.push((lane, wr_id, slot, h, data.to_vec()));
-        PostResult::Posted
-    }
-    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String> {
-        self.armed.push((lane, slot));
-        Ok(())
-    }
-    fn buffer_notification(&mut self) -> bool {
-        match &mut self.buffer_places {
-            None => true,
-            Some(0) => false,
-            Some(n) => {
-                *n -= 1;
-                true
-            }
-        }
-    }
-    fn may_arm_recv(&mut self) -> bool {
-        !self.defer_slots
-    }
-    fn create_lanes(&mut self, _rail: usize, lanes: &[LaneRef]) -> Result<Vec<u32>, String> {
-        if self.create_fails {
-            return Err("no queue pair".into());
-        }
-        self.created.extend_from_slice(lanes);
-        Ok(lanes.iter().map(|l| 100 + l.gen as u32).collect())
-    }
-    fn connect_lanes(
-        &mut self,
-        _rail: usize,
-        _lanes: &[LaneRef],
-        _remote: &Vec<u32>,
-    ) -> Result<(), String> {
-        if self.connect_fails {
-            return Err("cannot connect".into());
-        }
-        Ok(())
-    }
-    fn endpoint_count(&self, e: &Vec<u32>) -> usize {
-        e.len()
-    }
-    fn destroy_lanes(&mut self, lanes: &[LaneRef]) {
-        self.destroyed.extend_from_slice(lanes);
-    }
-    fn send_control(&mut self, msg: Control<Vec<u32>>) {
-        self.control.push(msg);
-    }
-    fn finished(&mut self, handle: u32, outcome: Outcome) {
-        self.finished.push((handle, outcome));
-    }
-    fn deliver(&mut self, data: Vec<u8>, receipt: Receipt) {
-        self.delivered.push((data, receipt));
-    }
-    fn event(&mut self, event: Event) {
-        self.events.push(event);
-    }
-}
-
-impl Mock {
-    fn outcome(&self, handle: u32) -> Option<&Outcome> {
-        self.finished
-            .iter()
-            .find(|(h, _)| *h == handle)
-            .map(|(_, o)| o)
-    }
-    fn result(&self, handle: u32) -> Option<&Result<(), Failure>> {
-        self.outcome(handle).map(|o| &o.result)
-    }
-}
-
-struct T {
-    c: Connection<Mock>,
-    io: Mock,
-    t0: Instant,
-}
-
-fn cfg(rails: usize, lanes: usize) -> Config {
-    let mut c = Config::new(rails, lanes);
-    c.send_depth = 8;
-    c.slice_size = 100;
-    c.stripe_min = 0;
-    c.send_slots = 2;
-    c.recv_slots = 2;
-    c.recv_buffered = 0;
-    c.notify_max = 16;
-    c.quiesce = Duration::from_millis(100);
-    c
-}
+use super::scripted::{cfg, lane, Mock, T};
 
 /// `runs` runs of `len` bytes each, 1000 bytes apart on both sides, of local segment 0 and
 /// remote segment 0.
@@ -206,19 +27,6 @@ fn runs(runs: u64, len: u64) -> Vec<Run> {
 }
 
 impl T {
-    fn new(cfg: Config) -> T {
-        let t0 = Instant::now();
-        T {
-            c: Connection::new(cfg, t0),
-            io: Mock::default(),
-            t0,
-        }
-    }
-
-    fn at(&self, ms: u64) -> Instant {
-        self.t0 + Duration::from_millis(ms)
-    }
-
     /// A spec of the given runs, keys for every rail, any rail.
     fn spec(&self, handle: u32, op: Op, runs: Vec<Run>, timeout_ms: Option<u64>) -> Spec<Mock> {
         let rails = self.c.config().rails as u32;
@@ -236,11 +44,13 @@ impl T {
 
     fn submit_spec(&mut self, ms: u64, spec: Spec<Mock>) -> Result<TransferKey, Failure> {
         let now = self.at(ms);
-        self.c.submit(now, &mut self.io, spec)
+        let r = self.c.submit(now, &mut self.io, spec);
+        self.drain();
+        r
     }
 
     /// `n` runs of 100 bytes (one request each).
-    fn submit(
+    fn submit_n(
         &mut self,
         ms: u64,
         handle: u32,
@@ -251,40 +61,6 @@ impl T {
         let spec = self.spec(handle, op, runs(n, 100), timeout_ms);
         self.submit_spec(ms, spec)
     }
-
-    fn complete(&mut self, ms: u64, lane: LaneRef, wr_id: u64, status: Status) {
-        let now = self.at(ms);
-        let c = SendCompletion {
-            lane,
-            wr_id,
-            status,
-            raw_status: 0,
-            vendor_err: 0,
-            qp_num: 7,
-        };
-        self.c.handle_send_completion(now, &mut self.io, c);
-    }
-
-    /// Completes every post and message so far, in order, successfully.
-    fn complete_all(&mut self, ms: u64) {
-        while !self.io.posts.is_empty() || !self.io.messages.is_empty() {
-            for p in std::mem::take(&mut self.io.posts) {
-                self.complete(ms, p.lane, p.last_wr(), Status::Success);
-            }
-            for (lane, wr, ..) in std::mem::take(&mut self.io.messages) {
-                self.complete(ms, lane, wr, Status::Success);
-            }
-        }
-    }
-
-    fn tick(&mut self, ms: u64) {
-        let now = self.at(ms);
-        self.c.handle_timeout(now, &mut self.io);
-    }
-}
-
-fn lane(lane: usize, gen: u64) -> LaneRef {
-    LaneRef { lane, gen }
 }
 
 #[test]
@@ -299,7 +75,7 @@ fn lanes_name_each_queue_pair_and_none_once_its_rail_failed() {
             Some(lane(3, 3))
         ]
     );
-    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 1, None).unwrap();
     let p = t.io.posts.remove(0);
     t.complete(1, p.lane, p.last_wr(), Status::LaneError);
     let rail = p.lane.lane / 2;
@@ -318,8 +94,8 @@ fn lanes_name_each_queue_pair_and_none_once_its_rail_failed() {
 fn transfers_counts_the_unfinished_ones() {
     let mut t = T::new(cfg(1, 1));
     assert_eq!(t.c.transfers(), 0);
-    t.submit(0, 1, Op::Write, 1, None).unwrap();
-    t.submit(0, 2, Op::Write, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 1, None).unwrap();
+    t.submit_n(0, 2, Op::Write, 1, None).unwrap();
     assert_eq!(t.c.transfers(), 2);
     t.complete_all(1);
     assert_eq!(t.c.transfers(), 0);
@@ -329,14 +105,14 @@ fn transfers_counts_the_unfinished_ones() {
 #[test]
 fn a_no_rail_failure_names_each_rails_state_and_last_error() {
     let mut t = T::new(cfg(2, 1));
-    t.submit(0, 1, Op::Read, 2, None).unwrap();
+    t.submit_n(0, 1, Op::Read, 2, None).unwrap();
     // Whatever a failed rail carried goes on the other: fail both.
     while let Some(p) = t.io.posts.pop() {
         t.complete(1, p.lane, p.last_wr(), Status::LaneError);
     }
     assert!(t.c.rails().iter().all(|r| r.0 == RailState::Paused));
     t.tick(101);
-    let detail = match t.io.result(1) {
+    let detail = match t.io.outcome(1) {
         Some(Err(Failure::NoRail { detail })) => detail.clone(),
         other => panic!("{other:?}"),
     };
@@ -346,7 +122,7 @@ fn a_no_rail_failure_names_each_rails_state_and_last_error() {
         format!("rail 0 Paused: {why}; rail 1 Paused: {why}"),
         "{detail}"
     );
-    match t.submit(102, 2, Op::Read, 1, None) {
+    match t.submit_n(102, 2, Op::Read, 1, None) {
         Err(Failure::NoRail { detail: d }) => assert_eq!(d, detail),
         other => panic!("{other:?}"),
     }
@@ -358,9 +134,11 @@ fn a_transfer_of_exactly_the_inline_bound_is_posted_at_once() {
     let spec = t.spec(1, Op::Write, runs(2, 100), None);
     let now = t.at(0);
     t.c.submit_inline_up_to(now, &mut t.io, spec, 200).unwrap();
+    t.drain();
     assert_eq!(t.io.posts.len(), 1, "200 bytes, bound 200: posted inline");
     let spec = t.spec(2, Op::Write, runs(2, 100), None);
     t.c.submit_inline_up_to(now, &mut t.io, spec, 199).unwrap();
+    t.drain();
     assert_eq!(t.io.posts.len(), 1, "one byte over: queued");
     assert_eq!(t.c.poll_timeout(), Some(now), "due at once");
 }
@@ -381,35 +159,36 @@ fn a_transfer_needs_a_remote_key_per_rail_for_each_remote_segment() {
 #[test]
 fn a_cancelled_transfer_without_a_notification_is_cancelled_even_if_everything_landed() {
     let mut t = T::new(cfg(1, 1));
-    let k = t.submit(0, 1, Op::Write, 3, None).unwrap();
+    let k = t.submit_n(0, 1, Op::Write, 3, None).unwrap();
     assert!(t.c.is_pending(k));
     assert_eq!(t.io.posts.len(), 1, "every request in flight");
     assert!(t.c.cancel(t.at(1), &mut t.io, k));
+    t.drain();
     assert!(t.c.is_pending(k), "its requests are still in flight");
     t.complete_all(2);
-    assert_eq!(t.io.result(1), Some(&Err(Failure::Cancelled)));
+    assert_eq!(t.io.outcome(1), Some(&Err(Failure::Cancelled)));
     assert!(!t.c.is_pending(k));
 }
 
 #[test]
 fn a_closing_connection_refuses_new_transfers_with_the_first_reason() {
     let mut t = T::new(cfg(1, 1));
-    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 1, None).unwrap();
     assert_eq!(t.c.gone_reason(), None);
     t.c.closing("peer said goodbye");
     t.c.closing("a later reason");
     assert_eq!(t.c.gone_reason(), Some("peer said goodbye"));
     assert!(!t.c.is_closed());
-    match t.submit(1, 2, Op::Write, 1, None) {
+    match t.submit_n(1, 2, Op::Write, 1, None) {
         Err(Failure::PeerLost { reason }) => assert_eq!(reason, "peer said goodbye"),
         other => panic!("{other:?}"),
     }
     // What is in flight goes on.
     t.complete_all(2);
-    assert_eq!(t.io.result(1), Some(&Ok(())));
+    assert_eq!(t.io.outcome(1), Some(&Ok(())));
     // And what is not posted yet is posted: 12 requests, 8 fit the send queue.
     let mut t = T::new(cfg(1, 1));
-    t.submit(0, 1, Op::Write, 12, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 12, None).unwrap();
     assert_eq!(t.io.posts.len(), 1);
     t.c.closing("bye");
     let first = t.io.posts.remove(0);
@@ -418,18 +197,18 @@ fn a_closing_connection_refuses_new_transfers_with_the_first_reason() {
     assert_eq!(t.io.posts.len(), 1, "the other 4 go while closing");
     assert_eq!(t.io.posts[0].pieces.len(), 4);
     t.complete_all(2);
-    assert_eq!(t.io.result(1), Some(&Ok(())));
+    assert_eq!(t.io.outcome(1), Some(&Ok(())));
 }
 
 #[test]
 fn an_idle_open_connection_still_wakes_for_a_paused_rails_cooldown() {
     let mut t = T::new(cfg(2, 1));
-    t.submit(0, 1, Op::Read, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Read, 1, None).unwrap();
     let p = t.io.posts.remove(0);
     t.complete(1, p.lane, p.last_wr(), Status::LaneError);
     t.complete_all(2);
     assert_eq!(
-        t.io.result(1),
+        t.io.outcome(1),
         Some(&Ok(())),
         "carried on by the other rail"
     );
@@ -444,7 +223,7 @@ fn an_idle_open_connection_still_wakes_for_a_paused_rails_cooldown() {
 #[test]
 fn with_no_rail_the_next_wake_is_one_quiesce_time_later_not_the_cooldown() {
     let mut t = T::new(cfg(1, 1));
-    t.submit(0, 1, Op::Read, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Read, 1, None).unwrap();
     let p = t.io.posts.remove(0);
     t.complete(1, p.lane, p.last_wr(), Status::LaneError);
     assert_eq!(
@@ -453,7 +232,7 @@ fn with_no_rail_the_next_wake_is_one_quiesce_time_later_not_the_cooldown() {
         "the transfers fail one quiesce time after the last rail went"
     );
     t.tick(101);
-    assert!(matches!(t.io.result(1), Some(Err(Failure::NoRail { .. }))));
+    assert!(matches!(t.io.outcome(1), Some(Err(Failure::NoRail { .. }))));
     assert_eq!(
         t.c.poll_timeout(),
         Some(t.at(1) + crate::FIRST_COOLDOWN),
@@ -465,7 +244,7 @@ fn with_no_rail_the_next_wake_is_one_quiesce_time_later_not_the_cooldown() {
 fn a_rail_with_bytes_in_flight_wakes_for_its_throughput_sample() {
     let mut t = T::new(cfg(1, 1));
     assert_eq!(t.c.poll_timeout(), None, "nothing to do");
-    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 1, None).unwrap();
     assert_eq!(t.c.poll_timeout(), Some(t.at(0) + crate::SAMPLE));
     t.complete_all(5);
     assert_eq!(t.c.poll_timeout(), None, "idle again");
@@ -478,7 +257,7 @@ fn a_stopped_write_with_nothing_in_flight_waits_for_the_peer_without_a_fence() {
     // time after the failure. The quiesce time after the stop passes meanwhile: nothing is left
     // to fence.
     let mut t = T::new(cfg(2, 1));
-    t.submit(0, 1, Op::Write, 1, Some(10)).unwrap();
+    t.submit_n(0, 1, Op::Write, 1, Some(10)).unwrap();
     t.tick(10);
     let p = t.io.posts.remove(0);
     t.complete(50, p.lane, p.last_wr(), Status::LaneError);
@@ -495,7 +274,10 @@ fn a_stopped_write_with_nothing_in_flight_waits_for_the_peer_without_a_fence() {
     assert_eq!(t.c.rails()[1 - p.lane.lane].1.fences, 0);
     assert!(t.io.finished.is_empty(), "on the wire until 150");
     t.tick(150);
-    assert!(matches!(t.io.result(1), Some(Err(Failure::Timeout { .. }))));
+    assert!(matches!(
+        t.io.outcome(1),
+        Some(Err(Failure::Timeout { .. }))
+    ));
 }
 
 #[test]
@@ -504,9 +286,11 @@ fn a_closed_connection_never_wakes_even_with_a_queued_transfer_it_ended() {
     let spec = t.spec(1, Op::Write, runs(2, 100), None);
     let now = t.at(0);
     t.c.submit_inline_up_to(now, &mut t.io, spec, 0).unwrap();
+    t.drain();
     assert_eq!(t.c.poll_timeout(), Some(now), "queued: due at once");
-    t.c.close(t.at(1), &mut t.io, Failure::AgentClosed);
-    assert_eq!(t.io.result(1), Some(&Err(Failure::AgentClosed)));
+    t.c.close(t.at(1), Failure::AgentClosed);
+    t.drain();
+    assert_eq!(t.io.outcome(1), Some(&Err(Failure::AgentClosed)));
     assert_eq!(t.c.transfers(), 0);
     assert_eq!(t.c.poll_timeout(), None);
 }
@@ -514,7 +298,7 @@ fn a_closed_connection_never_wakes_even_with_a_queued_transfer_it_ended() {
 #[test]
 fn a_rail_counts_the_bytes_and_requests_completed_on_it() {
     let mut t = T::new(cfg(1, 1));
-    t.submit(0, 1, Op::Write, 3, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 3, None).unwrap();
     t.complete_all(1);
     let (state, stats) = &t.c.rails()[0];
     assert_eq!(*state, RailState::Active);
@@ -530,7 +314,7 @@ fn a_rail_renewed_after_its_cooldown_does_not_hold_off_the_no_rail_failure() {
     // Longer than the first cool-down: the renewal starts before the transfers fail.
     c.quiesce = Duration::from_millis(300);
     let mut t = T::new(c);
-    t.submit(0, 1, Op::Read, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Read, 1, None).unwrap();
     let p = t.io.posts.remove(0);
     t.complete(1, p.lane, p.last_wr(), Status::LaneError);
     t.tick(201);
@@ -538,7 +322,7 @@ fn a_rail_renewed_after_its_cooldown_does_not_hold_off_the_no_rail_failure() {
     assert!(t.io.finished.is_empty());
     t.tick(301);
     assert!(
-        matches!(t.io.result(1), Some(Err(Failure::NoRail { .. }))),
+        matches!(t.io.outcome(1), Some(Err(Failure::NoRail { .. }))),
         "{:?}",
         t.io.finished
     );
@@ -547,43 +331,25 @@ fn a_rail_renewed_after_its_cooldown_does_not_hold_off_the_no_rail_failure() {
 #[test]
 fn a_fenced_rail_still_counts_as_usable_while_the_peer_answers() {
     let mut t = T::new(cfg(1, 1));
-    t.submit(0, 1, Op::Read, 1, Some(10)).unwrap();
-    t.submit(0, 2, Op::Read, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Read, 1, Some(10)).unwrap();
+    t.submit_n(0, 2, Op::Read, 1, None).unwrap();
     t.tick(10);
     t.tick(110);
-    assert!(matches!(t.io.result(1), Some(Err(Failure::Timeout { .. }))));
+    assert!(matches!(
+        t.io.outcome(1),
+        Some(Err(Failure::Timeout { .. }))
+    ));
     assert_eq!(t.c.rails()[0].0, RailState::Renewing, "fenced");
     // One quiesce time into the fence, the renewal (5 s to answer) still carries transfer 2.
     t.tick(211);
-    assert_eq!(t.io.result(2), None, "{:?}", t.io.finished);
-    assert!(t.submit(212, 3, Op::Read, 1, None).is_ok());
-}
-
-impl T {
-    /// The peer answers our last renewal offer.
-    fn peer_renews(&mut self, ms: u64) {
-        let (rail, epoch) = match self.io.control.last() {
-            Some(Control::Renew { rail, epoch, .. }) => (*rail, *epoch),
-            other => panic!("no renewal offered: {other:?}"),
-        };
-        let now = self.at(ms);
-        let endpoints = vec![9; self.c.config().lanes_per_rail];
-        self.c.handle_control(
-            now,
-            &mut self.io,
-            Control::Renewed {
-                rail,
-                epoch,
-                endpoints,
-            },
-        );
-    }
+    assert_eq!(t.io.outcome(2), None, "{:?}", t.io.finished);
+    assert!(t.submit_n(212, 3, Op::Read, 1, None).is_ok());
 }
 
 #[test]
 fn a_rail_whose_probe_completes_is_readmitted_once() {
     let mut t = T::new(cfg(1, 1));
-    t.submit(0, 1, Op::Read, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Read, 1, None).unwrap();
     let p = t.io.posts.remove(0);
     t.complete(1, p.lane, p.last_wr(), Status::LaneError);
     t.tick(201);
@@ -601,11 +367,11 @@ fn a_rail_whose_probe_completes_is_readmitted_once() {
         .iter()
         .any(|e| matches!(e, Event::Readmitted { rail: 0 })));
     // New transfers go on the new queue pair.
-    t.submit(204, 2, Op::Read, 1, None).unwrap();
+    t.submit_n(204, 2, Op::Read, 1, None).unwrap();
     assert_eq!(t.io.posts.len(), 1);
     assert_eq!(t.io.posts[0].lane, lane);
     t.complete_all(205);
-    assert_eq!(t.io.result(2), Some(&Ok(())));
+    assert_eq!(t.io.outcome(2), Some(&Ok(())));
 }
 
 impl T {
@@ -622,6 +388,7 @@ impl T {
                 endpoints,
             },
         );
+        self.drain();
     }
 
     /// Fails rail `rail` with a lane error on a transfer pinned to it (by its mask).
@@ -697,7 +464,7 @@ fn a_peer_renewal_of_a_paused_rail_that_cannot_connect_destroys_the_new_queue_pa
 #[test]
 fn a_failover_is_timed_from_the_failure_to_the_repost() {
     let mut t = T::new(cfg(2, 1));
-    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 1, None).unwrap();
     let p = t.io.posts.remove(0);
     assert_eq!(t.c.rails()[p.lane.lane].1.last_failover, None);
     t.complete(3, p.lane, p.last_wr(), Status::LaneError);
@@ -723,6 +490,7 @@ fn notifications_keep_their_slot_only_past_the_buffered_count() {
         let mut msg = Header { flags: 0, id }.encode().to_vec();
         msg.extend_from_slice(b"hi");
         t.c.handle_recv(now, &mut t.io, lane(0, 0), id as u16 - 1, Some(&msg));
+        t.drain();
     }
     let holds: Vec<bool> = t.io.delivered.iter().map(|(_, r)| r.holds).collect();
     assert_eq!(
@@ -772,7 +540,7 @@ fn losing_every_rail_with_no_transfer_fails_nothing_and_says_nothing() {
     );
     // A transfer submitted now is refused at once: no rail for a quiesce time.
     assert!(matches!(
-        t.submit(160, 1, Op::Read, 1, None),
+        t.submit_n(160, 1, Op::Read, 1, None),
         Err(Failure::NoRail { .. })
     ));
 }
@@ -790,8 +558,8 @@ impl T {
 #[test]
 fn a_fence_retires_the_bytes_it_carried_and_counts_what_it_posts_again() {
     let mut t = T::new(cfg(1, 1));
-    t.submit(0, 1, Op::Read, 1, Some(10)).unwrap();
-    t.submit(0, 2, Op::Read, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Read, 1, Some(10)).unwrap();
+    t.submit_n(0, 2, Op::Read, 1, None).unwrap();
     assert_eq!(t.c.rails()[0].1.inflight_bytes, 200);
     t.tick(10);
     t.io.posts.clear();
@@ -806,7 +574,7 @@ fn a_fence_retires_the_bytes_it_carried_and_counts_what_it_posts_again() {
         Some(Duration::from_millis(6))
     );
     t.complete_all(117);
-    let o = t.io.outcome(2).expect("finished");
+    let o = t.io.full_outcome(2).expect("finished");
     assert_eq!(o.result, Ok(()));
     assert_eq!(o.stats.retried_slices, 1);
 }
@@ -824,7 +592,10 @@ fn a_fenced_write_on_the_second_rail_waits_for_that_rails_peer() {
     assert!(t.io.finished.is_empty(), "its bytes may be on the wire");
     assert_eq!(t.c.poll_timeout(), Some(t.at(210)));
     t.peer_renews(120);
-    assert!(matches!(t.io.result(1), Some(Err(Failure::Timeout { .. }))));
+    assert!(matches!(
+        t.io.outcome(1),
+        Some(Err(Failure::Timeout { .. }))
+    ));
 }
 
 #[test]
@@ -835,7 +606,10 @@ fn a_fence_of_a_stopped_transfer_alone_posts_nothing_again() {
     t.submit_spec(0, spec).unwrap();
     t.tick(10);
     t.tick(110);
-    assert!(matches!(t.io.result(1), Some(Err(Failure::Timeout { .. }))));
+    assert!(matches!(
+        t.io.outcome(1),
+        Some(Err(Failure::Timeout { .. }))
+    ));
     let r = &t.c.rails()[0].1;
     assert_eq!((r.fences, r.retries), (1, 0));
     t.readmit(112);
@@ -865,6 +639,7 @@ fn receive_slots_of_a_destroyed_queue_pair_are_posted_anew_as_the_driver_allows(
     );
     t.io.defer_slots = false;
     t.c.rearm(&mut t.io);
+    t.drain();
     assert_eq!(t.io.armed, vec![(new, 0), (new, 1)]);
 }
 
@@ -901,7 +676,7 @@ fn a_broken_post_fails_its_rail_and_the_transfer_goes_on_the_other_at_once() {
         posted: 0,
         detail: "not ready".into(),
     }];
-    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 1, None).unwrap();
     let paused: Vec<usize> = (0..2)
         .filter(|&r| t.c.rails()[r].0 == RailState::Paused)
         .collect();
@@ -917,12 +692,13 @@ fn a_broken_post_fails_its_rail_and_the_transfer_goes_on_the_other_at_once() {
 #[test]
 fn a_lane_the_driver_found_full_waits_for_a_completion() {
     let mut t = T::new(cfg(1, 1));
-    t.submit(0, 1, Op::Write, 1, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 1, None).unwrap();
     t.io.script = vec![PostResult::Full];
-    t.submit(0, 2, Op::Write, 1, None).unwrap();
+    t.submit_n(0, 2, Op::Write, 1, None).unwrap();
     assert_eq!(t.io.posts.len(), 1);
     t.tick(1);
     t.c.post_queued(t.at(1), &mut t.io);
+    t.drain();
     assert_eq!(t.io.posts.len(), 1, "no completion yet: still full");
     let p = t.io.posts[0].clone();
     t.complete(2, p.lane, p.last_wr(), Status::Success);
@@ -935,7 +711,7 @@ fn one_rails_lanes_take_batches_in_turn_and_skip_a_full_one() {
     c.send_depth = 2;
     let mut t = T::new(c);
     for h in 1..=3 {
-        t.submit(0, h, Op::Write, 2, None).unwrap();
+        t.submit_n(0, h, Op::Write, 2, None).unwrap();
     }
     let lanes: Vec<usize> = t.io.posts.iter().map(|p| p.lane.lane).collect();
     assert_eq!(lanes, vec![0, 1], "round robin; the third waits for room");
@@ -955,7 +731,7 @@ fn a_connection_of_more_than_thirty_two_rails_carries_transfers() {
     t.submit_spec(0, spec).unwrap();
     assert_eq!(t.io.posts.len(), 1);
     t.complete_all(1);
-    assert_eq!(t.io.result(1), Some(&Ok(())));
+    assert_eq!(t.io.outcome(1), Some(&Ok(())));
 }
 
 #[test]
@@ -987,17 +763,17 @@ fn a_rails_lanes_take_batches_in_turn_on_a_connection_of_several_rails() {
 fn lanes_of_one_rail_take_single_requests_in_turn_and_are_counted_in_the_stats() {
     let mut t = T::new(cfg(1, 2));
     for h in 1..=3 {
-        t.submit(0, h, Op::Write, 1, None).unwrap();
+        t.submit_n(0, h, Op::Write, 1, None).unwrap();
     }
     let lanes: Vec<usize> = t.io.posts.iter().map(|p| p.lane.lane).collect();
     assert_eq!(lanes, vec![0, 1, 0]);
     // 12 requests, 8 per batch: one batch per lane.
     let mut t = T::new(cfg(1, 2));
-    t.submit(0, 1, Op::Write, 12, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 12, None).unwrap();
     let lanes: Vec<usize> = t.io.posts.iter().map(|p| p.lane.lane).collect();
     assert_eq!(lanes, vec![0, 1]);
     t.complete_all(1);
-    let o = t.io.outcome(1).expect("finished");
+    let o = t.io.full_outcome(1).expect("finished");
     assert_eq!(o.result, Ok(()));
     assert_eq!((o.stats.lanes_mask, o.stats.rails_mask), (0b11, 0b1));
 }
@@ -1007,13 +783,13 @@ fn a_batch_is_at_most_a_chunk_on_one_rail_and_a_stripe_chunk_on_several() {
     let mut c = cfg(1, 1);
     c.send_depth = 1000;
     let mut t = T::new(c);
-    t.submit(0, 1, Op::Write, 100, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 100, None).unwrap();
     let sizes: Vec<usize> = t.io.posts.iter().map(|p| p.pieces.len()).collect();
     assert_eq!(sizes, vec![crate::CHUNK, 100 - crate::CHUNK]);
     let mut c = cfg(2, 1);
     c.send_depth = 1000;
     let mut t = T::new(c);
-    t.submit(0, 1, Op::Write, 100, None).unwrap();
+    t.submit_n(0, 1, Op::Write, 100, None).unwrap();
     let sizes: Vec<usize> = t.io.posts.iter().map(|p| p.pieces.len()).collect();
     assert_eq!(sizes.iter().sum::<usize>(), 100);
     assert_eq!(sizes[0], crate::STRIPE_CHUNK, "{sizes:?}");
@@ -1026,11 +802,14 @@ fn a_batch_goes_to_the_emptier_of_equal_rails() {
     let mut spec = t.spec(1, Op::Write, runs(1, 100), None);
     spec.rail_mask = 1;
     t.submit_spec(0, spec).unwrap();
-    t.submit(0, 2, Op::Write, 1, None).unwrap();
+    t.submit_n(0, 2, Op::Write, 1, None).unwrap();
     let lanes: Vec<usize> = t.io.posts.iter().map(|p| p.lane.lane).collect();
     assert_eq!(lanes, vec![0, 1]);
     t.complete_all(1);
-    assert_eq!(t.io.outcome(2).expect("finished").stats.rails_mask, 1 << 1);
+    assert_eq!(
+        t.io.full_outcome(2).expect("finished").stats.rails_mask,
+        1 << 1
+    );
 }
 
 #[test]
@@ -1056,7 +835,7 @@ fn a_batch_weighs_its_own_bytes_against_each_rails_speed() {
     // 2,000 bytes queued on the fast rail: a batch of 1,000 bytes still ends sooner there
     // (3,000 bytes at 100 kB/s) than alone on the slow one (1,000 bytes at 10 kB/s).
     on(&mut t, 121, 3, 0, 20);
-    t.submit(121, 4, Op::Write, 10, None).unwrap();
+    t.submit_n(121, 4, Op::Write, 10, None).unwrap();
     let last = t.io.posts.last().unwrap();
     assert_eq!((last.lane.lane, last.pieces.len()), (0, 10));
 }
@@ -1081,8 +860,8 @@ fn messages_go_on_the_first_lane_of_the_first_active_rail_each_with_its_own_id()
         vec![(lane(2, 2), 1, vec![1]), (lane(2, 2), 2, vec![2])]
     );
     t.complete_all(3);
-    assert_eq!(t.io.result(1), Some(&Ok(())));
-    assert_eq!(t.io.result(2), Some(&Ok(())));
+    assert_eq!(t.io.outcome(1), Some(&Ok(())));
+    assert_eq!(t.io.outcome(2), Some(&Ok(())));
 }
 
 #[test]
@@ -1106,7 +885,7 @@ fn a_failed_rail_is_offered_again_only_after_its_cooldown_and_probed_on_its_firs
     assert_eq!(h.flags, Header::PROBE);
     assert_eq!(probe_lane, new[0], "on the rail's first new lane");
     // The next request gets a number of its own.
-    t.submit(203, 1, Op::Write, 1, None).unwrap();
+    t.submit_n(203, 1, Op::Write, 1, None).unwrap();
     let first = t.io.posts[0].pieces[0].4;
     assert!(first > probe_wr, "{first} after the probe's {probe_wr}");
 }
@@ -1144,13 +923,16 @@ fn answers_to_renewals_never_offered_are_ignored() {
     // No offer at all, and a rail that does not exist.
     let now = t.at(1);
     t.c.handle_control(now, &mut t.io, Control::Refused { rail: 0, epoch: 7 });
+    t.drain();
     t.c.handle_control(now, &mut t.io, Control::Refused { rail: 1, epoch: 1 });
+    t.drain();
     let renewed = |rail, epoch, n| Control::Renewed {
         rail,
         epoch,
         endpoints: vec![9; n],
     };
     t.c.handle_control(now, &mut t.io, renewed(1, 1, 1));
+    t.drain();
     assert_eq!(ignored(&t), 3);
     assert_eq!(t.c.rails()[0].0, RailState::Active);
     assert_eq!(t.c.rails()[0].1.errors, 0);
@@ -1167,10 +949,13 @@ fn answers_to_renewals_never_offered_are_ignored() {
         })
     ));
     t.c.handle_control(t.at(203), &mut t.io, renewed(0, 0, 1));
+    t.drain();
     t.c.handle_control(t.at(203), &mut t.io, renewed(0, 1, 2));
+    t.drain();
     assert_eq!(ignored(&t), 5);
     assert_eq!(t.c.rails()[0].0, RailState::Renewing);
     assert!(t.io.messages.is_empty(), "no probe");
     t.c.handle_control(t.at(204), &mut t.io, renewed(0, 1, 1));
+    t.drain();
     assert_eq!(t.c.rails()[0].0, RailState::Probing);
 }

@@ -1,182 +1,16 @@
 //! Unit tests of the core with a scripted driver: each test makes completions arrive exactly
 //! when it wants and checks what the core asked the driver to do.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::Connection;
-use crate::config::Config;
 use crate::control::Control;
-use crate::io::{
-    Action, Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
-};
+use crate::io::{Event, Header, Op, Status};
 use crate::run::Run;
-use crate::transfer::{Failure, Outcome, Spec, TransferKey};
+use crate::transfer::{Failure, Spec, TransferKey};
 
-#[derive(Default)]
-struct Batch(Vec<(u64, u64, u64, u32, u64)>);
-
-impl Pieces for Batch {
-    fn clear(&mut self) {
-        self.0.clear();
-    }
-    fn push(&mut self, lo: u64, ra: u64, len: u64, rkey: u32, wr_id: u64) -> bool {
-        self.0.push((lo, ra, len, rkey, wr_id));
-        true
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-}
-
-/// A post the driver carried out: the lane and the request ids.
-#[derive(Debug, Clone, PartialEq)]
-struct Post {
-    lane: LaneRef,
-    local: u8,
-    wr_ids: Vec<u64>,
-    rkeys: Vec<u32>,
-}
-
-#[derive(Default)]
-struct Mock {
-    batch: Batch,
-    posts: Vec<Post>,
-    messages: Vec<(LaneRef, u64, Header, Vec<u8>)>,
-    armed: Vec<(LaneRef, u16)>,
-    created: Vec<LaneRef>,
-    destroyed: Vec<LaneRef>,
-    control: Vec<Control<Vec<u32>>>,
-    finished: Vec<(u32, Outcome)>,
-    delivered: Vec<(Vec<u8>, Receipt)>,
-    events: Vec<Event>,
-    /// Results for the next posts (default: posted).
-    script: Vec<PostResult>,
-    /// Local segments the driver refuses (another protection domain).
-    foreign: Vec<u8>,
-    /// The driver's bound across connections: places left to keep a notification without its
-    /// slot (`None`: unbounded).
-    buffer_places: Option<usize>,
-    /// The driver defers new receive slots.
-    defer_slots: bool,
-}
-
-impl Io for Mock {
-    type Local = u8;
-    type Handle = u32;
-    type Endpoints = Vec<u32>;
-    type Pieces = Batch;
-
-    fn pieces(&mut self) -> &mut Batch {
-        &mut self.batch
-    }
-    fn post_rdma(&mut self, lane: LaneRef, _op: Op, local: &u8) -> PostResult {
-        if self.foreign.contains(local) {
-            return PostResult::Rejected(format!("segment {local} is another agent's"));
-        }
-        if !self.script.is_empty() {
-            let r = self.script.remove(0);
-            if r != PostResult::Posted {
-                return r;
-            }
-        }
-        self.posts.push(Post {
-            lane,
-            local: *local,
-            wr_ids: self.batch.0.iter().map(|p| p.4).collect(),
-            rkeys: self.batch.0.iter().map(|p| p.3).collect(),
-        });
-        PostResult::Posted
-    }
-    fn post_message(
-        &mut self,
-        lane: LaneRef,
-        wr_id: u64,
-        _slot: u16,
-        h: Header,
-        data: &[u8],
-    ) -> PostResult {
-        self.messages.push((lane, wr_id, h, data.to_vec()));
-        PostResult::Posted
-    }
-    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String> {
-        self.armed.push((lane, slot));
-        Ok(())
-    }
-    fn buffer_notification(&mut self) -> bool {
-        match &mut self.buffer_places {
-            None => true,
-            Some(0) => false,
-            Some(n) => {
-                *n -= 1;
-                true
-            }
-        }
-    }
-    fn may_arm_recv(&mut self) -> bool {
-        !self.defer_slots
-    }
-    fn create_lanes(&mut self, _rail: usize, lanes: &[LaneRef]) -> Result<Vec<u32>, String> {
-        self.created.extend_from_slice(lanes);
-        Ok(lanes.iter().map(|l| 100 + l.gen as u32).collect())
-    }
-    fn connect_lanes(
-        &mut self,
-        _rail: usize,
-        _lanes: &[LaneRef],
-        _remote: &Vec<u32>,
-    ) -> Result<(), String> {
-        Ok(())
-    }
-    fn endpoint_count(&self, e: &Vec<u32>) -> usize {
-        e.len()
-    }
-}
-
-impl Mock {
-    fn outcome(&self, handle: u32) -> Option<&Result<(), Failure>> {
-        self.finished
-            .iter()
-            .find(|(h, _)| *h == handle)
-            .map(|(_, o)| &o.result)
-    }
-}
-
-struct T {
-    c: Connection<Mock>,
-    io: Mock,
-    t0: Instant,
-    /// Submit with `submit_inline_up_to(.., this)` instead of `submit`.
-    inline_max: Option<u64>,
-}
-
-fn cfg(rails: usize, lanes: usize) -> Config {
-    let mut c = Config::new(rails, lanes);
-    c.send_depth = 8;
-    c.slice_size = 100;
-    c.stripe_min = 0;
-    c.send_slots = 2;
-    c.recv_slots = 2;
-    c.recv_buffered = 0;
-    c.notify_max = 16;
-    c.quiesce = Duration::from_millis(100);
-    c
-}
+use super::scripted::{cfg, lane, Mock, T};
 
 impl T {
-    fn new(cfg: Config) -> T {
-        let t0 = Instant::now();
-        T {
-            c: Connection::new(cfg, t0),
-            io: Mock::default(),
-            t0,
-            inline_max: None,
-        }
-    }
-
-    fn at(&self, ms: u64) -> Instant {
-        self.t0 + Duration::from_millis(ms)
-    }
-
     /// A transfer of `runs` runs of 100 bytes of local segment `local` (one request each).
     #[allow(clippy::too_many_arguments)]
     fn submit(
@@ -216,78 +50,6 @@ impl T {
         self.drain();
         r
     }
-
-    /// Takes what the core left to carry out, in order, into the mock's records.
-    fn drain(&mut self) {
-        while let Some(a) = self.c.poll_action() {
-            match a {
-                Action::DestroyLanes(l) => self.io.destroyed.extend(l),
-                Action::SendControl(m) => self.io.control.push(m),
-                Action::Finished(h, o) => self.io.finished.push((h, o)),
-                Action::Deliver(d, r) => self.io.delivered.push((d, r)),
-                Action::Event(e) => self.io.events.push(e),
-            }
-        }
-    }
-
-    fn complete(&mut self, ms: u64, lane: LaneRef, wr_id: u64, status: Status) {
-        let now = self.at(ms);
-        let c = SendCompletion {
-            lane,
-            wr_id,
-            status,
-            raw_status: 0,
-            vendor_err: 0,
-            qp_num: 7,
-        };
-        self.c.handle_send_completion(now, &mut self.io, c);
-        self.drain();
-    }
-
-    /// Completes every post and message so far, in order, successfully.
-    fn complete_all(&mut self, ms: u64) {
-        while !self.io.posts.is_empty() || !self.io.messages.is_empty() {
-            let posts = std::mem::take(&mut self.io.posts);
-            self.drain();
-            for p in posts {
-                self.complete(ms, p.lane, *p.wr_ids.last().unwrap(), Status::Success);
-            }
-            let msgs = std::mem::take(&mut self.io.messages);
-            self.drain();
-            for (lane, wr, _, _) in msgs {
-                self.complete(ms, lane, wr, Status::Success);
-            }
-        }
-    }
-
-    /// The peer answers our last renewal offer (its side of the old queue pairs is gone).
-    fn peer_renews(&mut self, ms: u64) {
-        let (rail, epoch) = match self.io.control.last() {
-            Some(Control::Renew { rail, epoch, .. }) => (*rail, *epoch),
-            other => panic!("no renewal offered: {other:?}"),
-        };
-        let now = self.at(ms);
-        self.c.handle_control(
-            now,
-            &mut self.io,
-            Control::Renewed {
-                rail,
-                epoch,
-                endpoints: vec![9],
-            },
-        );
-        self.drain();
-    }
-
-    fn tick(&mut self, ms: u64) {
-        let now = self.at(ms);
-        self.c.handle_timeout(now, &mut self.io);
-        self.drain();
-    }
-}
-
-fn lane(lane: usize, gen: u64) -> LaneRef {
-    LaneRef { lane, gen }
 }
 
 #[test]
@@ -445,7 +207,7 @@ fn a_request_error_fails_its_transfer_and_renews_the_rail_without_failing_the_ot
     ));
     // The probe, then the transfer again on the new queue pair.
     let probe = t.io.messages.pop().unwrap();
-    assert_eq!(probe.2.flags, Header::PROBE);
+    assert_eq!(probe.3.flags, Header::PROBE);
     t.complete(3, probe.0, probe.1, Status::Success);
     assert_eq!(t.io.posts.len(), 1);
     assert_eq!(t.io.posts[0].lane.gen, probe.0.gen);
@@ -576,11 +338,11 @@ fn a_notification_goes_only_after_every_request_completed_and_is_sent_again_afte
         *posts[1].wr_ids.last().unwrap(),
         Status::Success,
     );
-    let (l, wr, h, data) = t.io.messages.pop().unwrap();
+    let (l, wr, _, h, data) = t.io.messages.pop().unwrap();
     assert_eq!((h.flags, data.as_slice()), (0, &b"req-1"[..]));
     // Its rail fails before it completed: sent again (same id) on the other rail.
     t.complete(2, l, wr, Status::LaneError);
-    let (l2, wr2, h2, _) = t.io.messages.pop().unwrap();
+    let (l2, wr2, _, h2, _) = t.io.messages.pop().unwrap();
     assert_ne!(l2.lane, l.lane);
     assert_eq!(h2.id, h.id);
     assert!(t.io.outcome(1).is_none());
@@ -956,7 +718,7 @@ fn a_message_is_a_notification_without_data_held_back_by_the_send_slots() {
     // Sent at once, nothing else posted; done once the peer's NIC took it.
     message(&mut t, 0, 1, 1000, b"want 7").unwrap();
     assert!(t.io.posts.is_empty());
-    let (l, wr, h, data) = t.io.messages.pop().unwrap();
+    let (l, wr, _, h, data) = t.io.messages.pop().unwrap();
     assert_eq!((h.flags, data.as_slice()), (0, &b"want 7"[..]));
     assert!(t.io.outcome(1).is_none());
     t.complete(1, l, wr, Status::Success);
@@ -978,7 +740,7 @@ fn a_message_is_a_notification_without_data_held_back_by_the_send_slots() {
         assert_eq!(t.io.outcome(h), Some(&Ok(())), "message {h}");
     }
     assert!(
-        t.io.messages.iter().all(|m| m.3 != b"late"),
+        t.io.messages.iter().all(|m| m.4 != b"late"),
         "a message past its deadline is never sent"
     );
     // Too long for the peer: refused, nothing kept.

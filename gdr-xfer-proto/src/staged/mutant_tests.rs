@@ -1,93 +1,10 @@
 //! Unit tests of the staged job written against the mutants cargo-mutants found alive (`cargo
-//! xtask mutants`). The scripted stager is a copy of `staged.rs`'s own tests' one.
+//! xtask mutants`), with the same scripted stager as `staged.rs`'s own tests (`scripted.rs`).
 
 use std::time::{Duration, Instant};
 
+use super::scripted::{job, Io, C};
 use super::*;
-
-/// A chunk: (ticket, offset in run, len, buffer).
-#[derive(Debug, PartialEq)]
-struct C(u64, u64, u64, usize);
-
-#[derive(Default)]
-struct Io {
-    next_ticket: u64,
-    busy: bool,
-    /// (child, run, offset, len, with the notification).
-    posted: Vec<(u32, usize, u64, u64, bool)>,
-    timeouts: Vec<Duration>,
-    next_child: u32,
-    cancelled: Vec<u32>,
-    cancelled_tickets: Vec<u64>,
-    not_quiet: Vec<usize>,
-    /// (buffer, committed).
-    back: Vec<(usize, bool)>,
-}
-
-impl StageIo for Io {
-    type Chunk = C;
-    type Child = u32;
-    fn ticket_of(&self, c: &C) -> u64 {
-        c.0
-    }
-    fn place(&self, c: &C, _run: usize) -> (u64, u64) {
-        (c.1, c.2)
-    }
-    fn len_of(&self, c: &C) -> u64 {
-        c.2
-    }
-    fn start(&mut self, _run: usize) -> Result<u64, Start> {
-        if self.busy {
-            return Err(Start::Busy);
-        }
-        self.next_ticket += 1;
-        Ok(self.next_ticket)
-    }
-    fn cancel_ticket(&mut self, t: u64) {
-        self.cancelled_tickets.push(t);
-    }
-    fn post(
-        &mut self,
-        _c: Option<&C>,
-        run: usize,
-        offset: u64,
-        len: u64,
-        timeout: Duration,
-        notify: Option<&[u8]>,
-    ) -> Result<u32, Failure> {
-        self.next_child += 1;
-        self.timeouts.push(timeout);
-        self.posted
-            .push((self.next_child, run, offset, len, notify.is_some()));
-        Ok(self.next_child)
-    }
-    fn cancel_child(&mut self, c: u32) {
-        self.cancelled.push(c);
-    }
-    fn is_quiet(&self, c: &C) -> bool {
-        !self.not_quiet.contains(&c.3)
-    }
-    fn give_back(&mut self, c: C, commit: bool) -> Result<(), String> {
-        self.back.push((c.3, commit));
-        Ok(())
-    }
-}
-
-fn staged(lens: &[u64]) -> Vec<StagedRun> {
-    lens.iter()
-        .map(|&len| StagedRun { staged: true, len })
-        .collect()
-}
-
-fn job(op: Op, lens: &[u64], notify: bool, t0: Instant) -> StagedJob<C, u32> {
-    StagedJob::new(
-        op,
-        staged(lens),
-        notify.then(|| b"n".to_vec()),
-        Some(Duration::from_secs(1)),
-        t0,
-    )
-}
 
 #[test]
 fn a_job_owns_its_children_and_counts_its_chunks_out() {
