@@ -165,12 +165,12 @@ fn convert(py: Python<'_>, e: Error) -> PyErr {
             )
         }
         Error::Cancelled { peer } => ("Cancelled", None, vec![("peer", obj(py, peer.as_str()))]),
-        Error::Rejected { peer, detail, hint } => (
+        Error::Rejected { peer, why, hint } => (
             "Rejected",
             hint.text().map(str::to_owned),
             vec![
                 ("peer", obj(py, peer.as_str())),
-                ("detail", obj(py, detail.as_str())),
+                ("detail", obj(py, why.to_string())),
             ],
         ),
         Error::LengthMismatch {
@@ -271,12 +271,12 @@ fn convert(py: Python<'_>, e: Error) -> PyErr {
             ],
         ),
         Error::AgentClosed => ("AgentClosed", None, Vec::new()),
-        Error::StagingFailed { peer, detail, hint } => (
+        Error::StagingFailed { peer, error, hint } => (
             "StagingFailed",
             hint.text().map(str::to_owned),
             vec![
                 ("peer", obj(py, peer.as_str())),
-                ("detail", obj(py, detail.as_str())),
+                ("detail", obj(py, error.to_string())),
             ],
         ),
         Error::NameTaken {
@@ -397,7 +397,7 @@ pub(crate) fn sample(py: Python<'_>, class: &str) -> Option<PyErr> {
         },
         "Rejected" => Error::Rejected {
             peer: "peer-b".into(),
-            detail: "refused".into(),
+            why: gdr_xfer::Rejection::Empty,
             hint: hint(),
         },
         "LengthMismatch" => Error::LengthMismatch {
@@ -454,7 +454,7 @@ pub(crate) fn sample(py: Python<'_>, class: &str) -> Option<PyErr> {
         "AgentClosed" => Error::AgentClosed,
         "StagingFailed" => Error::StagingFailed {
             peer: "peer-b".into(),
-            detail: "copy failed".into(),
+            error: gdr_xfer::DriverError::new(gdr_xfer::Error::invalid("copy failed", "")),
             hint: hint(),
         },
         "DirectoryError" => Error::Directory {

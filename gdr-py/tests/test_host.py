@@ -28,7 +28,7 @@ VARIANTS = {
         ValueError,
     ),
     "Cancelled": ({"peer": "peer-b"}, None),
-    "Rejected": ({"peer": "peer-b", "detail": "refused"}, None),
+    "Rejected": ({"peer": "peer-b", "detail": "a transfer without runs and without a notification"}, None),
     "LengthMismatch": ({"index": 1, "local_len": 10, "remote_len": 20}, ValueError),
     "IndexOutOfRange": ({"list": "local blocks", "index": 9, "length": 4}, IndexError),
     "BlockOutOfSegment": (

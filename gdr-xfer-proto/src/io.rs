@@ -12,6 +12,7 @@
 //! the same actions in the same order.
 
 use crate::control::Control;
+use crate::fault::{DriverError, RailFault};
 use crate::transfer::{Outcome, TransferKey};
 
 /// One queue pair incarnation of a lane: the lane's index in the connection (rail-major, `rail *
@@ -26,23 +27,23 @@ pub struct LaneRef {
     pub gen: u64,
 }
 
-/// The result of a post.
+/// The result of a post (`E`: the driver's error, [`Io::Error`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PostResult {
+pub enum PostResult<E> {
     /// Every request was posted.
     Posted,
     /// Nothing was posted: the send queue had no room (try again after a completion).
     Full,
     /// Nothing was posted because the request itself is wrong (memory of another protection
     /// domain, a range outside its registration): only its transfer fails.
-    Rejected(String),
+    Rejected(E),
     /// The queue pair is broken (the provider refused a request, or it is not ready): the first
     /// `posted` requests went and complete as usual; the lane's rail fails.
     Broken {
         /// Requests of the batch that were posted.
         posted: usize,
         /// What the provider said.
-        detail: String,
+        error: E,
     },
 }
 
@@ -168,7 +169,7 @@ pub enum Event {
         /// The rail.
         rail: usize,
         /// Why.
-        why: String,
+        why: RailFault,
         /// Requests it carried, to post again.
         requeued: u64,
     },
@@ -198,7 +199,7 @@ pub enum Event {
         /// The rail.
         rail: usize,
         /// Why.
-        why: String,
+        why: RailFault,
     },
     /// A rail's probe succeeded: it carries requests again.
     Readmitted {
@@ -223,7 +224,7 @@ pub enum Event {
         /// The lane.
         lane: LaneRef,
         /// What the driver said.
-        detail: String,
+        error: DriverError,
     },
 }
 
@@ -284,12 +285,15 @@ pub trait Io {
     type Endpoints;
     /// The batch under construction.
     type Pieces: Pieces;
+    /// What the driver's calls fail with. The core keeps it as the driver made it
+    /// ([`DriverError`]) in the outcomes and events it causes.
+    type Error: std::error::Error + Send + Sync + 'static;
 
     /// The batch buffer (the core clears it before each batch).
     fn pieces(&mut self) -> &mut Self::Pieces;
     /// Posts the batch in [`Io::pieces`] on `lane`: `op` between `local` and the peer; only
     /// the last request is signalled.
-    fn post_rdma(&mut self, lane: LaneRef, op: Op, local: &Self::Local) -> PostResult;
+    fn post_rdma(&mut self, lane: LaneRef, op: Op, local: &Self::Local) -> PostResult<Self::Error>;
     /// Posts a message (header, then `data`) from send slot `slot` on `lane`, as request
     /// `wr_id`.
     fn post_message(
@@ -299,12 +303,12 @@ pub trait Io {
         slot: u16,
         header: Header,
         data: &[u8],
-    ) -> PostResult;
+    ) -> PostResult<Self::Error>;
     /// Posts receive slot `slot` on `lane`.
     ///
     /// # Errors
-    /// The driver's description of what failed.
-    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String>;
+    /// What failed.
+    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), Self::Error>;
     /// A notification arrived and the connection's own bound ([`crate::Config::recv_buffered`])
     /// lets it be kept without holding its receive slot: whether the driver's bound across its
     /// connections lets it too. `true` takes one place of that bound, which the driver gives
@@ -325,18 +329,22 @@ pub trait Io {
     /// slot on the first, and returns their endpoints.
     ///
     /// # Errors
-    /// The driver's description of what failed (nothing is left created then).
-    fn create_lanes(&mut self, rail: usize, lanes: &[LaneRef]) -> Result<Self::Endpoints, String>;
+    /// What failed (nothing is left created then).
+    fn create_lanes(
+        &mut self,
+        rail: usize,
+        lanes: &[LaneRef],
+    ) -> Result<Self::Endpoints, Self::Error>;
     /// Connects the queue pairs of `lanes` to the peer's `remote` endpoints, in order.
     ///
     /// # Errors
-    /// The driver's description of what failed.
+    /// What failed.
     fn connect_lanes(
         &mut self,
         rail: usize,
         lanes: &[LaneRef],
         remote: &Self::Endpoints,
-    ) -> Result<(), String>;
+    ) -> Result<(), Self::Error>;
     /// How many endpoints `endpoints` holds.
     fn endpoint_count(&self, endpoints: &Self::Endpoints) -> usize;
 }

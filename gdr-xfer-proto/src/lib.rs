@@ -10,7 +10,9 @@
 //! [`Connection::handle_timeout`]) and asked when to wake ([`Connection::poll_timeout`]);
 //! the I/O whose answer it needs at once (posts, queue pairs made) goes through its driver's
 //! [`Io`], and everything else it leaves, in order, in its action queue for the driver to carry
-//! out ([`Connection::poll_action`], [`Action`]). What lies between an agent's
+//! out ([`Connection::poll_action`], [`Action`]). The driver's failures are its own error type
+//! ([`Io::Error`]), kept unchanged ([`DriverError`]) in the outcomes and events they cause
+//! ([`Rejection::Driver`], [`RailFault::Driver`]): nothing crosses the boundary as text. What lies between an agent's
 //! connections is its [`Endpoint`]: which peers are connected, which connection and lane each
 //! completion belongs to, and when a connection let go may go. The control messages agents
 //! exchange are encoded and decoded here too ([`wire`]), with a queue pair's endpoint written
@@ -38,6 +40,7 @@ mod config;
 mod connection;
 mod control;
 mod endpoint;
+mod fault;
 pub mod handshake;
 mod io;
 mod lane;
@@ -58,6 +61,9 @@ pub use config::{Config, CHUNK, STRIPE_CHUNK};
 pub use connection::Connection;
 pub use control::Control;
 pub use endpoint::{ConnId, Endpoint, Refusal};
+#[cfg(any(test, feature = "sim"))]
+pub use fault::TextError;
+pub use fault::{DriverError, RailFault, Rejection, Step, Unposted};
 pub use io::{
     Action, Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
 };

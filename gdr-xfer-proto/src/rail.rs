@@ -12,6 +12,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::fault::RailFault;
+
 /// The first cool-down of a rail that failed.
 pub const FIRST_COOLDOWN: Duration = Duration::from_millis(200);
 /// The longest cool-down.
@@ -64,7 +66,7 @@ pub struct RailCounters {
     /// Moving average of its completed bytes per second (0 until measured).
     pub throughput: f64,
     /// Why it last failed.
-    pub last_error: Option<String>,
+    pub last_error: Option<RailFault>,
     /// From its last failure until the requests it carried were posted again.
     pub last_failover: Option<Duration>,
 }
@@ -134,7 +136,7 @@ impl RailLink {
 
     /// Marks it failed at `now`: paused for its cool-down, which grows for the next time
     /// (unless it had served [`HEALTHY`] since it was last admitted).
-    pub(crate) fn pause(&mut self, now: Instant, why: String) {
+    pub(crate) fn pause(&mut self, now: Instant, why: RailFault) {
         if self
             .active_since
             .is_some_and(|t| now.saturating_duration_since(t) >= HEALTHY)
@@ -254,21 +256,21 @@ mod tests {
     fn cooldowns_grow_and_reset_after_healthy_service() {
         let t0 = Instant::now();
         let mut r = RailLink::new(4, t0);
-        r.pause(t0, "x".into());
+        r.pause(t0, RailFault::Unanswered);
         assert_eq!(r.until, t0 + FIRST_COOLDOWN);
         r.admit(t0, 4);
-        r.pause(t0 + Duration::from_millis(1), "y".into());
+        r.pause(t0 + Duration::from_millis(1), RailFault::Unanswered);
         assert_eq!(
             r.until,
             t0 + Duration::from_millis(1) + FIRST_COOLDOWN * 2,
             "a rail that fails again soon waits twice as long"
         );
         for _ in 0..20 {
-            r.pause(t0, "z".into());
+            r.pause(t0, RailFault::Unanswered);
         }
         assert_eq!(r.cooldown, MAX_COOLDOWN);
         r.admit(t0, 4);
-        r.pause(t0 + HEALTHY, "later".into());
+        r.pause(t0 + HEALTHY, RailFault::Unanswered);
         assert_eq!(r.until, t0 + HEALTHY + FIRST_COOLDOWN);
         assert_eq!(r.stats.errors, 23);
         assert!(

@@ -1,5 +1,6 @@
 //! Runs (bytes contiguous on both sides), positions in them, and cutting them into requests.
 
+use crate::fault::Rejection;
 use crate::io::Pieces;
 
 /// A run: bytes contiguous on both sides, after merging adjacent descriptors.
@@ -47,10 +48,6 @@ pub fn slices_of(runs: &[Run], slice_size: u64) -> u64 {
         .sum()
 }
 
-/// Why a range could not be cut.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct CutError(pub(crate) String);
-
 /// Cuts up to `max` slices of at most `slice_size` bytes from `from` towards `to` (`from <
 /// to`), all of the local segment of `from`'s run, into `pieces` (wr_ids `first..`). Returns
 /// where it stopped and the bytes cut. `rkey(remote segment)` gives the remote key of a segment
@@ -66,14 +63,14 @@ pub(crate) fn cut<P: Pieces>(
     max: usize,
     first: u64,
     pieces: &mut P,
-) -> Result<(Cursor, u64), CutError> {
+) -> Result<(Cursor, u64), Rejection> {
     // The runs `from` to `to`: the last one partly when `to` is inside it.
     let end_run = if to.offset == 0 { to.run } else { to.run + 1 };
     let Some(runs) = runs.get(from.run..end_run) else {
-        return Err(CutError(format!(
-            "a range {from:?}..{to:?} past the transfer's {} runs",
-            runs.len()
-        )));
+        return Err(Rejection::PastRuns {
+            end_run,
+            runs: runs.len(),
+        });
     };
     let last = runs.len().saturating_sub(1);
     let Some(head) = runs.first() else {
@@ -109,14 +106,16 @@ pub(crate) fn cut<P: Pieces>(
             // registration); the remote range must not wrap.
             let local_offset = run.local_offset.wrapping_add(off);
             let Some(remote_addr) = run.remote_addr.checked_add(off) else {
-                return Err(CutError(
-                    "a remote range overflows the address space".into(),
-                ));
+                return Err(Rejection::RemoteOverflow {
+                    addr: run.remote_addr,
+                    len: off,
+                });
             };
             if !pieces.push(local_offset, remote_addr, len, key, first + n as u64) {
-                return Err(CutError(format!(
-                    "{len} bytes at remote address {remote_addr:#x} overflow the address space"
-                )));
+                return Err(Rejection::RemoteOverflow {
+                    addr: remote_addr,
+                    len,
+                });
             }
             n += 1;
             bytes += len;

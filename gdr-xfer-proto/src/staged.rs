@@ -16,16 +16,17 @@
 
 use std::time::{Duration, Instant};
 
+use crate::fault::DriverError;
 use crate::io::Op;
 use crate::transfer::Failure;
 
-/// Why a ticket could not start.
+/// Why a ticket could not start (`E`: the driver's error, [`StageIo::Error`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Start {
+pub enum Start<E> {
     /// The stager has no ticket free now: try again at the next step (the deadline bounds it).
     Busy,
     /// It failed.
-    Failed(String),
+    Failed(E),
 }
 
 /// What a child transfer did, for the parent's figures.
@@ -53,6 +54,9 @@ pub trait StageIo {
     type Chunk;
     /// A child transfer's handle.
     type Child: Copy + PartialEq;
+    /// What the stager's calls fail with (kept as the driver made it, [`DriverError`], in the
+    /// job's [`Failure::StagingFailed`]).
+    type Error: std::error::Error + Send + Sync + 'static;
 
     /// The ticket a chunk belongs to.
     fn ticket_of(&self, chunk: &Self::Chunk) -> u64;
@@ -65,7 +69,7 @@ pub trait StageIo {
     ///
     /// # Errors
     /// [`Start::Busy`] to try again later; [`Start::Failed`] fails the job.
-    fn start(&mut self, run: usize) -> Result<u64, Start>;
+    fn start(&mut self, run: usize) -> Result<u64, Start<Self::Error>>;
     /// Stops a ticket (its chunks still come back; its end is still reported).
     fn cancel_ticket(&mut self, ticket: u64);
     /// Posts a child transfer of `len` bytes at `offset` of run `run`, from or into `chunk` (a
@@ -91,7 +95,7 @@ pub trait StageIo {
     ///
     /// # Errors
     /// The stager's refusal (the job fails).
-    fn give_back(&mut self, chunk: Self::Chunk, commit: bool) -> Result<(), String>;
+    fn give_back(&mut self, chunk: Self::Chunk, commit: bool) -> Result<(), Self::Error>;
 }
 
 /// One run of a staged job: whether it is staged (else its memory is registered directly),
@@ -349,10 +353,10 @@ impl<C, K: Copy + PartialEq> StagedJob<C, K> {
     }
 
     /// A ticket of this job ended (every copy of it complete, every chunk given back).
-    pub fn on_ticket_finished(&mut self, ticket: u64, result: Result<(), String>) {
+    pub fn on_ticket_finished(&mut self, ticket: u64, result: Result<(), DriverError>) {
         self.tickets.retain(|&(t, _)| t != ticket);
-        if let Err(detail) = result {
-            self.fail(Failure::StagingFailed { detail });
+        if let Err(error) = result {
+            self.fail(Failure::StagingFailed { error });
         }
     }
 
@@ -477,8 +481,10 @@ impl<C, K: Copy + PartialEq> StagedJob<C, K> {
                 self.stats.bytes += io.len_of(&l.chunk);
             }
             let commit = l.commit && self.failure.is_none();
-            if let Err(detail) = io.give_back(l.chunk, commit) {
-                self.fail(Failure::StagingFailed { detail });
+            if let Err(e) = io.give_back(l.chunk, commit) {
+                self.fail(Failure::StagingFailed {
+                    error: DriverError::new(e),
+                });
             }
         }
     }
@@ -500,8 +506,10 @@ impl<C, K: Copy + PartialEq> StagedJob<C, K> {
                 match io.start(i) {
                     Ok(t) => self.tickets.push((t, i)),
                     Err(Start::Busy) => break,
-                    Err(Start::Failed(detail)) => {
-                        self.fail(Failure::StagingFailed { detail });
+                    Err(Start::Failed(e)) => {
+                        self.fail(Failure::StagingFailed {
+                            error: DriverError::new(e),
+                        });
                         break;
                     }
                 }

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::fault::{DriverError, Rejection};
 use crate::io::{Io, Op};
 use crate::run::{Cursor, Run};
 
@@ -48,18 +49,19 @@ pub enum Failure {
         /// Each rail's state and last error.
         detail: String,
     },
-    /// The driver refused to post one of its requests for the request's own reason (memory of
-    /// another protection domain, a range outside its registration); nothing else was affected.
+    /// The transfer, or one of its requests, was refused for its own reason (a malformed
+    /// transfer; memory of another protection domain, a range outside its registration);
+    /// nothing else was affected.
     Rejected {
-        /// What the driver said.
-        detail: String,
+        /// Why.
+        why: Rejection,
     },
     /// Its agent shut down.
     AgentClosed,
     /// A copy between GPU memory and a bounce buffer failed (staged transfers).
     StagingFailed {
-        /// What the copy engine said.
-        detail: String,
+        /// What the copy engine (or the staging driver) said.
+        error: DriverError,
     },
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 pub use gdr::Hint;
 
 use crate::descriptor::Side;
-use gdr_xfer_proto::SegmentId;
+use gdr_xfer_proto::{DriverError, Rejection, SegmentId};
 
 /// Everything that can go wrong in gdr-xfer.
 #[derive(Debug, thiserror::Error)]
@@ -109,12 +109,16 @@ pub enum Error {
 
     /// The engine refused to post one of the transfer's requests for the request's own reason
     /// (gdr refused its memory); only this transfer failed.
-    #[error("transfer to {peer:?}: a request was refused: {detail}{hint}")]
+    #[error("transfer to {peer:?}: a request was refused: {why}{hint}")]
     Rejected {
         /// The peer's name.
         peer: String,
-        /// What gdr said.
-        detail: String,
+        /// Why: the transfer's own fault, or what gdr said when it refused a request
+        /// ([`Rejection::Driver`]: an [`Error`] of gdr-xfer, [`DriverError::downcast_ref`]).
+        ///
+        /// [`Rejection::Driver`]: gdr_xfer_proto::Rejection::Driver
+        /// [`DriverError::downcast_ref`]: gdr_xfer_proto::DriverError::downcast_ref
+        why: Rejection,
         /// How to fix it.
         hint: Hint,
     },
@@ -246,12 +250,16 @@ pub enum Error {
     /// Staging GPU memory through host bounce buffers failed (a copy the driver refused, the
     /// bounce buffers could not be made); the transfer's memory was held until every copy and
     /// request using it had ended.
-    #[error("staged transfer to {peer} failed: {detail}{hint}")]
+    #[error("staged transfer to {peer} failed: {error}{hint}")]
     StagingFailed {
         /// The peer of the transfer.
         peer: String,
-        /// What failed (the copy engine's error text).
-        detail: String,
+        /// What failed: an [`Error`] of gdr-xfer (a copy's [`Error::Gdr`] from the CUDA
+        /// driver), [`DriverError::downcast_ref`] gives it back.
+        ///
+        /// [`DriverError::downcast_ref`]: gdr_xfer_proto::DriverError::downcast_ref
+        #[source]
+        error: DriverError,
         /// How to fix it.
         hint: Hint,
     },

@@ -19,6 +19,7 @@ use gdr_xfer_proto::{
 
 use crate::agent::AgentShared;
 use crate::connection::Connection;
+use crate::error::{Error, Foreign, Hint};
 use crate::notify::NotifyPool;
 use crate::segment::SegmentInner;
 use crate::transfer::TransferCell;
@@ -91,14 +92,22 @@ pub(crate) struct Lanes {
 
 impl Lanes {
     /// A post on a lane without that queue pair (destroyed, or never made): the lane is broken.
-    fn no_qp(lane: LaneRef) -> PostResult {
+    fn no_qp(lane: LaneRef) -> PostResult<Error> {
         PostResult::Broken {
             posted: 0,
-            detail: format!(
+            error: Self::no_qp_error(lane),
+        }
+    }
+
+    /// A lane without a queue pair of its generation (destroyed, or never made).
+    fn no_qp_error(lane: LaneRef) -> Error {
+        Error::invalid(
+            format!(
                 "lane {} has no queue pair of generation {}",
                 lane.lane, lane.gen
             ),
-        }
+            "the engine names only queue pairs it made (a bug in gdr-xfer if seen)",
+        )
     }
 
     fn qp(&self, lane: LaneRef) -> Option<&QueuePair> {
@@ -121,15 +130,15 @@ impl Lanes {
 
 /// How a gdr error refusing a post maps to the core's view: the request's own fault (nothing
 /// posted), a full queue (nothing posted), or a broken queue pair.
-fn post_error(e: gdr::Error, what: &str) -> PostResult {
+fn post_error(e: gdr::Error) -> PostResult<Error> {
     match e {
         gdr::Error::InvalidArgument { .. } | gdr::Error::OutOfBounds { .. } => {
-            PostResult::Rejected(format!("{what}: {e}"))
+            PostResult::Rejected(Error::Gdr(e))
         }
         gdr::Error::QueueFull { .. } => PostResult::Full,
         e => PostResult::Broken {
             posted: 0,
-            detail: format!("{what}: {e}"),
+            error: Error::Gdr(e),
         },
     }
 }
@@ -139,22 +148,26 @@ impl Io for Lanes {
     type Handle = Arc<TransferCell>;
     type Endpoints = Vec<Endpoint>;
     type Pieces = Batch;
+    type Error = Error;
 
     #[inline]
     fn pieces(&mut self) -> &mut Batch {
         &mut self.batch
     }
 
-    fn post_rdma(&mut self, lane: LaneRef, op: Op, local: &Arc<SegmentInner>) -> PostResult {
+    fn post_rdma(&mut self, lane: LaneRef, op: Op, local: &Arc<SegmentInner>) -> PostResult<Error> {
         let rail = lane.lane / self.per_rail;
         let Some(qp) = self.qp(lane) else {
             return Self::no_qp(lane);
         };
         let Some(slice) = local.whole.get(rail) else {
-            return PostResult::Rejected(format!(
-                "segment {} is not registered on rail {rail} (it belongs to another agent, or is staged)",
-                local.info.id
-            ));
+            return PostResult::Rejected(Error::ForeignObject {
+                call: "posting on a rail",
+                object: Foreign::Segment(local.info.id),
+                hint: Hint::new(
+                    "the segment is not registered on this rail: it belongs to another agent, or is staged",
+                ),
+            });
         };
         let op = match op {
             Op::Write => BatchOp::Write,
@@ -162,14 +175,7 @@ impl Io for Lanes {
         };
         match qp.post_rdma_batch(op, slice, &self.batch.0) {
             Ok(()) => PostResult::Posted,
-            Err(e) => post_error(
-                e,
-                &format!(
-                    "posting {} requests on QP {:#x}",
-                    self.batch.0.len(),
-                    qp.qp_num()
-                ),
-            ),
+            Err(e) => post_error(e),
         }
     }
 
@@ -180,21 +186,24 @@ impl Io for Lanes {
         slot: u16,
         header: Header,
         data: &[u8],
-    ) -> PostResult {
+    ) -> PostResult<Error> {
         let rail = lane.lane / self.per_rail;
         let Some(pool) = self.notify.get(rail) else {
-            return PostResult::Rejected(format!("no notification buffers on rail {rail}"));
+            return PostResult::Rejected(Error::invalid(
+                format!("no notification buffers on rail {rail}"),
+                "the engine posts messages only on its rails (a bug in gdr-xfer if seen)",
+            ));
         };
         let staged = match pool.stage(slot, header, data) {
             Ok(s) => s,
-            Err(e) => return PostResult::Rejected(e.to_string()),
+            Err(e) => return PostResult::Rejected(e),
         };
         let Some(qp) = self.qp(lane) else {
             return Self::no_qp(lane);
         };
         match qp.post_send(&SendRequest::send(&[staged]).id(wr_id)) {
             Ok(()) => PostResult::Posted,
-            Err(e) => post_error(e, &format!("posting a message on QP {:#x}", qp.qp_num())),
+            Err(e) => post_error(e),
         }
     }
 
@@ -210,24 +219,21 @@ impl Io for Lanes {
         }
     }
 
-    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String> {
+    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), Error> {
         let rail = lane.lane / self.per_rail;
-        let qp = self.qp(lane).ok_or_else(|| {
-            format!(
-                "lane {} has no queue pair of generation {}",
-                lane.lane, lane.gen
+        let qp = self.qp(lane).ok_or_else(|| Self::no_qp_error(lane))?;
+        let pool = self.notify.get(rail).ok_or_else(|| {
+            Error::invalid(
+                format!("no notification buffers on rail {rail}"),
+                "the engine arms slots only on its rails (a bug in gdr-xfer if seen)",
             )
         })?;
-        let pool = self.notify.get(rail).ok_or("no notification buffers")?;
         pool.post_recv(qp, lane.gen, slot)
-            .map_err(|e| e.to_string())
     }
 
-    fn create_lanes(&mut self, rail: usize, lanes: &[LaneRef]) -> Result<Vec<Endpoint>, String> {
-        let agent = self.agent.upgrade().ok_or("the agent is gone")?;
-        let qps = agent
-            .create_qps(rail, lanes.len())
-            .map_err(|e| e.to_string())?;
+    fn create_lanes(&mut self, rail: usize, lanes: &[LaneRef]) -> Result<Vec<Endpoint>, Error> {
+        let agent = self.agent.upgrade().ok_or(Error::AgentClosed)?;
+        let qps = agent.create_qps(rail, lanes.len())?;
         let endpoints = qps.iter().map(QueuePair::endpoint).collect();
         // Routed before anything can complete on them.
         let nums: Vec<(u32, LaneRef)> = qps
@@ -251,12 +257,10 @@ impl Io for Lanes {
         _rail: usize,
         lanes: &[LaneRef],
         remote: &Vec<Endpoint>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         for (l, e) in lanes.iter().zip(remote) {
-            let qp = self.qp(*l).ok_or_else(|| {
-                format!("lane {} has no queue pair of generation {}", l.lane, l.gen)
-            })?;
-            qp.connect(e).map_err(|e| e.to_string())?;
+            let qp = self.qp(*l).ok_or_else(|| Self::no_qp_error(*l))?;
+            qp.connect(e)?;
         }
         Ok(())
     }
@@ -311,9 +315,48 @@ impl Lanes {
                 "peer {p}: transfer {transfer:?} stopped with requests still in flight after the quiesce time: fencing rails {rails:#b}"
             ),
             Event::Ignored { what } => log::warn!("peer {p}: ignored {what}"),
-            Event::RearmFailed { lane, detail } => {
-                log::error!("peer {p}: posting a notification slot on lane {}: {detail}", lane.lane)
+            Event::RearmFailed { lane, error } => {
+                log::error!("peer {p}: posting a notification slot on lane {}: {error}", lane.lane)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_post_keeps_gdrs_error_as_it_was() {
+        let e = gdr::Error::OutOfBounds {
+            what: "local slice of write".into(),
+            offset: 4096,
+            len: 8192,
+            limit: 8192,
+            hint: gdr::Hint::NONE,
+        };
+        let PostResult::Rejected(Error::Gdr(gdr::Error::OutOfBounds { offset, len, .. })) =
+            post_error(e)
+        else {
+            panic!("an out-of-bounds post is the request's own fault");
+        };
+        assert_eq!((offset, len), (4096, 8192));
+        let e = gdr::Error::verbs("ibv_post_send", "qp 0x11", libc::EINVAL, gdr::Hint::NONE);
+        assert!(matches!(
+            post_error(e),
+            PostResult::Broken {
+                posted: 0,
+                error: Error::Gdr(gdr::Error::Verbs { .. })
+            }
+        ));
+        // What the core keeps of it: the same error, downcast back.
+        let kept = gdr_xfer_proto::DriverError::new(Error::Gdr(gdr::Error::invalid(
+            "a range",
+            gdr::Hint::NONE,
+        )));
+        assert!(matches!(
+            kept.downcast_ref::<Error>(),
+            Some(Error::Gdr(gdr::Error::InvalidArgument { .. }))
+        ));
     }
 }

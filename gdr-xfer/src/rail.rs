@@ -200,7 +200,7 @@ impl RailStats {
             fences: c.fences,
             inflight_bytes: c.inflight_bytes,
             throughput: c.throughput,
-            last_error: c.last_error,
+            last_error: c.last_error.as_ref().map(ToString::to_string),
             last_failover: c.last_failover,
         }
     }

@@ -296,17 +296,17 @@ impl TransferCell {
                     "every rail to the peer failed: check the links (gdr doctor, ibstat); the agent re-admits a rail once a probe on it succeeds",
                 ),
             },
-            Failure::Rejected { detail } => Error::Rejected {
+            Failure::Rejected { why } => Error::Rejected {
                 peer,
-                detail: detail.clone(),
+                why: why.clone(),
                 hint: Hint::new(
                     "the request named memory gdr would not post (another agent's segment, a range outside its registration): only this transfer failed",
                 ),
             },
             Failure::AgentClosed => Error::AgentClosed,
-            Failure::StagingFailed { detail } => Error::StagingFailed {
+            Failure::StagingFailed { error } => Error::StagingFailed {
                 peer,
-                detail: detail.clone(),
+                error: error.clone(),
                 hint: Hint::new(
                     "the GPU or its driver refused a copy: check the device (nvidia-smi) and the memory's lifetime",
                 ),

@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use super::Connection;
+use crate::fault::RailFault;
 use crate::io::{Action, Event, Header, Io, LaneRef, Receipt, SendCompletion, Status};
 use crate::lane::Posted;
 use crate::rail::RailState;
@@ -28,10 +29,10 @@ impl<I: Io> Connection<I> {
         let li = c.lane.lane;
         let rail = li / self.cfg.lanes_per_rail;
         if c.status != Status::Success {
-            let why = format!(
-                "a request on QP {:#x} completed with status {}",
-                c.qp_num, c.raw_status
-            );
+            let why = RailFault::Completion {
+                qp_num: c.qp_num,
+                status: c.raw_status,
+            };
             self.rail_failed(now, io, rail, Some(c), why);
             self.pump(now, io);
             return;
@@ -145,7 +146,7 @@ impl<I: Io> Connection<I> {
             if self.rails[rail].is_active() {
                 self.renew_now(now, io, rail);
             } else {
-                let why = format!("a receive on lane {} completed with an error", lane.lane);
+                let why = RailFault::Receive { lane: lane.lane };
                 self.rail_failed(now, io, rail, None, why);
             }
             self.pump(now, io);

@@ -20,6 +20,7 @@
 use std::time::Instant;
 
 use super::Connection;
+use crate::fault::RailFault;
 use crate::io::{Action, Event, Io, LaneRef, SendCompletion, Status};
 use crate::lane::Posted;
 use crate::rail::RailLink;
@@ -33,7 +34,7 @@ impl<I: Io> Connection<I> {
         io: &mut I,
         rail: usize,
         cause: Option<SendCompletion>,
-        why: String,
+        why: RailFault,
     ) {
         if self.is_closed() {
             return;

@@ -14,6 +14,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
 use crate::config::Config;
+use crate::fault::{DriverError, Rejection};
 use crate::io::{Action, Event, Io, LaneRef};
 use crate::lane::Lane;
 use crate::notify::Seen;
@@ -281,7 +282,7 @@ impl<I: Io> Connection<I> {
                     r.state,
                     r.stats
                         .last_error
-                        .as_deref()
+                        .as_ref()
                         .map_or(String::new(), |e| format!(": {e}"))
                 )
             })
@@ -341,17 +342,16 @@ impl<I: Io> Connection<I> {
 
     /// Checks and queues a transfer.
     fn enqueue(&mut self, now: Instant, spec: Spec<I>) -> Result<TransferKey, Failure> {
-        let rejected = |detail: String| Err(Failure::Rejected { detail });
+        let rejected = |why: Rejection| Err(Failure::Rejected { why });
         if spec.runs.is_empty() && spec.notify.is_none() {
-            return rejected("a transfer without runs and without a notification".into());
+            return rejected(Rejection::Empty);
         }
         if let Some(n) = &spec.notify {
             if n.len() as u64 > u64::from(self.cfg.notify_max) {
-                return rejected(format!(
-                    "a notification of {} bytes; at most {} can be sent to this peer",
-                    n.len(),
-                    self.cfg.notify_max
-                ));
+                return rejected(Rejection::NotificationTooLong {
+                    len: n.len(),
+                    max: self.cfg.notify_max,
+                });
             }
         }
         // One pass over the runs: checked, counted, and cut into requests (most runs are one
@@ -376,9 +376,11 @@ impl<I: Io> Connection<I> {
         }
         let locals = spec.locals.len() as u64;
         if min_len == 0 || (!spec.runs.is_empty() && u64::from(max_local) >= locals) {
-            return rejected(format!(
-                "a run of {min_len} bytes, or of local segment {max_local} ({locals} given)"
-            ));
+            return rejected(Rejection::BadRun {
+                min_len,
+                max_local,
+                locals,
+            });
         }
         let remotes = if spec.runs.is_empty() {
             0
@@ -386,11 +388,11 @@ impl<I: Io> Connection<I> {
             u64::from(max_remote) + 1
         };
         if (spec.rkeys.len() as u64) < remotes * self.cfg.rails as u64 {
-            return rejected(format!(
-                "{} remote keys for {remotes} remote segments on {} rails",
-                spec.rkeys.len(),
-                self.cfg.rails
-            ));
+            return rejected(Rejection::MissingKeys {
+                keys: spec.rkeys.len(),
+                remotes,
+                rails: self.cfg.rails,
+            });
         }
         // Bad input first: its error does not depend on the connection's state.
         if let Some(reason) = self.gone_reason() {
@@ -773,9 +775,10 @@ impl<I: Io> Connection<I> {
             if !*a {
                 match io.arm_recv(lane, slot as u16) {
                     Ok(()) => *a = true,
-                    Err(detail) => {
+                    Err(e) => {
+                        let error = DriverError::new(e);
                         self.actions
-                            .push_back(Action::Event(Event::RearmFailed { lane, detail }));
+                            .push_back(Action::Event(Event::RearmFailed { lane, error }));
                         return;
                     }
                 }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::control::Control;
+use crate::fault::{RailFault, Rejection, Step, TextError};
 use crate::io::{Event, Header, LaneRef, Op, PostResult, Status};
 use crate::rail::RailState;
 use crate::run::Run;
@@ -674,7 +675,7 @@ fn a_broken_post_fails_its_rail_and_the_transfer_goes_on_the_other_at_once() {
     let mut t = T::new(cfg(2, 1));
     t.io.script = vec![PostResult::Broken {
         posted: 0,
-        detail: "not ready".into(),
+        error: "not ready".into(),
     }];
     t.submit_n(0, 1, Op::Write, 1, None).unwrap();
     let paused: Vec<usize> = (0..2)
@@ -687,6 +688,79 @@ fn a_broken_post_fails_its_rail_and_the_transfer_goes_on_the_other_at_once() {
         "posted on the other rail in the same call"
     );
     assert_ne!(t.io.posts[0].lane.lane, paused[0]);
+}
+
+#[test]
+fn the_drivers_own_error_reaches_the_outcome_and_the_event_unchanged() {
+    // A refused request: the transfer fails with the driver's error, as the driver's type.
+    let mut t = T::new(cfg(2, 1));
+    t.io.script = vec![PostResult::Rejected(TextError("not this memory".into()))];
+    t.submit_n(0, 1, Op::Write, 1, None).unwrap();
+    t.drain();
+    let Some(Err(Failure::Rejected {
+        why: Rejection::Driver(e),
+    })) = t.io.outcome(1)
+    else {
+        panic!("{:?}", t.io.outcome(1));
+    };
+    assert_eq!(
+        e.downcast_ref::<TextError>(),
+        Some(&TextError("not this memory".into()))
+    );
+    // A broken queue pair: the rail's pause carries the driver's error and the step.
+    t.io.script = vec![PostResult::Broken {
+        posted: 0,
+        error: TextError("queue pair in error".into()),
+    }];
+    t.submit_n(1, 2, Op::Write, 1, None).unwrap();
+    let paused = t.io.events.iter().find_map(|e| match e {
+        Event::RailPaused {
+            why: RailFault::Driver { step, error },
+            ..
+        } => Some((*step, error.downcast_ref::<TextError>().cloned())),
+        _ => None,
+    });
+    assert_eq!(
+        paused,
+        Some((Step::Post, Some(TextError("queue pair in error".into()))))
+    );
+    let rail = t.c.rails().iter().position(|r| r.0 == RailState::Paused);
+    let last = rail.and_then(|r| t.c.rails()[r].1.last_error.clone());
+    assert!(
+        matches!(
+            last,
+            Some(RailFault::Driver {
+                step: Step::Post,
+                ..
+            })
+        ),
+        "{last:?}"
+    );
+}
+
+#[test]
+fn a_malformed_transfer_is_refused_with_its_values() {
+    let mut t = T::new(cfg(1, 1));
+    let mut spec = t.spec(1, Op::Write, runs(1, 100), None);
+    spec.rkeys.clear();
+    assert_eq!(
+        t.submit_spec(0, spec).unwrap_err(),
+        Failure::Rejected {
+            why: Rejection::MissingKeys {
+                keys: 0,
+                remotes: 1,
+                rails: 1
+            }
+        }
+    );
+    let mut spec = t.spec(2, Op::Write, Vec::new(), None);
+    spec.notify = None;
+    assert_eq!(
+        t.submit_spec(0, spec).unwrap_err(),
+        Failure::Rejected {
+            why: Rejection::Empty
+        }
+    );
 }
 
 #[test]

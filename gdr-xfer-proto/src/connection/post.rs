@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use super::Connection;
 use crate::config::{CHUNK, STRIPE_CHUNK};
+use crate::fault::{DriverError, RailFault, Rejection, Step, Unposted};
 use crate::io::{Header, Io, LaneRef, Pieces, PostResult};
 use crate::lane::{Lane, Posted};
 use crate::rail::RailLink;
@@ -27,9 +28,9 @@ enum Next {
     /// No lane has room: stop posting.
     Stall,
     /// The transfer's own request is bad: it fails.
-    Reject(TransferKey, String),
+    Reject(TransferKey, Rejection),
     /// A lane is broken: its rail fails (what it carried is queued again).
-    RailFailed(usize, String),
+    RailFailed(usize, RailFault),
 }
 
 impl<I: Io> Connection<I> {
@@ -47,15 +48,15 @@ impl<I: Io> Connection<I> {
                 }
                 Next::Again => {}
                 Next::Stall => return,
-                Next::Reject(key, detail) => {
+                Next::Reject(key, why) => {
                     self.pending.pop_front();
                     if let Some(t) = self.transfers.get_mut(key) {
                         t.queued = false;
                     }
-                    self.stop(now, key, Failure::Rejected { detail });
+                    self.stop(now, key, Failure::Rejected { why });
                 }
-                Next::RailFailed(rail, detail) => {
-                    self.rail_failed(now, io, rail, None, detail);
+                Next::RailFailed(rail, why) => {
+                    self.rail_failed(now, io, rail, None, why);
                     if !self.rails.iter().any(RailLink::is_active) {
                         return;
                     }
@@ -190,7 +191,7 @@ impl<I: Io> Connection<I> {
             );
             let (reached, bytes) = match cut {
                 Ok(c) => c,
-                Err(e) => return Next::Reject(key, e.0),
+                Err(why) => return Next::Reject(key, why),
             };
             let n = io.pieces().len();
             if n == 0 {
@@ -200,7 +201,7 @@ impl<I: Io> Connection<I> {
                 .get(from.run)
                 .and_then(|r| t.locals.get(r.local as usize))
             else {
-                return Next::Reject(key, "a run names a local segment it does not have".into());
+                return Next::Reject(key, Rejection::UnknownLocal { run: from.run });
             };
             match io.post_rdma(lane, t.op, local) {
                 PostResult::Posted => {}
@@ -208,10 +209,14 @@ impl<I: Io> Connection<I> {
                     self.lanes[li].full = true;
                     continue;
                 }
-                PostResult::Rejected(detail) => return Next::Reject(key, detail),
+                PostResult::Rejected(e) => {
+                    return Next::Reject(key, Rejection::Driver(DriverError::new(e)))
+                }
                 // The requests that went are destroyed with the queue pair when the rail fails,
                 // and the whole range is posted again.
-                PostResult::Broken { detail, .. } => return Next::RailFailed(rail, detail),
+                PostResult::Broken { error, .. } => {
+                    return Next::RailFailed(rail, RailFault::driver(Step::Post, error))
+                }
             }
             self.next_wr += n as u64;
             let last = first + n as u64 - 1;
@@ -352,29 +357,32 @@ impl<I: Io> Connection<I> {
                     self.rails[rail].free_send_slots.push(slot);
                     self.lanes[lane.lane].full = true;
                 }
-                PostResult::Rejected(detail) => {
+                PostResult::Rejected(e) => {
                     self.rails[rail].free_send_slots.push(slot);
                     self.notify_due.pop_front();
-                    self.stop(now, key, Failure::Rejected { detail });
+                    let why = Rejection::Driver(DriverError::new(e));
+                    self.stop(now, key, Failure::Rejected { why });
                 }
-                PostResult::Broken { detail, .. } => {
+                PostResult::Broken { error, .. } => {
                     self.rails[rail].free_send_slots.push(slot);
-                    self.rail_failed(now, io, rail, None, detail);
+                    let why = RailFault::driver(Step::Post, error);
+                    self.rail_failed(now, io, rail, None, why);
                 }
             }
         }
     }
 
     /// Posts the probe that re-admits rail `rail` (its new queue pairs are connected).
-    pub(crate) fn post_probe(&mut self, io: &mut I, rail: usize) -> Result<(), String> {
+    pub(crate) fn post_probe(&mut self, io: &mut I, rail: usize) -> Result<(), RailFault> {
         let li = rail * self.cfg.lanes_per_rail;
+        let unposted = |why| RailFault::ProbeUnposted { why };
         let lane = self.lanes[li]
             .current(li)
-            .ok_or("the rail has no queue pair")?;
+            .ok_or(unposted(Unposted::NoQueuePair))?;
         let slot = self.rails[rail]
             .free_send_slots
             .pop()
-            .ok_or("no send slot for the probe")?;
+            .ok_or(unposted(Unposted::NoSendSlot))?;
         let seq = self.next_wr;
         let header = Header {
             flags: Header::PROBE,
@@ -388,8 +396,10 @@ impl<I: Io> Connection<I> {
                 l.posted.push_back(Posted::Probe { seq, slot });
                 Ok(())
             }
-            PostResult::Full => Err("the new queue pair's send queue is full".into()),
-            PostResult::Rejected(d) | PostResult::Broken { detail: d, .. } => Err(d),
+            PostResult::Full => Err(unposted(Unposted::QueueFull)),
+            PostResult::Rejected(error) | PostResult::Broken { error, .. } => {
+                Err(RailFault::driver(Step::Probe, error))
+            }
         }
     }
 }

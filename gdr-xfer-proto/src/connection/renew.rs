@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use super::{Connection, Offer};
 use crate::control::Control;
+use crate::fault::{RailFault, Step};
 use crate::io::{Action, Event, Io, LaneRef};
 use crate::lane::Lane;
 use crate::rail::RailState;
@@ -31,9 +32,15 @@ impl<I: Io> Connection<I> {
 
     /// Creates queue pairs for rail `rail` through the driver and posts the receive slots on
     /// the first (those not held for the application).
-    fn create(&mut self, io: &mut I, rail: usize) -> Result<(Vec<LaneRef>, I::Endpoints), String> {
+    fn create(
+        &mut self,
+        io: &mut I,
+        rail: usize,
+    ) -> Result<(Vec<LaneRef>, I::Endpoints), RailFault> {
         let refs = self.new_refs(rail);
-        let endpoints = io.create_lanes(rail, &refs)?;
+        let endpoints = io
+            .create_lanes(rail, &refs)
+            .map_err(|e| RailFault::driver(Step::Create, e))?;
         let recv = &mut self.recv[rail];
         recv.gen = refs.first().map(|l| l.gen);
         // The slots posted on the old queue pair move to the new one, one for one.
@@ -63,13 +70,13 @@ impl<I: Io> Connection<I> {
                     endpoints,
                 }));
             }
-            Err(e) => self.renewal_failed(now, rail, format!("renewing: {e}")),
+            Err(why) => self.renewal_failed(now, rail, why),
         }
     }
 
     /// A renewal of rail `rail` failed: the rail pauses (a longer cool-down), and every
     /// transfer fails if no rail is left for a quiesce time.
-    fn renewal_failed(&mut self, now: Instant, rail: usize, why: String) {
+    fn renewal_failed(&mut self, now: Instant, rail: usize, why: RailFault) {
         self.actions.push_back(Action::Event(Event::RenewalFailed {
             rail,
             why: why.clone(),
@@ -87,8 +94,7 @@ impl<I: Io> Connection<I> {
                 RailState::Paused if now >= r.until => self.offer(now, io, rail, false),
                 RailState::Renewing if now >= r.until => {
                     self.drop_offer(rail);
-                    let why = "the peer did not answer the renewal".to_string();
-                    self.renewal_failed(now, rail, why);
+                    self.renewal_failed(now, rail, RailFault::Unanswered);
                 }
                 _ => {}
             }
@@ -161,15 +167,16 @@ impl<I: Io> Connection<I> {
         let refused = Control::Refused { rail, epoch };
         let (lanes, ours) = match self.create(io, rail) {
             Ok(x) => x,
-            Err(e) => {
-                self.rail_failed(now, io, rail, None, format!("answering a renewal: {e}"));
+            Err(why) => {
+                self.rail_failed(now, io, rail, None, why);
                 self.actions.push_back(Action::SendControl(refused));
                 return;
             }
         };
         self.install(now, rail, &lanes);
         if let Err(e) = io.connect_lanes(rail, &lanes, &theirs) {
-            self.rail_failed(now, io, rail, None, format!("connecting a renewal: {e}"));
+            let why = RailFault::driver(Step::Connect, e);
+            self.rail_failed(now, io, rail, None, why);
             self.actions.push_back(Action::SendControl(refused));
             return;
         }
@@ -199,7 +206,7 @@ impl<I: Io> Connection<I> {
         self.drop_offer(rail);
         // The peer destroyed its side of the old queue pairs before refusing.
         self.rail_quiet(now, rail);
-        self.renewal_failed(now, rail, "the peer could not renew it".into());
+        self.renewal_failed(now, rail, RailFault::Refused);
     }
 
     /// The peer answered our offer: connect, install, probe.
@@ -228,15 +235,16 @@ impl<I: Io> Connection<I> {
         // The peer's side of the old queue pairs is gone.
         self.rail_quiet(now, rail);
         if let Err(e) = io.connect_lanes(rail, &offer.lanes, &theirs) {
-            self.rail_failed(now, io, rail, None, format!("connecting a renewal: {e}"));
+            let why = RailFault::driver(Step::Connect, e);
+            self.rail_failed(now, io, rail, None, why);
             return;
         }
         let slots = self.cfg.send_slots;
         let r = &mut self.rails[rail];
         r.free_send_slots = (0..slots).rev().collect();
         r.state = RailState::Probing;
-        if let Err(e) = self.post_probe(io, rail) {
-            self.rail_failed(now, io, rail, None, format!("posting the probe: {e}"));
+        if let Err(why) = self.post_probe(io, rail) {
+            self.rail_failed(now, io, rail, None, why);
         }
     }
 }

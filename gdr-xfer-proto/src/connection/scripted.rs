@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::Connection;
 use crate::config::Config;
 use crate::control::Control;
+use crate::fault::TextError;
 use crate::io::{
     Action, Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
 };
@@ -61,7 +62,7 @@ pub(super) struct Mock {
     pub(super) delivered: Vec<(Vec<u8>, Receipt)>,
     pub(super) events: Vec<Event>,
     /// Results for the next posts (default: posted).
-    pub(super) script: Vec<PostResult>,
+    pub(super) script: Vec<PostResult<TextError>>,
     /// Local segments the driver refuses (another protection domain).
     pub(super) foreign: Vec<u8>,
     /// The driver's bound across connections: places left to keep a notification without its
@@ -80,13 +81,14 @@ impl Io for Mock {
     type Handle = u32;
     type Endpoints = Vec<u32>;
     type Pieces = Batch;
+    type Error = TextError;
 
     fn pieces(&mut self) -> &mut Batch {
         &mut self.batch
     }
-    fn post_rdma(&mut self, lane: LaneRef, op: Op, local: &u8) -> PostResult {
+    fn post_rdma(&mut self, lane: LaneRef, op: Op, local: &u8) -> PostResult<TextError> {
         if self.foreign.contains(local) {
-            return PostResult::Rejected(format!("segment {local} is another agent's"));
+            return PostResult::Rejected(TextError(format!("segment {local} is another agent's")));
         }
         if !self.script.is_empty() {
             let r = self.script.remove(0);
@@ -111,11 +113,11 @@ impl Io for Mock {
         slot: u16,
         h: Header,
         data: &[u8],
-    ) -> PostResult {
+    ) -> PostResult<TextError> {
         self.messages.push((lane, wr_id, slot, h, data.to_vec()));
         PostResult::Posted
     }
-    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String> {
+    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), TextError> {
         self.armed.push((lane, slot));
         Ok(())
     }
@@ -132,7 +134,7 @@ impl Io for Mock {
     fn may_arm_recv(&mut self) -> bool {
         !self.defer_slots
     }
-    fn create_lanes(&mut self, _rail: usize, lanes: &[LaneRef]) -> Result<Vec<u32>, String> {
+    fn create_lanes(&mut self, _rail: usize, lanes: &[LaneRef]) -> Result<Vec<u32>, TextError> {
         if self.create_fails {
             return Err("no queue pair".into());
         }
@@ -144,7 +146,7 @@ impl Io for Mock {
         _rail: usize,
         _lanes: &[LaneRef],
         _remote: &Vec<u32>,
-    ) -> Result<(), String> {
+    ) -> Result<(), TextError> {
         if self.connect_fails {
             return Err("cannot connect".into());
         }

@@ -11,7 +11,7 @@ fn a_readmitted_rail_samples_one_period_after_it_came_back() {
     let mut r = RailLink::new(2, t0);
     assert_eq!(r.next_sample(), t0 + SAMPLE);
     let later = t0 + Duration::from_secs(3);
-    r.pause(later, "down".into());
+    r.pause(later, RailFault::Unanswered);
     r.admit(later, 2);
     assert_eq!(r.next_sample(), later + SAMPLE);
 }
@@ -39,7 +39,7 @@ fn a_rail_renewed_after_a_failure_is_not_usable_a_fenced_one_is() {
     let t0 = Instant::now();
     let mut r = RailLink::new(1, t0);
     assert!(r.is_usable());
-    r.pause(t0, "down".into());
+    r.pause(t0, RailFault::Unanswered);
     assert!(!r.is_usable());
     // Renewing after its cool-down: not usable until the probe re-admits it.
     r.state = RailState::Renewing;

@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use super::net::{Net, QpState, SimQp, Wr, WrKind, SEG};
+use crate::fault::TextError;
 use crate::io::{Header, Io, LaneRef, Op, Pieces, PostResult, Status};
 
 /// A local segment in the simulation: segment `seg` of agent `agent`'s memory.
@@ -142,13 +143,13 @@ impl SimIo {
     }
 
     /// Queues requests on `qp` (flushed at once when it is in error).
-    fn push(&mut self, qp: usize, wrs: Vec<Wr>) -> PostResult {
+    fn push(&mut self, qp: usize, wrs: Vec<Wr>) -> PostResult<TextError> {
         let mut net = self.net.borrow_mut();
         let q = &mut net.qps[qp];
         if q.state == QpState::Created || q.state == QpState::Destroyed {
             return PostResult::Broken {
                 posted: 0,
-                detail: format!("queue pair {qp} is not ready ({:?})", q.state),
+                error: TextError::from(format!("queue pair {qp} is not ready ({:?})", q.state)),
             };
         }
         if q.sq.len() + wrs.len() > self.depth {
@@ -171,31 +172,32 @@ impl Io for SimIo {
     type Handle = usize;
     type Endpoints = Vec<usize>;
     type Pieces = SimPieces;
+    type Error = TextError;
 
     fn pieces(&mut self) -> &mut SimPieces {
         &mut self.pieces
     }
 
-    fn post_rdma(&mut self, lane: LaneRef, op: Op, local: &SimLocal) -> PostResult {
+    fn post_rdma(&mut self, lane: LaneRef, op: Op, local: &SimLocal) -> PostResult<TextError> {
         let Some(qp) = self.qp(lane) else {
             return PostResult::Broken {
                 posted: 0,
-                detail: format!("no queue pair for {lane:?}"),
+                error: TextError::from(format!("no queue pair for {lane:?}")),
             };
         };
         if local.agent != self.agent {
-            return PostResult::Rejected(format!(
+            return PostResult::Rejected(TextError::from(format!(
                 "memory of agent {} is registered with another protection domain",
                 local.agent
-            ));
+            )));
         }
         let mut wrs = Vec::with_capacity(self.pieces.0.len());
         let n = self.pieces.0.len();
         for (i, &(lo, remote, len, rkey, wr_id)) in self.pieces.0.iter().enumerate() {
             if lo.checked_add(len).is_none_or(|e| e > SEG as u64) || len == 0 {
-                return PostResult::Rejected(format!(
+                return PostResult::Rejected(TextError::from(format!(
                     "{len} bytes at {lo} of a {SEG}-byte segment"
-                ));
+                )));
             }
             let at = local.seg * SEG + lo as usize;
             let xfer = {
@@ -240,19 +242,19 @@ impl Io for SimIo {
         _slot: u16,
         header: Header,
         data: &[u8],
-    ) -> PostResult {
+    ) -> PostResult<TextError> {
         let Some(qp) = self.qp(lane) else {
             return PostResult::Broken {
                 posted: 0,
-                detail: format!("no queue pair for {lane:?}"),
+                error: TextError::from(format!("no queue pair for {lane:?}")),
             };
         };
         if Header::LEN + data.len() > self.send_max {
-            return PostResult::Rejected(format!(
+            return PostResult::Rejected(TextError::from(format!(
                 "a message of {} bytes in a {}-byte send slot",
                 data.len(),
                 self.send_max
-            ));
+            )));
         }
         let mut bytes = header.encode().to_vec();
         bytes.extend_from_slice(data);
@@ -269,10 +271,10 @@ impl Io for SimIo {
         )
     }
 
-    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), String> {
+    fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), TextError> {
         let qp = self
             .qp(lane)
-            .ok_or_else(|| format!("no queue pair for {lane:?}"))?;
+            .ok_or_else(|| TextError(format!("no queue pair for {lane:?}")))?;
         let mut net = self.net.borrow_mut();
         match net.qps[qp].state {
             QpState::Destroyed => Err("destroyed".into()),
@@ -288,7 +290,7 @@ impl Io for SimIo {
         }
     }
 
-    fn create_lanes(&mut self, rail: usize, lanes: &[LaneRef]) -> Result<Vec<usize>, String> {
+    fn create_lanes(&mut self, rail: usize, lanes: &[LaneRef]) -> Result<Vec<usize>, TextError> {
         let fail = {
             let mut net = self.net.borrow_mut();
             let p = net.create_fail;
@@ -309,11 +311,11 @@ impl Io for SimIo {
         _rail: usize,
         lanes: &[LaneRef],
         remote: &Vec<usize>,
-    ) -> Result<(), String> {
+    ) -> Result<(), TextError> {
         for (l, &theirs) in lanes.iter().zip(remote) {
             let ours = self
                 .qp(*l)
-                .ok_or_else(|| format!("no queue pair for {l:?}"))?;
+                .ok_or_else(|| TextError(format!("no queue pair for {l:?}")))?;
             self.connect(ours, theirs);
         }
         Ok(())

@@ -13,6 +13,7 @@ use super::io::{SimIo, SimLocal};
 use super::net::{rkey, Net, QpState, WrKind, SEG, SEGS};
 use super::world::Ev;
 use crate::connection::Connection;
+use crate::fault::TextError;
 use crate::io::Op;
 use crate::run::Run;
 use crate::staged::{StageIo, StagedJob, Start};
@@ -102,7 +103,13 @@ impl SimStager {
         self.slot_at(BOUNCE_SEG * SEG, slot)
     }
 
-    fn start(&mut self, parent: usize, op: Op, dev_start: usize, len: usize) -> Result<u64, Start> {
+    fn start(
+        &mut self,
+        parent: usize,
+        op: Op,
+        dev_start: usize,
+        len: usize,
+    ) -> Result<u64, Start<TextError>> {
         if self.tickets.len() >= self.max_tickets {
             return Err(Start::Busy);
         }
@@ -202,12 +209,12 @@ impl SimStager {
         agent: usize,
         c: SimChunk,
         commit: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), TextError> {
         if self.slots.get(c.slot) != Some(&Slot::Lent(c.ticket)) {
-            return Err(format!(
+            return Err(TextError(format!(
                 "bounce buffer {} given back twice or by the wrong ticket",
                 c.slot
-            ));
+            )));
         }
         check_buffer_free(net, agent, self.slot_addr(c.slot), c.len);
         if commit {
@@ -236,7 +243,7 @@ impl SimStager {
         net: &mut Net,
         agent: usize,
         c: SimChunk,
-    ) -> Result<(), String> {
+    ) -> Result<(), TextError> {
         self.give_back(net, agent, c, false)
     }
 
@@ -360,6 +367,7 @@ pub(crate) struct SimStageIo<'a> {
 impl StageIo for SimStageIo<'_> {
     type Chunk = SimChunk;
     type Child = TransferKey;
+    type Error = TextError;
 
     fn ticket_of(&self, c: &SimChunk) -> u64 {
         c.ticket
@@ -370,7 +378,7 @@ impl StageIo for SimStageIo<'_> {
     fn len_of(&self, c: &SimChunk) -> u64 {
         c.len as u64
     }
-    fn start(&mut self, run: usize) -> Result<u64, Start> {
+    fn start(&mut self, run: usize) -> Result<u64, Start<TextError>> {
         let r = self.runs[run];
         let id = self.stager.start(self.xfer, self.op, r.local, r.len)?;
         let mut net = self.net.borrow_mut();
@@ -463,7 +471,7 @@ impl StageIo for SimStageIo<'_> {
             c.len,
         )
     }
-    fn give_back(&mut self, c: SimChunk, commit: bool) -> Result<(), String> {
+    fn give_back(&mut self, c: SimChunk, commit: bool) -> Result<(), TextError> {
         let mut net = self.net.borrow_mut();
         let r = self.stager.give_back(&mut net, self.agent, c, commit);
         self.stager.pump(&mut net, self.agent);

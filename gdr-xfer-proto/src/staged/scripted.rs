@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::fault::TextError;
 
 /// A chunk: (ticket, offset in run, len, buffer).
 #[derive(Debug, PartialEq)]
@@ -33,6 +34,7 @@ pub(super) struct Io {
 impl StageIo for Io {
     type Chunk = C;
     type Child = u32;
+    type Error = TextError;
     fn ticket_of(&self, c: &C) -> u64 {
         c.0
     }
@@ -42,7 +44,7 @@ impl StageIo for Io {
     fn len_of(&self, c: &C) -> u64 {
         c.2
     }
-    fn start(&mut self, _run: usize) -> Result<u64, Start> {
+    fn start(&mut self, _run: usize) -> Result<u64, Start<TextError>> {
         if self.busy {
             return Err(Start::Busy);
         }
@@ -73,7 +75,7 @@ impl StageIo for Io {
     fn is_quiet(&self, c: &C) -> bool {
         !self.not_quiet.contains(&c.3)
     }
-    fn give_back(&mut self, c: C, commit: bool) -> Result<(), String> {
+    fn give_back(&mut self, c: C, commit: bool) -> Result<(), TextError> {
         self.back.push((c.3, commit));
         Ok(())
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use gdr::pd::ProtectionDomain;
 use gdr_xfer_proto::staged::{ChildStats, StageIo, StagedJob, StagedRun, Start};
-use gdr_xfer_proto::{Run, Spec, TransferKey};
+use gdr_xfer_proto::{DriverError, Rejection, Run, Spec, TransferKey};
 
 use super::pace::{Pace, Wait};
 use super::{Bounce, StagedDevice};
@@ -26,6 +26,10 @@ use crate::transfer::{Failure, Stopper, TransferCell, TransferStats};
 /// How long [`Driver::stop`] lets the jobs of a closing agent drain (their children failed
 /// with the connections; copies and bounce buffers come back within this).
 const STOP_DRAIN: Duration = Duration::from_secs(5);
+
+/// The hint of a condition the staging driver never makes (seen only through a bug).
+const NOT_SEEN: &str =
+    "the staging driver keeps its chunks and runs consistent: a bug in gdr-xfer if seen";
 
 /// A chunk as the core sees it: whose bounce buffers (the GPU's index), and the stager's chunk.
 pub(crate) struct BounceChunk {
@@ -163,6 +167,7 @@ impl JobIo<'_> {
 impl StageIo for JobIo<'_> {
     type Chunk = BounceChunk;
     type Child = TransferKey;
+    type Error = Error;
 
     fn ticket_of(&self, c: &BounceChunk) -> u64 {
         self.ctx
@@ -184,18 +189,22 @@ impl StageIo for JobIo<'_> {
         c.chunk.len() as u64
     }
 
-    fn start(&mut self, run: usize) -> std::result::Result<u64, Start> {
+    fn start(&mut self, run: usize) -> std::result::Result<u64, Start<Error>> {
         let r = self.ctx.runs[run];
         let local = r.local as usize;
         let Some((b, dev)) = self.ctx.staged.get(local).cloned().flatten() else {
-            return Err(Start::Failed(format!("run {run} is not staged")));
+            return Err(Start::Failed(Error::invalid(
+                format!("run {run} is not staged"),
+                NOT_SEEN,
+            )));
         };
         let direction = self.direction();
         let start = self.ctx.locals[local].base + r.local_offset as usize;
         let end = start + r.len as usize;
         let Some(bounce) = self.bounces.get_mut(b) else {
-            return Err(Start::Failed(format!(
-                "run {run} names bounce buffers {b} this agent does not have"
+            return Err(Start::Failed(Error::invalid(
+                format!("run {run} names bounce buffers {b} this agent does not have"),
+                NOT_SEEN,
             )));
         };
         match bounce.stage.start(direction, &dev, start..end) {
@@ -208,7 +217,7 @@ impl StageIo for JobIo<'_> {
             // Too many tickets on this GPU (the ranges are checked when segments are made, so
             // that is the only argument a stager refuses): try again at the next step.
             Err(Error::InvalidArgument { .. }) => Err(Start::Busy),
-            Err(e) => Err(Start::Failed(e.to_string())),
+            Err(e) => Err(Start::Failed(e)),
         }
     }
 
@@ -231,40 +240,43 @@ impl StageIo for JobIo<'_> {
         notify: Option<&[u8]>,
     ) -> std::result::Result<TransferKey, Failure> {
         let r = self.ctx.runs[run];
-        let (local, local_offset) = match chunk {
-            Some(c) => {
-                let seg = self
-                    .bounces
-                    .get(c.bounce)
-                    .and_then(|b| b.segments.get(c.chunk.slot()))
-                    .cloned()
-                    .ok_or_else(|| Failure::StagingFailed {
-                        detail: "a chunk names a bounce slot its buffers do not have".into(),
-                    })?;
-                (seg, 0)
-            }
-            None => {
-                let seg = self
-                    .ctx
-                    .locals
-                    .get(r.local as usize)
-                    .cloned()
-                    .ok_or_else(|| Failure::Rejected {
-                        detail: format!(
-                            "run {run} names a local segment the transfer does not have"
-                        ),
-                    })?;
-                (seg, r.local_offset + offset)
-            }
-        };
+        let (local, local_offset) =
+            match chunk {
+                Some(c) => {
+                    let seg = self
+                        .bounces
+                        .get(c.bounce)
+                        .and_then(|b| b.segments.get(c.chunk.slot()))
+                        .cloned()
+                        .ok_or_else(|| Failure::StagingFailed {
+                            error: DriverError::new(Error::invalid(
+                                "a chunk names a bounce slot its buffers do not have",
+                                NOT_SEEN,
+                            )),
+                        })?;
+                    (seg, 0)
+                }
+                None => {
+                    let seg = self.ctx.locals.get(r.local as usize).cloned().ok_or(
+                        Failure::Rejected {
+                            why: Rejection::UnknownLocal { run },
+                        },
+                    )?;
+                    (seg, r.local_offset + offset)
+                }
+            };
         let rails = self.ctx.rails;
         let at = r.remote as usize * rails;
         let rkeys = self
             .ctx
             .rkeys
             .get(at..at + rails)
-            .ok_or_else(|| Failure::Rejected {
-                detail: format!("remote segment {} has no keys", r.remote),
+            .ok_or(Failure::Rejected {
+                why: Rejection::MissingKeys {
+                    keys: self.ctx.rkeys.len(),
+                    remotes: u64::from(r.remote) + 1,
+                    rails,
+                },
             })?
             .to_vec();
         let p = &self.ctx.parent;
@@ -301,16 +313,18 @@ impl StageIo for JobIo<'_> {
             .is_some_and(|b| b.slots.is_quiet(c.chunk.slot()))
     }
 
-    fn give_back(&mut self, c: BounceChunk, commit: bool) -> std::result::Result<(), String> {
+    fn give_back(&mut self, c: BounceChunk, commit: bool) -> std::result::Result<(), Error> {
         let Some(bounce) = self.bounces.get_mut(c.bounce) else {
-            return Err("a chunk names bounce buffers this agent does not have".into());
+            return Err(Error::invalid(
+                "a chunk names bounce buffers this agent does not have",
+                NOT_SEEN,
+            ));
         };
-        let r = if commit {
+        if commit {
             bounce.stage.commit(c.chunk)
         } else {
             bounce.stage.release(c.chunk)
-        };
-        r.map_err(|e| e.to_string())
+        }
     }
 }
 
@@ -537,7 +551,10 @@ impl Driver {
                 log::error!("the staging driver panicked in a step (a bug); its jobs stop");
                 for job in &mut st.jobs {
                     job.core.abort(Failure::StagingFailed {
-                        detail: "the staging driver failed (a bug in gdr-xfer)".into(),
+                        error: DriverError::new(Error::invalid(
+                            "the staging driver failed (it panicked)",
+                            NOT_SEEN,
+                        )),
                     });
                 }
             }
@@ -613,7 +630,7 @@ fn step(st: &mut State, window: usize, now: Instant) {
                 }
                 (StagingEvent::Finished { outcome, .. }, Some((n, j))) => {
                     let r = match outcome {
-                        crate::staging::Outcome::Failed(e) => Err(e.to_string()),
+                        crate::staging::Outcome::Failed(e) => Err(DriverError::new(e)),
                         _ => Ok(()),
                     };
                     j.core.on_ticket_finished(n, r);

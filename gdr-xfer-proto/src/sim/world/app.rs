@@ -476,7 +476,7 @@ impl World {
                 (StageEvent::Chunk(chunk), None) => {
                     let mut net = self.net.borrow_mut();
                     if let Err(e) = self.stagers[agent].release_orphan(&mut net, agent, chunk) {
-                        net.violation(e);
+                        net.violation(e.0);
                     }
                 }
                 (StageEvent::Finished(_), None) => {}
