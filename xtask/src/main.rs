@@ -14,6 +14,7 @@
 //! * `downstream`: build a new crate from README.md's dependency line and example.
 //! * `fuzz [--minutes N] [TARGET...]`: the cargo-fuzz targets in fuzz/, executions and crashes.
 //! * `mutants`: cargo-mutants over gdr-xfer-proto's decision code (`.cargo/mutants.toml`).
+//! * `coverage`: line coverage of gdr-xfer-proto under the simulation and its unit tests.
 
 mod bench;
 mod bundle;
@@ -21,6 +22,7 @@ mod cargo;
 mod cluster;
 mod compare_rails;
 mod compare_xfer;
+mod coverage;
 mod demo;
 mod downstream;
 mod fuzz;
@@ -92,6 +94,9 @@ enum Command {
     Sim(sim::SimOpts),
     /// Mutation testing of gdr-xfer's core with cargo-mutants (installed by hand; not in CI).
     Mutants(mutants::MutantsOpts),
+    /// Line coverage of gdr-xfer's core under the simulation and its unit tests
+    /// (cargo-llvm-cov, installed by hand; not in CI).
+    Coverage(coverage::CoverageOpts),
     /// The Python binding: build the abi3 wheel (maturin), host pytest, then VM pytest.
     PyTest(py_test::PyTestOpts),
     /// The Python binding's own instructions per call of Peer.transfer_blocks against the Rust
@@ -117,6 +122,7 @@ fn main() -> ExitCode {
         Command::Fuzz(opts) => fuzz::fuzz(&opts),
         Command::Sim(opts) => sim::sim(&opts),
         Command::Mutants(opts) => mutants::mutants(&opts),
+        Command::Coverage(opts) => coverage::coverage(&opts),
         Command::PyTest(opts) => py_test::py_test(&opts),
         Command::PyCost(opts) => py_cost::py_cost(&opts),
     };

@@ -1,0 +1,92 @@
+//! `cargo xtask coverage`: line coverage of gdr-xfer's core (`gdr-xfer-proto`, without the
+//! simulator itself: `src/sim/` and `src/bin/`) under the deterministic simulation alone, then
+//! under the simulation and the crate's unit tests together, with cargo-llvm-cov.
+//!
+//! Like `mutants`, it is not part of `cargo xtask test` (CI) and needs tools installed by hand:
+//! `cargo install cargo-llvm-cov` and `rustup component add llvm-tools`. The instrumented build
+//! lives in `target/llvm-cov-target`, so the normal build is not rebuilt afterwards.
+
+use crate::setup::have;
+use crate::{cargo, say, Result};
+
+/// The simulator's own files: what the coverage is *of* is the core the driver ships.
+const IGNORE: &str = "gdr-xfer-proto/src/(sim|bin)/";
+
+#[derive(clap::Args)]
+pub struct CoverageOpts {
+    /// Seeds the simulation runs.
+    #[arg(long, default_value_t = 10_000)]
+    seeds: u64,
+    /// Per-file table as well as the totals.
+    #[arg(long)]
+    files: bool,
+}
+
+pub fn coverage(opts: &CoverageOpts) -> Result<i32> {
+    if !have("cargo-llvm-cov") {
+        return Err(
+            "cargo-llvm-cov is not installed: cargo install cargo-llvm-cov; \
+             rustup component add llvm-tools"
+                .into(),
+        );
+    }
+    let llvm_cov = |args: &[&str]| -> Result<i32> {
+        let mut cmd = cargo::cargo();
+        cmd.arg("llvm-cov").args(args);
+        let status = cmd
+            .status()
+            .map_err(|e| format!("cannot run cargo llvm-cov: {e}"))?;
+        Ok(status.code().unwrap_or(1))
+    };
+    let report = |what: &str| -> Result<i32> {
+        say!("coverage of gdr-xfer-proto (without src/sim, src/bin) under {what}:");
+        let mut args = vec!["report", "--release", "--ignore-filename-regex", IGNORE];
+        if !opts.files {
+            args.push("--summary-only");
+        }
+        llvm_cov(&args)
+    };
+    let seeds = opts.seeds.to_string();
+    for step in [
+        &["clean", "--workspace"][..],
+        &[
+            "run",
+            "--no-report",
+            "--release",
+            "-p",
+            "gdr-xfer-proto",
+            "--features",
+            "sim",
+            "--bin",
+            "xfer-sim",
+            "--",
+            "--seeds",
+            &seeds,
+        ][..],
+    ] {
+        let code = llvm_cov(step)?;
+        if code != 0 {
+            return Ok(code);
+        }
+    }
+    let code = report(&format!("the simulation, {seeds} seeds"))?;
+    if code != 0 {
+        return Ok(code);
+    }
+    let code = llvm_cov(&[
+        "test",
+        "--no-report",
+        "--release",
+        "-p",
+        "gdr-xfer-proto",
+        "--features",
+        "sim",
+        "--lib",
+    ])?;
+    if code != 0 {
+        return Ok(code);
+    }
+    report(&format!(
+        "the simulation ({seeds} seeds) and the unit tests together"
+    ))
+}
