@@ -13,7 +13,7 @@
 //! while taking any of these.
 
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use std::time::Instant;
 
@@ -43,6 +43,8 @@ pub(crate) struct Connection {
     pub(crate) name: String,
     /// Its number in the agent's endpoint, once admitted.
     id: OnceLock<ConnId>,
+    /// Its number in the process (never given again): what a prepared list is tied to.
+    pub(crate) serial: u64,
     pub(crate) agent: Weak<AgentShared>,
     /// Rails shared with the peer.
     pub(crate) nrails: usize,
@@ -114,6 +116,10 @@ impl Connection {
             Connection {
                 name: p.name,
                 id: OnceLock::new(),
+                serial: {
+                    static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
+                    CONNECTIONS.fetch_add(1, Ordering::Relaxed)
+                },
                 agent: p.agent,
                 nrails,
                 qps_per_rail,

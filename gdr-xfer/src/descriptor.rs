@@ -5,29 +5,12 @@ use std::sync::Arc;
 
 use crate::error::{descriptor_prefix, Error, Result};
 use crate::segment::{Segment, SegmentInner};
+use crate::side::Side;
 use gdr_xfer_proto::SegmentId;
 
 /// The direction of a one-sided transfer, seen from the initiator (the core's: one enum for
 /// the concept).
 pub use gdr_xfer_proto::Op;
-
-/// Which side of a transfer a range, block or segment is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Side {
-    /// This agent's memory.
-    Local,
-    /// The peer's memory.
-    Remote,
-}
-
-impl std::fmt::Display for Side {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Side::Local => "local",
-            Side::Remote => "remote",
-        })
-    }
-}
 
 /// One contiguous piece of a transfer: `len` bytes at `local_offset` of a local segment, and at
 /// `remote_offset` of the peer's segment `remote`.
@@ -174,9 +157,11 @@ impl LocalList {
 pub struct RemoteList {
     /// The peer it was prepared for.
     pub(crate) peer: String,
-    /// The connection it was prepared on: another one (another agent's, or a later connection
-    /// to a peer of the same name, whose ids may name other memory) refuses it.
-    pub(crate) conn: std::sync::Weak<crate::connection::Connection>,
+    /// The serial number of the connection it was prepared on: another one (another agent's,
+    /// or a later connection to a peer of the same name, whose ids may name other memory)
+    /// refuses it. A number, not a pointer: a list kept after its connection went holds no
+    /// part of it.
+    pub(crate) conn: u64,
     /// (segment id, offset, len) per entry.
     pub(crate) entries: Vec<(SegmentId, u64, u64)>,
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 pub use gdr::Hint;
 
-use crate::descriptor::Side;
+use crate::side::Side;
 use gdr_xfer_proto::{DriverError, Rejection, SegmentId};
 
 /// Everything that can go wrong in gdr-xfer.

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use crate::agent::AgentShared;
 use crate::config::TransferOptions;
 use crate::connection::Connection;
-use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList, Side};
+use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
 use crate::error::{Error, Foreign, Result};
+use crate::side::Side;
 use gdr_xfer_proto::{SegmentId, Spec};
 
 use crate::plan::Planner;
@@ -166,7 +167,7 @@ impl Peer {
         }
         Ok(RemoteList {
             peer: self.conn.name.clone(),
-            conn: Arc::downgrade(&self.conn),
+            conn: self.conn.serial,
             entries: ranges.to_vec(),
         })
     }
@@ -260,7 +261,7 @@ impl Peer {
         remote_idx: &[u32],
         opts: &TransferOptions,
     ) -> Result<Transfer> {
-        if !std::ptr::eq(remote.conn.as_ptr(), Arc::as_ptr(&self.conn)) {
+        if remote.conn != self.conn.serial {
             return Err(Error::ForeignObject {
                 call: "Peer::transfer_indexed",
                 object: Foreign::RemoteList(remote.peer.clone()),

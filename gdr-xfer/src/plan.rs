@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::descriptor::{check_local, BlockTable, Desc, LocalList, RemoteList, Side};
+use crate::descriptor::{check_local, BlockTable, Desc, LocalList, RemoteList};
 use crate::error::{Error, Result};
 use crate::pools::PoolTable;
+use crate::side::Side;
 use gdr_xfer_proto::Run;
 use gdr_xfer_proto::{PeerTable, SegmentId};
 

@@ -209,7 +209,7 @@ impl Segment {
             .map(|_| self.inner.base + offset as usize)
             .ok_or_else(|| Error::OutOfSegment {
                 index: None,
-                side: crate::descriptor::Side::Local,
+                side: crate::side::Side::Local,
                 segment: self.id(),
                 offset,
                 len,
