@@ -15,7 +15,7 @@ use gdr::gpu_mr::GpuMemoryRegion;
 use gdr::mr::{LocalSlice, MemoryRegion};
 
 use crate::error::{Error, Result};
-use crate::staged::{SegmentPath, StagedMemory};
+use crate::staged_memory::{SegmentPath, StagedMemory};
 use crate::wire::SegmentInfo;
 use gdr_xfer_proto::{Location, SegmentId};
 
@@ -327,7 +327,8 @@ impl RegistrationWeak {
 /// no device.
 #[cfg(all(test, feature = "emulated-gpu"))]
 pub(crate) fn emulated_segment(id: u32, name: &str, len: usize) -> Segment {
-    use crate::staged::{EmulatedGpu, StagedDevice};
+    use crate::staged_memory::StagedDevice;
+    use crate::staging::EmulatedGpu;
     let info = SegmentInfo {
         id: SegmentId::new(id),
         name: name.into(),

@@ -29,7 +29,7 @@ use crate::peer::Peer;
 use crate::rail::AgentRail;
 use crate::segment::{Backing, Segment};
 use crate::staged::driver::Driver as StagingDriver;
-use crate::staged::{StagedDevice, StagedMemory};
+use crate::staged_memory::{StagedDevice, StagedMemory};
 use crate::transfer::Failure;
 use crate::wakers::Wakers;
 use crate::wire::{Message, SegmentInfo, MAX_NAME};

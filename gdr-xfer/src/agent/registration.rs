@@ -189,7 +189,7 @@ impl Agent {
     #[cfg(feature = "emulated-gpu")]
     pub fn register_emulated_gpu(
         &self,
-        gpu: &Arc<crate::staged::EmulatedGpu>,
+        gpu: &Arc<crate::staging::EmulatedGpu>,
         range: impl RangeBounds<usize>,
         name: &str,
     ) -> Result<Segment> {

@@ -14,12 +14,13 @@ use gdr_xfer_proto::staged::{ChildStats, StageIo, StagedJob, StagedRun, Start};
 use gdr_xfer_proto::{DriverError, Rejection, Run, Spec, TransferKey};
 
 use super::pace::{Pace, Wait};
-use super::{Bounce, StagedDevice};
+use super::Bounce;
 use crate::connection::Connection;
 use crate::descriptor::Op;
 use crate::error::{Error, Result};
 use crate::plan::Plan;
 use crate::segment::{Backing, SegmentInner};
+use crate::staged_memory::StagedDevice;
 use crate::staging::{Chunk, Direction, StagingConfig, StagingEvent, Ticket};
 use crate::transfer::{Failure, Stopper, TransferCell, TransferStats};
 

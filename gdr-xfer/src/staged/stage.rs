@@ -7,9 +7,9 @@ use std::sync::Arc;
 use gdr::mr::{AccessFlags, HostMemory};
 use gdr::pd::ProtectionDomain;
 
-use super::StagedDevice;
 use crate::error::{Error, Result};
 use crate::segment::{Backing, Segment, SegmentInner};
+use crate::staged_memory::StagedDevice;
 use crate::staging::slots::SlotRegions;
 use crate::staging::{Chunk, Direction, Stager, StagingConfig, StagingEvent, Ticket};
 use crate::wire::SegmentInfo;
@@ -53,7 +53,7 @@ impl Stage for Stager {
 }
 
 #[cfg(feature = "emulated-gpu")]
-impl Stage for crate::staging::pipeline::Pipeline<super::emulated::HostCopies> {
+impl Stage for crate::staging::pipeline::Pipeline<crate::staging::emulated::HostCopies> {
     fn start(&mut self, dir: Direction, dev: &StagedDevice, range: Range<usize>) -> Result<Ticket> {
         match dev {
             StagedDevice::Emulated(g) => {
@@ -116,7 +116,7 @@ impl Bounce {
                 let (slots, segments) = Self::slots(pds, config, |len| {
                     Ok(Box::new(gdr::mr::AlignedBuffer::zeroed(len)?))
                 })?;
-                let engine = super::emulated::HostCopies::new(slots.clone())?;
+                let engine = crate::staging::emulated::HostCopies::new(slots.clone())?;
                 let pipeline = crate::staging::pipeline::Pipeline::new(engine, config)?;
                 let describe = format!(
                     "emulated GPU {} staged through host: {} x {} bounce buffers (registered per \
@@ -176,7 +176,8 @@ mod tests {
     use gdr::pd::ProtectionDomain;
 
     use super::Bounce;
-    use crate::staged::{EmulatedGpu, StagedDevice};
+    use crate::staged_memory::StagedDevice;
+    use crate::staging::EmulatedGpu;
     use crate::staging::StagingConfig;
 
     #[test]

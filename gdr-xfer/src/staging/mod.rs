@@ -56,6 +56,8 @@
 mod chunk;
 mod config;
 pub mod cut;
+#[cfg(feature = "emulated-gpu")]
+pub(crate) mod emulated;
 pub(crate) mod pipeline;
 mod plan;
 pub(crate) mod slots;
@@ -71,4 +73,4 @@ pub(crate) use stager::bytes_text;
 pub use stager::Stager;
 
 #[cfg(feature = "emulated-gpu")]
-pub use crate::staged::EmulatedGpu;
+pub use emulated::EmulatedGpu;

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use super::pipeline::CopyEngine;
+use super::slots::SlotRegions;
 use crate::error::{Error, Result};
-use crate::staging::pipeline::CopyEngine;
-use crate::staging::slots::SlotRegions;
 
 /// Memory of an emulated GPU without GPUDirect: plain host bytes that
 /// [`Agent::register_emulated_gpu`](crate::Agent::register_emulated_gpu) registers as a

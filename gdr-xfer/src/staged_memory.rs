@@ -31,7 +31,7 @@ pub(crate) enum StagedDevice {
         ordinal: i32,
     },
     #[cfg(feature = "emulated-gpu")]
-    Emulated(Arc<super::EmulatedGpu>),
+    Emulated(Arc<crate::staging::EmulatedGpu>),
 }
 
 impl StagedDevice {
