@@ -360,3 +360,7 @@ impl TransferOptions {
         self
     }
 }
+
+/// Longest sleep, and the period of the timers: an outcome may come this much after its due
+/// time.
+pub(crate) const TICK: Duration = Duration::from_millis(5);

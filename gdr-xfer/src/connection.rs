@@ -20,15 +20,15 @@ use std::time::Instant;
 use gdr::connect::TcpLink;
 use gdr::{Completion, WcStatus};
 use gdr_xfer_proto::{
-    Action, Config, ConnId, Connection as Core, LaneRef, PeerTable, Receipt, SendCompletion, Spec,
-    Status, TableError, TransferKey,
+    Action, Config, ConnId, Connection as Core, Failure, LaneRef, PeerTable, Receipt,
+    SendCompletion, Spec, Status, TableError, TransferKey,
 };
 
 use crate::agent::AgentShared;
 use crate::lanes::{Deferred, Lanes};
 use crate::notify::{split_recv_wr_id, Arrival, Delivered, Notification, SlotLedger};
 use crate::rail::RailStats;
-use crate::transfer::Failure;
+use crate::transfer::RunsTransfers;
 use crate::wakers::Wakers;
 use crate::wire::Message;
 
@@ -578,6 +578,16 @@ impl Drop for Connection {
         // Every way of closing seals it already; a connection dropped without closing (a
         // handshake that failed early) has nothing in the queue, but is sealed all the same.
         self.seal_notes();
+    }
+}
+
+impl RunsTransfers for Connection {
+    fn stop(&self, key: TransferKey) {
+        self.cancel(key);
+    }
+
+    fn tick(&self, now: Instant) {
+        Connection::tick(self, now);
     }
 }
 

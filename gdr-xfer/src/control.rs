@@ -12,12 +12,11 @@ use gdr::qp::QueuePair;
 use crate::agent::AgentShared;
 use crate::config::AgentConfig;
 use gdr_xfer_proto::handshake::{self, HandshakeError, Offer, Settings, Shape};
-use gdr_xfer_proto::TableError;
+use gdr_xfer_proto::{Failure, TableError};
 
 use crate::connection::{Connection, Parts};
 use crate::error::{Error, Result};
 use crate::notify::NotifyPool;
-use crate::transfer::Failure;
 use crate::wire::{segment_messages, Hello, Message};
 
 /// How long a rail renewal waits for the peer's answer (the control link normally answers

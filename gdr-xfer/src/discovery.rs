@@ -29,9 +29,8 @@ use crate::directory::{Claim, EtcdDirectory, WatchEvent};
 use crate::error::{Error, Result};
 use crate::peer::Peer;
 use crate::segment::Segment;
-use crate::transfer::Failure;
 use crate::wire::{AgentRecord, Message};
-use gdr_xfer_proto::SegmentId;
+use gdr_xfer_proto::{Failure, SegmentId};
 
 fn endpoint_key(agent: &str) -> String {
     format!("{agent}/endpoint")

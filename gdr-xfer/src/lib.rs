@@ -224,6 +224,7 @@ mod staged;
 mod staged_memory;
 pub mod staging;
 mod transfer;
+mod transfer_stats;
 mod wakers;
 // Public for the fuzz targets and the tests that play a hostile peer; the format itself is
 // documented in `gdr_xfer_proto::wire`.
@@ -251,5 +252,6 @@ pub use shutdown::ShutdownReport;
 pub use side::Side;
 pub use staged::StagingStats;
 pub use staged_memory::SegmentPath;
-pub use transfer::{Status, Transfer, TransferStats};
+pub use transfer::{Status, Transfer};
+pub use transfer_stats::TransferStats;
 pub use wire::SegmentInfo;

@@ -21,7 +21,7 @@
 use gdr_xfer_proto::{Failure, Op};
 
 use crate::rail::{RailState, RailStats};
-use crate::transfer::TransferStats;
+use crate::transfer_stats::TransferStats;
 
 fn op_label(op: Op) -> &'static str {
     match op {

@@ -331,7 +331,7 @@ impl Peer {
             handle: cell.clone(),
         };
         let key = self.conn.submit(spec).map_err(|f| cell.error(&f))?;
-        cell.set_stopper(Stopper::Core(Arc::downgrade(&self.conn), key));
+        cell.set_stopper(Stopper::core(&self.conn, key));
         cell.set_times(Duration::ZERO, started.elapsed());
         Ok(Transfer { cell })
     }
@@ -426,7 +426,7 @@ impl Peer {
                 None => self.conn.submit(spec),
             }
             .map_err(|f| cell.error(&f))?;
-            cell.set_stopper(Stopper::Core(Arc::downgrade(&self.conn), key));
+            cell.set_stopper(Stopper::core(&self.conn, key));
         }
         cell.set_times(plan_time, started.elapsed());
         #[cfg(feature = "metrics")]

@@ -13,16 +13,13 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gdr::Completion;
+use gdr_xfer_proto::Failure;
 
 use crate::agent::AgentShared;
-use crate::transfer::Failure;
-
-/// Longest sleep, and the period of the timers: an outcome may come this much after its due
-/// time.
-pub(crate) const TICK: Duration = Duration::from_millis(5);
+use crate::config::TICK;
 
 pub(crate) fn run(agent: Arc<AgentShared>, rail: usize) {
     let cq = agent.rails[rail].cq.clone();

@@ -5,9 +5,10 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use gdr_xfer_proto::Failure;
+
 use crate::agent::Agent;
 use crate::error::{Error, Result};
-use crate::transfer::Failure;
 use crate::wire::Message;
 
 /// What [`Agent::shutdown`] did.

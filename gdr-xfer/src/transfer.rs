@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 
 use gdr::WcStatus;
 pub(crate) use gdr_xfer_proto::Failure;
-use gdr_xfer_proto::{Stats, TransferKey};
+use gdr_xfer_proto::TransferKey;
 
-use crate::connection::Connection;
+use crate::config::TICK;
 use crate::descriptor::Op;
 use crate::error::{Error, Hint, Result};
+use crate::transfer_stats::TransferStats;
 
 /// Where a transfer stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,62 +35,41 @@ pub enum Status {
     Failed,
 }
 
-/// What a finished transfer did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TransferStats {
-    /// Bytes moved.
-    pub bytes: u64,
-    /// Descriptors (or blocks) the caller gave.
-    pub descriptors: u64,
-    /// Runs after merging descriptors contiguous on both sides.
-    pub runs: u64,
-    /// Work requests posted (runs cut into slices of at most the slice size).
-    pub slices: u64,
-    /// Queue pairs that carried slices.
-    pub qps_used: u32,
-    /// Rails that carried slices.
-    pub rails_used: u32,
-    /// Slices posted again after their rail failed (each landed once in the end: retries
-    /// write or read the same bytes).
-    pub retried_slices: u64,
-    /// From submission until the last slice was posted.
-    pub time_to_post: Duration,
-    /// From submission until the transfer finished.
-    pub time_to_complete: Duration,
-    /// Time the caller's thread spent checking and merging the descriptors (before posting).
-    pub plan_time: Duration,
-    /// Time the caller's thread spent in the submitting call (checking, merging, and posting
-    /// what fitted).
-    pub submit_time: Duration,
+/// What runs a transfer on the core: its connection. (A trait, so that a transfer's handle
+/// does not depend on the connection it runs on.)
+pub(crate) trait RunsTransfers: Send + Sync {
+    /// Stops the transfer `key`.
+    fn stop(&self, key: TransferKey);
+    /// Runs the timers (deadlines, fences) at `now`.
+    fn tick(&self, now: Instant);
 }
 
-impl TransferStats {
-    /// The core's figures, with the times the caller's thread spent.
-    pub(crate) fn from_core(s: &Stats, descriptors: u64) -> TransferStats {
-        TransferStats {
-            bytes: s.bytes,
-            descriptors,
-            runs: s.runs,
-            slices: s.slices,
-            qps_used: s.lanes_mask.count_ones(),
-            rails_used: s.rails_mask.count_ones(),
-            retried_slices: s.retried_slices,
-            time_to_post: s
-                .posted_at
-                .map_or(Duration::ZERO, |t| t.saturating_duration_since(s.started)),
-            time_to_complete: s.done_at.saturating_duration_since(s.started),
-            plan_time: Duration::ZERO,
-            submit_time: Duration::ZERO,
-        }
-    }
+/// What runs a staged transfer: the staging driver.
+pub(crate) trait RunsJobs: Send + Sync {
+    /// Stops job `job`.
+    fn stop_job(&self, job: u64);
 }
 
 /// How a transfer can be stopped: its key on its connection, or (staged) its job.
 #[derive(Clone)]
 pub(crate) enum Stopper {
     None,
-    Core(Weak<Connection>, TransferKey),
-    Staged(Weak<crate::staged::driver::Driver>, u64),
+    Core(Weak<dyn RunsTransfers>, TransferKey),
+    Staged(Weak<dyn RunsJobs>, u64),
+}
+
+impl Stopper {
+    /// Transfer `key` of `conn`.
+    pub(crate) fn core<C: RunsTransfers + 'static>(conn: &Arc<C>, key: TransferKey) -> Self {
+        let weak: Weak<C> = Arc::downgrade(conn);
+        Stopper::Core(weak, key)
+    }
+
+    /// Job `job` of `driver`.
+    pub(crate) fn staged<D: RunsJobs + 'static>(driver: &Arc<D>, job: u64) -> Self {
+        let weak: Weak<D> = Arc::downgrade(driver);
+        Stopper::Staged(weak, job)
+    }
 }
 
 struct CellState {
@@ -396,15 +376,8 @@ impl Transfer {
             }
             // Past its deadline, the waiter drives the timers itself too: the outcome does not
             // depend on one engine thread staying alive.
-            let overdue = self
-                .cell
-                .deadline
-                .is_some_and(|d| now > d + crate::progress::TICK * 2);
-            let slice = if overdue {
-                left.min(crate::progress::TICK)
-            } else {
-                left
-            };
+            let overdue = self.cell.deadline.is_some_and(|d| now > d + TICK * 2);
+            let slice = if overdue { left.min(TICK) } else { left };
             if overdue {
                 let conn = match &st.stopper {
                     Stopper::Core(c, _) => c.upgrade(),
@@ -437,12 +410,12 @@ impl Transfer {
             Stopper::None => {}
             Stopper::Core(conn, key) => {
                 if let Some(c) = conn.upgrade() {
-                    c.cancel(key);
+                    c.stop(key);
                 }
             }
             Stopper::Staged(driver, job) => {
                 if let Some(d) = driver.upgrade() {
-                    d.cancel(job);
+                    d.stop_job(job);
                 }
             }
         }

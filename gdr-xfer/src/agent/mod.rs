@@ -17,7 +17,7 @@ use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::CompletionQueue;
 
-use gdr_xfer_proto::{Endpoint, LaneRef, Refusal};
+use gdr_xfer_proto::{Endpoint, Failure, LaneRef, Refusal};
 
 use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;
@@ -30,7 +30,6 @@ use crate::rail::AgentRail;
 use crate::segment::{Backing, Segment};
 use crate::staged::driver::Driver as StagingDriver;
 use crate::staged_memory::{StagedDevice, StagedMemory};
-use crate::transfer::Failure;
 use crate::wakers::Wakers;
 use crate::wire::{Message, SegmentInfo, MAX_NAME};
 use crate::GpuStaging;

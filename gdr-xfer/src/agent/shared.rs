@@ -316,13 +316,13 @@ impl AgentShared {
         self.notes.push(n);
     }
 
-    /// Runs every connection's timers when [`crate::progress::TICK`] has passed since they
+    /// Runs every connection's timers when [`crate::config::TICK`] has passed since they
     /// last ran; any progress thread (or a waiter past its deadline) may do it, one at a time.
     pub(crate) fn run_timers(&self, now: Instant) {
         let Ok(mut last) = self.timers.try_lock() else {
             return;
         };
-        if now.saturating_duration_since(*last) < crate::progress::TICK {
+        if now.saturating_duration_since(*last) < crate::config::TICK {
             return;
         }
         *last = now;

@@ -22,7 +22,8 @@ use crate::plan::Plan;
 use crate::segment::{Backing, SegmentInner};
 use crate::staged_memory::StagedDevice;
 use crate::staging::{Chunk, Direction, StagingConfig, StagingEvent, Ticket};
-use crate::transfer::{Failure, Stopper, TransferCell, TransferStats};
+use crate::transfer::{Failure, RunsJobs, Stopper, TransferCell};
+use crate::transfer_stats::TransferStats;
 
 /// How long [`Driver::stop`] lets the jobs of a closing agent drain (their children failed
 /// with the connections; copies and bounce buffers come back within this).
@@ -299,7 +300,7 @@ impl StageIo for JobIo<'_> {
             handle: cell.clone(),
         };
         let key = self.ctx.conn.submit(spec)?;
-        cell.set_stopper(Stopper::Core(Arc::downgrade(&self.ctx.conn), key));
+        cell.set_stopper(Stopper::core(&self.ctx.conn, key));
         self.ctx.cells.push((key, cell));
         Ok(key)
     }
@@ -460,9 +461,7 @@ impl Driver {
         if st.stop {
             return Err(Failure::AgentClosed);
         }
-        job.ctx
-            .parent
-            .set_stopper(Stopper::Staged(Arc::downgrade(self), job.id));
+        job.ctx.parent.set_stopper(Stopper::staged(self, job.id));
         st.jobs.push(job);
         st.counters.transfers += 1;
         drop(st);
@@ -679,4 +678,10 @@ fn step(st: &mut State, window: usize, now: Instant) {
         job.finish(now);
         false
     });
+}
+
+impl RunsJobs for Driver {
+    fn stop_job(&self, job: u64) {
+        self.cancel(job);
+    }
 }
