@@ -44,6 +44,7 @@ mod fault;
 pub mod handshake;
 mod io;
 mod lane;
+mod local_table;
 mod location;
 mod notify;
 mod peer_table;
@@ -67,6 +68,7 @@ pub use fault::{DriverError, RailFault, Rejection, Step, Unposted};
 pub use io::{
     Action, Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
 };
+pub use local_table::{LocalError, LocalTable};
 pub use location::{Location, ParseLocationError};
 pub use peer_table::{PeerTable, TableError, MAX_REMOTE_SEGMENTS};
 pub use rail::{RailCounters, RailState, FIRST_COOLDOWN, HEALTHY, MAX_COOLDOWN, SAMPLE};

@@ -83,6 +83,12 @@ impl fmt::Debug for Segment {
 }
 
 impl Segment {
+    /// Whether `other` is a handle of this very segment (not another registration under the
+    /// same id).
+    pub(crate) fn is(&self, other: &Segment) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub(crate) fn new(
         info: SegmentInfo,
         backing: Backing,

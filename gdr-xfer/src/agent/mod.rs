@@ -1,7 +1,7 @@
 //! The agent: one per process, named; owns its rails (each a device port with its protection
 //! domain, completion queue and progress thread), segments and peers.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -17,7 +17,7 @@ use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::CompletionQueue;
 
-use gdr_xfer_proto::{Endpoint, Failure, LaneRef, Refusal};
+use gdr_xfer_proto::{Endpoint, Failure, LaneRef, LocalError, LocalTable, Refusal};
 
 use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;
@@ -33,7 +33,7 @@ use crate::staged_memory::{StagedDevice, StagedMemory};
 use crate::wakers::Wakers;
 use crate::wire::{Message, SegmentInfo, MAX_NAME};
 use crate::GpuStaging;
-use gdr_xfer_proto::{Location, SegmentId};
+use gdr_xfer_proto::Location;
 
 /// Access every segment is registered with: peers may read and write it.
 const SEGMENT_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -110,15 +110,15 @@ impl Agent {
             config.busy_poll,
         ));
         static AGENTS: AtomicU64 = AtomicU64::new(1);
+        let id = AGENTS.fetch_add(1, Ordering::Relaxed);
         let notes = NoteQueue::new(config.notify_queue);
         let max_peers = config.max_peers as usize;
         let shared = Arc::new(AgentShared {
             config,
-            id: AGENTS.fetch_add(1, Ordering::Relaxed),
+            id,
             rails,
             rail_masks: Mutex::new(HashMap::new()),
-            segments: Mutex::new(BTreeMap::new()),
-            next_segment: AtomicU32::new(1),
+            segments: Mutex::new(LocalTable::new(id)),
             cache: Mutex::new(RegistrationCache::default()),
             endpoint: Mutex::new(Endpoint::new(nrails, max_peers)),
             notes,

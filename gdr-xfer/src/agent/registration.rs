@@ -25,7 +25,14 @@ impl Agent {
         for rail in &self.shared.rails[1..] {
             regions.push(first.register_again(&rail.pd, SEGMENT_ACCESS)?);
         }
-        self.add_segment(name, location, Backing::Host(Arc::new(regions)), 0, len)
+        self.add_segment(
+            name,
+            location,
+            Backing::Host(Arc::new(regions)),
+            0,
+            len,
+            None,
+        )
     }
 
     /// Allocates `len` zeroed, page-aligned bytes of host memory and registers them.
@@ -79,7 +86,9 @@ impl Agent {
             RegistrationPath::Auto,
         );
         match registered {
-            Ok((mr, base)) => self.add_segment(name, location, Backing::Gpu(mr), base, len as u64),
+            Ok((mr, base)) => {
+                self.add_segment(name, location, Backing::Gpu(mr), base, len as u64, None)
+            }
             Err(e)
                 if self.shared.config.gpu_staging == GpuStaging::Fallback && no_direct_path(&e) =>
             {
@@ -167,7 +176,7 @@ impl Agent {
                 let location = Location::Cuda {
                     ordinal: mr[0].ordinal().max(0) as u32,
                 };
-                self.add_segment(name, location, Backing::Gpu(mr), base, len as u64)
+                self.add_segment(name, location, Backing::Gpu(mr), base, len as u64, None)
             }
             Err(e)
                 if self.shared.config.gpu_staging == GpuStaging::Fallback && no_direct_path(&e) =>
@@ -220,7 +229,14 @@ impl Agent {
             bounce,
             describe,
         });
-        self.add_segment(name, location, Backing::Staged(memory), offset, len as u64)
+        self.add_segment(
+            name,
+            location,
+            Backing::Staged(memory),
+            offset,
+            len as u64,
+            None,
+        )
     }
 
     /// A new segment for `offset..offset + len` of an existing one: same registration, no verbs
@@ -237,15 +253,12 @@ impl Agent {
         len: u64,
         name: &str,
     ) -> Result<Segment> {
+        const CALL: &str = "Agent::register_within";
         self.shared.check_open()?;
-        self.check_own(parent, "Agent::register_within")?;
-        if !parent.inner.is_registered() {
-            return Err(Error::UnknownSegment {
-                owner: "local".into(),
-                segment: parent.id(),
-                hint: "it was deregistered: register the memory again, then carve segments out of the new one".into(),
-            });
-        }
+        self.shared
+            .lock_segments()
+            .admit(parent.inner.agent, parent.id(), |s| s.is(parent))
+            .map_err(|e| refused(e, CALL))?;
         check_name(name)?;
         crate::descriptor::check_local(None, parent, offset, len)?;
         self.add_segment(
@@ -254,6 +267,7 @@ impl Agent {
             parent.inner.backing.clone(),
             parent.inner.base + offset as usize,
             len,
+            Some(parent),
         )
     }
 
@@ -264,6 +278,7 @@ impl Agent {
         backing: Backing,
         base: usize,
         len: u64,
+        parent: Option<&Segment>,
     ) -> Result<Segment> {
         let (addr, rkeys) = match &backing {
             Backing::Host(m) => (m[0].slice(..)?.addr(), m.iter().map(|r| r.rkey()).collect()),
@@ -271,14 +286,13 @@ impl Agent {
             // Never announced: no address or key a peer could use.
             Backing::Staged(_) => (0, Vec::new()),
         };
-        let id = next_segment_id(&self.shared.next_segment).ok_or_else(|| {
-            Error::invalid(
-                "segment ids are exhausted (2^32 - 2 registrations by this agent)",
-                "restart the agent",
-            )
-        })?;
+        let id = self
+            .shared
+            .lock_segments()
+            .next_id()
+            .map_err(|e| refused(e, "Agent::register"))?;
         let info = SegmentInfo {
-            id: SegmentId::new(id),
+            id,
             name: name.to_string(),
             addr: addr + base as u64,
             len,
@@ -290,7 +304,14 @@ impl Agent {
         self.shared.rail_mask(location);
         let peers = {
             let mut table = self.shared.lock_segments();
-            table.insert(seg.id(), seg.clone());
+            match parent {
+                // The parent's admission again, with the insertion: one deregistered since
+                // `register_within` looked carves nothing.
+                Some(p) => table
+                    .insert_within(p.inner.agent, p.id(), |s| s.is(p), seg.id(), seg.clone())
+                    .map_err(|e| refused(e, "Agent::register_within"))?,
+                None => table.insert(seg.id(), seg.clone()),
+            }
             self.shared.peer_list()
         };
         if !seg.is_published() {
@@ -324,20 +345,11 @@ impl Agent {
     /// [`Error::ForeignObject`] for another agent's segment; [`Error::UnknownSegment`] when it
     /// is no longer registered.
     pub fn deregister(&self, segment: &Segment) -> Result<()> {
-        self.check_own(segment, "Agent::deregister")?;
         let peers = {
             let mut table = self.shared.lock_segments();
-            match table.get(&segment.id()) {
-                Some(s) if Arc::ptr_eq(&s.inner, &segment.inner) => {}
-                _ => {
-                    return Err(Error::UnknownSegment {
-                        owner: "local".into(),
-                        segment: segment.id(),
-                        hint: "it was deregistered already".into(),
-                    })
-                }
-            }
-            table.remove(&segment.id());
+            table
+                .remove(segment.inner.agent, segment.id(), |s| s.is(segment))
+                .map_err(|e| refused(e, "Agent::deregister"))?;
             segment.inner.set_deregistered();
             if !segment.is_published() {
                 return Ok(());
@@ -364,18 +376,6 @@ impl Agent {
         self.lock_cache().stats
     }
 
-    /// Refuses another agent's segment given to `call` (before anything changes).
-    fn check_own(&self, segment: &Segment, call: &'static str) -> Result<()> {
-        if segment.inner.agent == self.shared.id {
-            return Ok(());
-        }
-        Err(Error::ForeignObject {
-            call,
-            object: Foreign::Segment(segment.id()),
-            hint: "give each agent its own segments: register the memory with this agent (a registration of the same memory by two agents is allowed)".into(),
-        })
-    }
-
     pub(super) fn lock_cache(&self) -> MutexGuard<'_, RegistrationCache> {
         self.shared.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -394,14 +394,28 @@ pub(super) fn no_direct_path(e: &Error) -> bool {
     }
 }
 
-/// The next segment id (1, 2, ...): `None` once they are exhausted. Never wraps, so an id is
-/// never given twice (0 and `u32::MAX` are never given).
-pub(super) fn next_segment_id(counter: &AtomicU32) -> Option<u32> {
-    counter
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < u32::MAX - 1).then_some(n + 1)
-        })
-        .ok()
+/// The error of `call` for a segment the agent's table refused.
+fn refused(e: LocalError, call: &'static str) -> Error {
+    match e {
+        LocalError::Foreign { segment, .. } => Error::ForeignObject {
+            call,
+            object: Foreign::Segment(segment),
+            hint: "give each agent its own segments: register the memory with this agent (a registration of the same memory by two agents is allowed)".into(),
+        },
+        LocalError::Unknown { segment } => Error::UnknownSegment {
+            owner: "local".into(),
+            segment,
+            hint: match call {
+                "Agent::register_within" => "it was deregistered: register the memory again, then carve segments out of the new one",
+                _ => "it was deregistered already",
+            }
+            .into(),
+        },
+        LocalError::Exhausted => Error::invalid(
+            "segment ids are exhausted (2^32 - 2 registrations by this agent)",
+            "restart the agent",
+        ),
+    }
 }
 
 pub(super) fn check_name(name: &str) -> Result<()> {

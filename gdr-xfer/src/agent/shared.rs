@@ -12,8 +12,9 @@ pub(crate) struct AgentShared {
     /// Per memory location, the rails its transfers stripe over (bit per rail; see
     /// [`crate::rail::preferred_rails`]).
     pub(super) rail_masks: Mutex<HashMap<Location, u32>>,
-    pub(super) segments: Mutex<BTreeMap<SegmentId, Segment>>,
-    pub(super) next_segment: AtomicU32,
+    /// This agent's own segments, the ids it gives, and the admission of a segment handed to
+    /// its calls (the core's [`LocalTable`]).
+    pub(super) segments: Mutex<LocalTable<Segment>>,
     pub(super) cache: Mutex<RegistrationCache>,
     /// The connected peers, by name and number, where each completion belongs (by rail and
     /// queue pair number), and the connections let go but still draining: the core's
@@ -112,7 +113,7 @@ pub(super) fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
 }
 
 impl AgentShared {
-    pub(crate) fn lock_segments(&self) -> MutexGuard<'_, BTreeMap<SegmentId, Segment>> {
+    pub(crate) fn lock_segments(&self) -> MutexGuard<'_, LocalTable<Segment>> {
         self.segments.lock().unwrap_or_else(|p| p.into_inner())
     }
 

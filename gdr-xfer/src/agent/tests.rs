@@ -1,40 +1,5 @@
-use super::registration::{next_segment_id, no_direct_path};
-use std::sync::atomic::AtomicU32;
+use super::registration::no_direct_path;
 
-#[test]
-fn segment_ids_never_wrap_and_never_repeat() {
-    let c = AtomicU32::new(1);
-    assert_eq!(next_segment_id(&c), Some(1));
-    assert_eq!(next_segment_id(&c), Some(2));
-    let c = AtomicU32::new(u32::MAX - 2);
-    assert_eq!(next_segment_id(&c), Some(u32::MAX - 2));
-    assert_eq!(
-        next_segment_id(&c),
-        None,
-        "exhausted: refused, not wrapped to 0 or 1"
-    );
-    assert_eq!(next_segment_id(&c), None);
-    // Many threads at the edge: every id given once.
-    let c = AtomicU32::new(u32::MAX - 1000);
-    let got: Vec<u32> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..8)
-            .map(|_| {
-                s.spawn(|| {
-                    (0..200)
-                        .filter_map(|_| next_segment_id(&c))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
-    let mut sorted = got.clone();
-    sorted.sort_unstable();
-    sorted.dedup();
-    assert_eq!(sorted.len(), got.len(), "no id twice");
-    assert_eq!(got.len(), 999);
-    assert!(got.iter().all(|&i| i != 0 && i != u32::MAX));
-}
 use crate::error::Error;
 
 #[test]
