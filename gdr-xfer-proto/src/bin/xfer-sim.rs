@@ -85,8 +85,8 @@ fn main() -> ExitCode {
         total.liveness, total.liveness_done
     );
     println!(
-        "endpoints: {} send completions routed, {} routed nowhere (queue pair destroyed or connection gone), {} connections let go once drained, {} reconnections; {} segment-table messages applied, {} transfers planned from a table a deregistration had not reached",
-        total.routed, total.routed_nowhere, total.conns_gone, total.reconnections, total.table_messages, total.stale_plans
+        "endpoints: {} send completions routed, {} routed nowhere (queue pair destroyed or connection gone), {} connections let go once drained, {} reconnections; {} segment-table messages applied, {} transfers planned from a table a deregistration had not reached; {} calls with another agent's segment or a stale handle refused, nothing changed",
+        total.routed, total.routed_nowhere, total.conns_gone, total.reconnections, total.table_messages, total.stale_plans, total.foreign_refused
     );
     println!(
         "faults: {} stalls, {} lane faults, {} link cuts, {} kills, {} deregistrations; fences {}, renewals {}, rail pauses {}; events {}, virtual time {:.1} s",

@@ -156,6 +156,9 @@ pub struct Report {
     pub table_messages: u64,
     /// Transfers planned from a table that had not heard of a deregistration yet.
     pub stale_plans: u64,
+    /// Calls handed another agent's segment (or a stale handle of the agent's own), each
+    /// refused with nothing changed.
+    pub foreign_refused: u64,
     /// Transfers submitted after the faults healed (the liveness phase), and those of them
     /// that succeeded (all must).
     pub liveness: u64,
@@ -196,6 +199,7 @@ impl Report {
         self.reconnections += o.reconnections;
         self.table_messages += o.table_messages;
         self.stale_plans += o.stale_plans;
+        self.foreign_refused += o.foreign_refused;
         self.liveness += o.liveness;
         self.liveness_done += o.liveness_done;
         self.trace_hash = self.trace_hash.wrapping_add(o.trace_hash);

@@ -84,6 +84,11 @@ pub(crate) enum Ev {
         agent: usize,
         seg: usize,
     },
+    /// `agent` is handed another agent's segments, and a stale handle of its own, by calls
+    /// that deregister and carve ([`super::locals`]): each must be refused, nothing changed.
+    ForeignCalls {
+        agent: usize,
+    },
     LinkDown {
         rail: usize,
         up_after: Duration,

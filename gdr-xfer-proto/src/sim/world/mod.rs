@@ -21,6 +21,7 @@ use crate::connection::Connection;
 use crate::endpoint::{ConnId, Endpoint};
 use crate::handshake::{self, Offer, Settings, Shape};
 use crate::io::{Action, Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
+use crate::local_table::LocalTable;
 use crate::peer_table::PeerTable;
 use crate::rail::MAX_COOLDOWN;
 use crate::run::Run;
@@ -30,6 +31,7 @@ use crate::wire::Message;
 
 mod app;
 mod event;
+mod locals;
 mod tables;
 
 pub(crate) use event::Ev;
@@ -88,6 +90,8 @@ pub(crate) struct World {
     endpoints: Vec<Endpoint<(usize, u32)>>,
     /// `agent`'s table of `peer`'s segments ([`tables`]).
     tables: Vec<Vec<PeerTable>>,
+    /// Each agent's own segments: (segment, epoch) of each registration, by id ([`locals`]).
+    locals: Vec<LocalTable<(usize, u32)>>,
     /// Connections let go and replaced by a newer one between the same agents, until their
     /// endpoint lets them go: (agent, peer, connection).
     retired: Vec<(usize, usize, Conn)>,
@@ -214,6 +218,7 @@ impl World {
             inc: vec![vec![0; agents]; agents],
             parted: vec![vec![false; agents]; agents],
             tables: vec![vec![PeerTable::new(); agents]; agents],
+            locals: (0..agents).map(locals::registered).collect(),
             stagers: (0..agents)
                 .map(|_| SimStager::new(p.stager.0, p.stager.1, p.stager.2))
                 .collect(),
@@ -400,6 +405,11 @@ impl World {
             let agent = self.rng.index(self.p.agents);
             let seg = self.rng.index(SEGS);
             self.at(d, Ev::Deregister { agent, seg });
+        }
+        for _ in 0..self.rng.range(0, 3) {
+            let d = self.us(0, horizon);
+            let agent = self.rng.index(self.p.agents);
+            self.at(d, Ev::ForeignCalls { agent });
         }
         match self.p.class {
             FaultClass::Clean => {}
@@ -599,6 +609,7 @@ impl World {
                 }
             }
             Ev::Deregister { agent, seg } => self.on_deregister(agent, seg),
+            Ev::ForeignCalls { agent } => self.on_foreign_calls(agent),
             Ev::LinkDown { rail, up_after } => {
                 self.log(|| format!("link {rail} down"));
                 self.net.borrow_mut().link_up[rail] = false;
@@ -697,6 +708,7 @@ impl World {
     /// remote side may now fail (not innocent any more).
     fn on_deregister(&mut self, agent: usize, seg: usize) {
         let old = self.net.borrow().key_epoch[agent][seg];
+        self.reregister(agent, seg, old);
         self.announce_reregistration(agent, seg, old, old + 1);
         let mut net = self.net.borrow_mut();
         net.key_epoch[agent][seg] += 1;

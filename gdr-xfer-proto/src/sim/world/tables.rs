@@ -22,12 +22,12 @@ pub(super) struct Seen {
 }
 
 /// The id of registration `epoch` of segment `seg` (ids are never reused by their owner).
-fn seg_id(seg: usize, epoch: u32) -> SegmentId {
+pub(super) fn seg_id(seg: usize, epoch: u32) -> SegmentId {
     SegmentId::new((epoch as usize * SEGS + seg + 1) as u32)
 }
 
 /// Segment and epoch of an id.
-fn of_id(id: SegmentId) -> (usize, u32) {
+pub(super) fn of_id(id: SegmentId) -> (usize, u32) {
     let i = id.get() as usize - 1;
     (i % SEGS, (i / SEGS) as u32)
 }
