@@ -454,7 +454,7 @@ pub(crate) fn sample(py: Python<'_>, class: &str) -> Option<PyErr> {
         "AgentClosed" => Error::AgentClosed,
         "StagingFailed" => Error::StagingFailed {
             peer: "peer-b".into(),
-            error: gdr_xfer::DriverError::new(gdr_xfer::Error::invalid("copy failed", "")),
+            error: gdr_xfer::DriverError::new(std::io::Error::other("copy failed")),
             hint: hint(),
         },
         "DirectoryError" => Error::Directory {

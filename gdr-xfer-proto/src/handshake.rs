@@ -253,6 +253,11 @@ mod tests {
             answer("b", 2, &offer("a", 0, 2, 4, 64)),
             Err(HandshakeError::Empty { .. })
         ));
+        // An answer of no rails (within the offer's lanes) is as empty as a hello of none.
+        assert!(matches!(
+            agree("a", offered, &offer("b", 0, 2, 4, 64)),
+            Err(HandshakeError::Empty { .. })
+        ));
         assert!(matches!(
             answer("b", 0, &offer("a", 1, 2, 4, 64)),
             Err(HandshakeError::Empty { .. })

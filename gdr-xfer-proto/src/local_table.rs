@@ -61,11 +61,6 @@ impl<S> LocalTable<S> {
         }
     }
 
-    /// Its agent.
-    pub fn agent(&self) -> u64 {
-        self.agent
-    }
-
     /// Refuses a segment of another agent: `owner` made segment `segment`.
     ///
     /// # Errors
@@ -215,7 +210,9 @@ mod tests {
             t.ids().collect::<Vec<_>>(),
             before.ids().collect::<Vec<_>>()
         );
+        assert_eq!(t.ids().collect::<Vec<_>>(), vec![a]);
         assert_eq!(t.get(a), Some(&"a"));
+        assert!(!t.is_empty());
     }
 
     #[test]

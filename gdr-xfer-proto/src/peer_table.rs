@@ -192,7 +192,9 @@ mod tests {
     #[test]
     fn a_peer_that_lies_about_its_segments_is_dropped_and_changes_nothing() {
         let mut t = PeerTable::new();
+        assert!(t.is_empty());
         t.apply(Msg::Segments(vec![seg(1), seg(2)]), 2).unwrap();
+        assert!(!t.is_empty());
         // The same id again, in a later message or twice in one: refused, nothing added.
         let e = t.apply(Msg::Segments(vec![seg(3), seg(1)]), 2).unwrap_err();
         assert_eq!(

@@ -97,11 +97,6 @@ impl<C: Clone> Endpoint<C> {
         self.closed = true;
     }
 
-    /// Whether [`Endpoint::close`] was called.
-    pub fn is_closed(&self) -> bool {
-        self.closed
-    }
-
     /// Admits a connection to a peer named `name`, with the routes of its first queue pairs
     /// (`(rail, queue pair number, lane)`), unless the endpoint is closed or full, or the name
     /// is connected already. Returns the connection's number.

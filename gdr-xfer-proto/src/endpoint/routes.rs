@@ -28,6 +28,12 @@ impl Routes {
         }
     }
 
+    /// Routes kept (a connection gone keeps none: they would pile up with every reconnection).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.by_qpn.len()
+    }
+
     /// Removes every route of the connections `gone`.
     pub(super) fn remove_connections<T>(&mut self, gone: &[(ConnId, T)]) {
         self.by_qpn

@@ -51,6 +51,8 @@ fn a_connection_let_go_frees_its_name_at_once_and_its_routes_after_two_drains_of
     assert!(e.lookup(0, 7).is_none() && e.lookup(1, 7).is_none());
     assert_eq!(e.lookup(0, 9), Some((&"new", lane(0, 0))));
     assert_eq!(e.draining(), 0);
+    // The old connection's routes are gone, not merely unreachable.
+    assert_eq!(e.routes.len(), 1);
     // Drains of a rail the endpoint does not have change nothing.
     assert!(e.drained(5).is_empty());
 }
