@@ -369,11 +369,16 @@ def test_queued_submissions_cancelled_disconnected_or_dropped_at_once_keep_their
     src.write(0, b"\x77" * n)
 
     async def main():
-        # Cancelled before anything was posted: Cancelled, nothing of it lands afterwards.
+        # Cancelled while queued: Cancelled. (The post thread may win the race and post it
+        # first; a transfer that finished before its cancel keeps its outcome, so success is
+        # the other answer the promise allows. The CI saw it on a loaded host.)
         t = pb.write(src, 0, remote, 0, n, timeout_s=WAIT)
         t.cancel()
-        with pytest.raises(gdr.Cancelled):
+        try:
             await t
+            assert t.status == "done"
+        except gdr.Cancelled:
+            assert t.status == "failed"
         # Many queued at once, every handle dropped at once: each still lands.
         for i in range(8):
             pb.write(src, 0, remote, 0, n, timeout_s=WAIT)
