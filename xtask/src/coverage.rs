@@ -7,6 +7,7 @@
 //! lives in `target/llvm-cov-target`, so the normal build is not rebuilt afterwards.
 
 use crate::setup::have;
+use crate::sim::CORE_WITH_SIM;
 use crate::{cargo, say, Result};
 
 /// The simulator's own files and the test files: what the coverage is *of* is the core the
@@ -56,46 +57,28 @@ pub fn coverage(opts: &CoverageOpts) -> Result<i32> {
         llvm_cov(&args)
     };
     let seeds = opts.seeds.to_string();
-    for step in [
-        &["clean", "--workspace"][..],
-        &[
-            "run",
-            "--no-report",
-            "--release",
-            "-p",
-            "gdr-xfer-proto",
-            "--features",
-            "sim",
-            "--bin",
-            "xfer-sim",
-            "--",
-            "--seeds",
-            &seeds,
-        ][..],
-    ] {
-        let code = llvm_cov(step)?;
+    let core = |cmd: &str, tail: &[&str]| {
+        let mut args = vec![cmd, "--no-report", "--release"];
+        args.extend(CORE_WITH_SIM);
+        args.extend(tail);
+        llvm_cov(&args)
+    };
+    let steps: [&dyn Fn() -> Result<i32>; 5] = [
+        &|| llvm_cov(&["clean", "--workspace"]),
+        &|| core("run", &["--bin", "xfer-sim", "--", "--seeds", &seeds]),
+        &|| report(&format!("the simulation, {seeds} seeds")),
+        &|| core("test", &["--lib"]),
+        &|| {
+            report(&format!(
+                "the simulation ({seeds} seeds) and the unit tests together"
+            ))
+        },
+    ];
+    for step in steps {
+        let code = step()?;
         if code != 0 {
             return Ok(code);
         }
     }
-    let code = report(&format!("the simulation, {seeds} seeds"))?;
-    if code != 0 {
-        return Ok(code);
-    }
-    let code = llvm_cov(&[
-        "test",
-        "--no-report",
-        "--release",
-        "-p",
-        "gdr-xfer-proto",
-        "--features",
-        "sim",
-        "--lib",
-    ])?;
-    if code != 0 {
-        return Ok(code);
-    }
-    report(&format!(
-        "the simulation ({seeds} seeds) and the unit tests together"
-    ))
+    Ok(0)
 }

@@ -33,6 +33,9 @@ pub const MUTANTS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The core's package with its simulation, as cargo's arguments.
+pub const CORE_WITH_SIM: [&str; 4] = ["-p", "gdr-xfer-proto", "--features", "sim"];
+
 #[derive(clap::Args)]
 pub struct SimOpts {
     /// How many seeds.
@@ -61,17 +64,9 @@ pub fn sim(opts: &SimOpts) -> Result<i32> {
         return Ok(0);
     }
     let mut cmd = cargo::cargo();
-    cmd.args([
-        "run",
-        "--release",
-        "-q",
-        "-p",
-        "gdr-xfer-proto",
-        "--features",
-        "sim",
-        "--bin",
-        "xfer-sim",
-    ]);
+    cmd.args(["run", "--release", "-q"])
+        .args(CORE_WITH_SIM)
+        .args(["--bin", "xfer-sim"]);
     if let Some(m) = &opts.mutant {
         if !MUTANTS.iter().any(|(n, _)| n == m) {
             return Err(format!("no mutant {m:?}: cargo xtask sim --list-mutants"));
