@@ -258,7 +258,7 @@ impl Agent {
         self.shared
             .lock_segments()
             .admit(parent.inner.agent, parent.id(), |s| s.is(parent))
-            .map_err(|e| refused(e, CALL))?;
+            .map_err(|e| refused(e, CALL, PARENT_GONE))?;
         check_name(name)?;
         crate::descriptor::check_local(None, parent, offset, len)?;
         self.add_segment(
@@ -290,7 +290,7 @@ impl Agent {
             .shared
             .lock_segments()
             .next_id()
-            .map_err(|e| refused(e, "Agent::register"))?;
+            .map_err(|e| refused(e, "Agent::register", "it was deregistered already"))?;
         let info = SegmentInfo {
             id,
             name: name.to_string(),
@@ -309,7 +309,7 @@ impl Agent {
                 // `register_within` looked carves nothing.
                 Some(p) => table
                     .insert_within(p.inner.agent, p.id(), |s| s.is(p), seg.id(), seg.clone())
-                    .map_err(|e| refused(e, "Agent::register_within"))?,
+                    .map_err(|e| refused(e, "Agent::register_within", PARENT_GONE))?,
                 None => table.insert(seg.id(), seg.clone()),
             }
             self.shared.peer_list()
@@ -349,7 +349,7 @@ impl Agent {
             let mut table = self.shared.lock_segments();
             table
                 .remove(segment.inner.agent, segment.id(), |s| s.is(segment))
-                .map_err(|e| refused(e, "Agent::deregister"))?;
+                .map_err(|e| refused(e, "Agent::deregister", "it was deregistered already"))?;
             segment.inner.set_deregistered();
             if !segment.is_published() {
                 return Ok(());
@@ -394,8 +394,13 @@ pub(super) fn no_direct_path(e: &Error) -> bool {
     }
 }
 
-/// The error of `call` for a segment the agent's table refused.
-fn refused(e: LocalError, call: &'static str) -> Error {
+/// The hint of a parent segment deregistered before `register_within` carved it.
+const PARENT_GONE: &str =
+    "it was deregistered: register the memory again, then carve segments out of the new one";
+
+/// The error of `call` for a segment the agent's table refused (`unknown`: the hint when the
+/// segment is no longer registered).
+fn refused(e: LocalError, call: &'static str, unknown: &'static str) -> Error {
     match e {
         LocalError::Foreign { segment, .. } => Error::ForeignObject {
             call,
@@ -405,11 +410,7 @@ fn refused(e: LocalError, call: &'static str) -> Error {
         LocalError::Unknown { segment } => Error::UnknownSegment {
             owner: "local".into(),
             segment,
-            hint: match call {
-                "Agent::register_within" => "it was deregistered: register the memory again, then carve segments out of the new one",
-                _ => "it was deregistered already",
-            }
-            .into(),
+            hint: unknown.into(),
         },
         LocalError::Exhausted => Error::invalid(
             "segment ids are exhausted (2^32 - 2 registrations by this agent)",
