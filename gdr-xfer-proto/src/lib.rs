@@ -13,8 +13,10 @@
 //! out ([`Connection::poll_action`], [`Action`]). The driver's failures are its own error type
 //! ([`Io::Error`]), kept unchanged ([`DriverError`]) in the outcomes and events they cause
 //! ([`Rejection::Driver`], [`RailFault::Driver`]): nothing crosses the boundary as text. What lies between an agent's
-//! connections is its [`Endpoint`]: which peers are connected, which connection and lane each
-//! completion belongs to, and when a connection let go may go. The control messages agents
+//! connections is its [`Endpoint`]: which peers are connected and ready, which connection and
+//! lane each completion belongs to, when a connection let go may go, the agent's own segments
+//! ([`LocalTable`]), the rails each memory location's transfers use, and when the timers are
+//! due. The control messages agents
 //! exchange are encoded and decoded here too ([`wire`]), with a queue pair's endpoint written
 //! by the driver's [`wire::Codec`]. It has no dependency beyond
 //! the standard library: no gdr, no libibverbs, no threads, no clock.

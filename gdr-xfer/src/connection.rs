@@ -8,12 +8,14 @@
 //! notifications delivered, control messages sent under the writer lock taken before the core
 //! was released (so that messages leave in the order the core produced them).
 //!
-//! Lock order: the core, then the writer; the agent's endpoint (a leaf) may be taken while the
-//! core is held, never the other way round; a transfer cell's lock is never held
-//! while taking any of these.
+//! Lock order: the core, then the writer, then the agent's endpoint (a leaf: the handshake
+//! admits a connection and takes the agent's segment table under it while holding the
+//! writer); never the other way round; a transfer cell's lock is never held while taking any
+//! of these. Whether the peer is going or gone is the core's state alone, and whether the
+//! application sees the peer is the endpoint's: the connection keeps no copy of either.
 
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use std::time::Instant;
 
@@ -63,13 +65,8 @@ pub(crate) struct Connection {
     pub(crate) writer: Mutex<TcpLink>,
     /// A clone of the control socket, to shut it down (which ends the reader thread).
     pub(crate) socket: TcpStream,
-    lost: AtomicBool,
-    /// Set when the peer went away: new transfers are refused at once; those in flight are
-    /// failed once the completions already queued were handled.
-    closing: Mutex<Option<String>>,
-    /// Set once both sides exchanged their tables: the peer is visible to the application.
-    ready: AtomicBool,
-    lost_reason: Mutex<Option<String>>,
+    /// The core and its lanes. Whether the peer is going or gone, and why, is the core's
+    /// ([`Core::gone_reason`]); whether it is ready, the endpoint's.
     driven: Mutex<Driven>,
     /// When the rails were last handed to the metrics recorder.
     #[cfg(feature = "metrics")]
@@ -130,10 +127,6 @@ impl Connection {
                 notify_max,
                 writer: Mutex::new(p.writer),
                 socket: p.socket,
-                lost: AtomicBool::new(false),
-                closing: Mutex::new(None),
-                ready: AtomicBool::new(false),
-                lost_reason: Mutex::new(None),
                 driven: Mutex::new(Driven { core, io }),
                 #[cfg(feature = "metrics")]
                 metrics_at: Mutex::new(None),
@@ -242,34 +235,15 @@ impl Connection {
         let _ = self.id.set(id);
     }
 
-    pub(crate) fn set_ready(&self) {
-        self.ready.store(true, Ordering::Release);
-        if let Some(a) = self.agent.upgrade() {
-            a.notify_peers_changed();
-        }
-    }
-
-    pub(crate) fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-
+    /// Whether it was closed ([`Connection::lose`]).
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.lock().core.is_closed()
     }
 
-    /// Why the peer was lost, if it was.
-    pub(crate) fn lost_reason(&self) -> Option<String> {
-        self.lost_reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Marks the peer as gone without failing what is in flight yet (see `closing`).
+    /// Marks the peer as going without failing what is in flight yet: new transfers are
+    /// refused at once; those in flight fail once the completions already queued were handled
+    /// ([`gdr_xfer_proto::Connection::closing`]).
     pub(crate) fn set_closing(&self, reason: String) {
-        let mut c = self.closing.lock().unwrap_or_else(|p| p.into_inner());
-        c.get_or_insert(reason.clone());
-        drop(c);
         self.drive(|core, _, _| core.closing(reason));
         self.seal_notes();
         self.table_wakers.wake_all();
@@ -332,12 +306,7 @@ impl Connection {
 
     /// Why the peer is gone, if it is (closing or lost).
     pub(crate) fn gone_reason(&self) -> Option<String> {
-        self.lost_reason().or_else(|| {
-            self.closing
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-        })
+        self.lock().core.gone_reason().map(str::to_string)
     }
 
     /// The queue pair numbers of the live lanes, rail-major.
@@ -378,9 +347,6 @@ impl Connection {
 
     /// Queues a transfer and posts what fits now.
     pub(crate) fn submit(&self, spec: Spec<Lanes>) -> Result<TransferKey, Failure> {
-        if let Some(reason) = self.gone_reason() {
-            return Err(Failure::PeerLost { reason });
-        }
         self.drive(|core, io, now| core.submit(now, io, spec))
     }
 
@@ -391,9 +357,6 @@ impl Connection {
         spec: Spec<Lanes>,
         inline_max: u64,
     ) -> Result<TransferKey, Failure> {
-        if let Some(reason) = self.gone_reason() {
-            return Err(Failure::PeerLost { reason });
-        }
         self.drive(|core, io, now| core.submit_inline_up_to(now, io, spec, inline_max))
     }
 
@@ -448,6 +411,7 @@ impl Connection {
     #[inline(never)]
     pub(crate) fn on_send_completion(&self, lane: LaneRef, c: &Completion) {
         let status = core_status(c.status);
+        // Errors after the close are the flushes of its destroyed queue pairs.
         if status != Status::Success && !self.is_lost() {
             log::warn!(
                 "peer {}: request {} on QP {:#x} (lane {}) completed with {} (vendor error {:#x})",
@@ -501,16 +465,6 @@ impl Connection {
     /// pairs are destroyed, which is at once), nothing more is posted, and the control socket
     /// is shut down.
     pub(crate) fn lose(&self, failure: Failure) {
-        let reason = match &failure {
-            Failure::PeerLost { reason } => reason.clone(),
-            Failure::AgentClosed => "the agent was shut down".into(),
-            other => format!("{other:?}"),
-        };
-        {
-            let mut r = self.lost_reason.lock().unwrap_or_else(|p| p.into_inner());
-            r.get_or_insert(reason);
-        }
-        self.lost.store(true, Ordering::Release);
         self.drive(|core, _, now| core.close(now, failure));
         self.seal_notes();
         let _ = self.socket.shutdown(std::net::Shutdown::Both);

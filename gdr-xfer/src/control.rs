@@ -174,7 +174,7 @@ pub(crate) fn establish(
         return Err(e);
     }
     reader.set_timeout(None)?;
-    conn.set_ready();
+    agent.set_ready(&conn);
     start_reader(agent, &conn, reader)?;
     log::info!(
         "{}: connected to {} at {addr} ({} rails x {} queue pairs, {} segments)",
@@ -341,19 +341,21 @@ fn settings(cfg: &AgentConfig) -> Settings {
     }
 }
 
-/// Publishes the connection (so later registrations reach it) and sends our segment table in
-/// one step under the segment table's lock, holding the writer across it: any announcement
-/// made after the snapshot is sent after it, in order. A refusal by the agent (full, the name
+/// Publishes the connection (so later registrations reach it) and takes our segment table in
+/// one step under the endpoint's lock, and sends the table holding the writer from before that
+/// step: any announcement made after the snapshot is sent after it, in order. A refusal by the agent (full, the name
 /// taken, closing) is told to the peer.
 fn send_our_table(
     agent: &Arc<AgentShared>,
     conn: &Arc<Connection>,
     reader: &mut TcpLink,
 ) -> Result<()> {
-    let segments = agent.lock_segments();
+    // The core before the writer before the endpoint.
+    let routes = conn.routes();
     let mut w = conn.writer.lock().unwrap_or_else(|p| p.into_inner());
-    if let Err(e) = agent.add_peer(conn) {
-        drop(segments);
+    let mut endpoint = agent.lock_endpoint();
+    if let Err(e) = agent.add_peer(&mut endpoint, conn, &routes) {
+        drop(endpoint);
         return Err(refuse(
             &mut w,
             Linger {
@@ -363,12 +365,13 @@ fn send_our_table(
             e,
         ));
     }
-    let infos: Vec<_> = segments
+    let infos: Vec<_> = endpoint
+        .segments()
         .values()
         .filter(|s| s.is_published())
         .map(|s| s.info().clone())
         .collect();
-    drop(segments);
+    drop(endpoint);
     let sent = segment_messages(&infos)
         .iter()
         .try_for_each(|m| send(&mut w, m))

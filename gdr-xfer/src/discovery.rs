@@ -154,7 +154,14 @@ impl Agent {
         let published = Published { dir, claim };
         // Segments registered from now on are published by the registration itself (it sees
         // `slot` set once we release it); the ones registered before, here.
-        for seg in shared.lock_segments().values().filter(|s| s.is_published()) {
+        let segments: Vec<Segment> = shared
+            .lock_endpoint()
+            .segments()
+            .values()
+            .filter(|s| s.is_published())
+            .cloned()
+            .collect();
+        for seg in &segments {
             published.put_segment(name, seg);
         }
         *slot = Some(published);
@@ -287,7 +294,8 @@ impl Agent {
         };
         let name = &shared.config.name;
         let ids: Vec<SegmentId> = shared
-            .lock_segments()
+            .lock_endpoint()
+            .segments()
             .values()
             .filter(|s| s.is_published())
             .map(|s| s.id())

@@ -691,3 +691,103 @@ fn a_cancelled_transfer_reports_when_its_memory_is_quiet() {
         .unwrap();
     println!("cancelled 32 MiB write: {out:?}");
 }
+
+/// `register_within` racing the deregistration of its parent, from threads, as an adversary
+/// would: each carve either succeeds (it stays registered, and the peer is told of it) or is
+/// refused with `UnknownSegment` (nothing registered, nothing announced), never anything else;
+/// the parent's removal reaches the peer; the connection and the transfers after it are
+/// untouched. The parent's admission and the child's insertion are one step under the
+/// endpoint's lock: a carve cannot land in the table after its parent left it.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn carving_a_parent_while_it_is_deregistered_carves_only_from_a_live_parent() {
+    use std::sync::Barrier;
+    let (a, b, pb, pa) = connected(agent("race-a"), agent("race-b"));
+    let dst = b.alloc_host(4096, "race-dst").unwrap();
+    let rd = pb.wait_segment_named("race-dst", WAIT).unwrap();
+    let (threads, per_thread) = (4usize, 16u64);
+    let (mut carved, mut refused) = (Vec::new(), Vec::new());
+    for round in 0..12 {
+        let parent = a
+            .alloc_host(1 << 16, &format!("race-parent-{round}"))
+            .unwrap();
+        pa.wait_segment_named(&format!("race-parent-{round}"), WAIT)
+            .unwrap();
+        let start = Barrier::new(threads + 1);
+        let results: Vec<(String, gdr_xfer::Result<gdr_xfer::Segment>)> = std::thread::scope(|s| {
+            let carvers: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (a, parent, start) = (&a, &parent, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        (0..per_thread)
+                            .map(|i| {
+                                let name = format!("race-{round}-{t}-{i}");
+                                let r = a.register_within(parent, i * 4096, 4096, &name);
+                                (name, r)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            start.wait();
+            // Round by round, the deregistration comes earlier or later among the carves.
+            std::thread::sleep(Duration::from_micros(round * 150));
+            a.deregister(&parent).unwrap();
+            carvers
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
+        });
+        // The parent is gone, once: a second deregistration is refused.
+        assert!(matches!(
+            a.deregister(&parent),
+            Err(Error::UnknownSegment { .. })
+        ));
+        for (name, r) in results {
+            match r {
+                Ok(seg) => carved.push((name, seg)),
+                Err(Error::UnknownSegment { segment, .. }) => {
+                    assert_eq!(segment, parent.id(), "{name}: refused for its parent");
+                    refused.push(name);
+                }
+                Err(e) => panic!("{name}: neither carved nor refused as gone: {e}"),
+            }
+        }
+    }
+    // Control messages arrive in order: once a segment registered after the races is seen,
+    // every announcement made during them was applied.
+    let _marker = a.alloc_host(4096, "race-marker").unwrap();
+    pa.wait_segment_named("race-marker", WAIT).unwrap();
+    let mine: Vec<gdr_xfer::SegmentId> = a.segments().iter().map(|s| s.id()).collect();
+    let seen: Vec<String> = pa.segments().into_iter().map(|s| s.name).collect();
+    for (name, seg) in &carved {
+        assert!(mine.contains(&seg.id()), "{name} carved but not registered");
+        assert!(seen.contains(name), "{name} carved but never announced");
+    }
+    for name in &refused {
+        assert!(!seen.contains(name), "{name} refused but announced");
+    }
+    assert!(
+        !seen.iter().any(|n| n.starts_with("race-parent-")),
+        "a deregistered parent is still in the peer's table"
+    );
+    // The connection is untouched, and a carved segment is a transfer's source as any other.
+    assert!(pb.is_connected() && pa.is_connected());
+    if let Some((_, seg)) = carved.first() {
+        seg.write(0, &pattern(4096, 5)).unwrap();
+        pb.write(
+            &[Desc::new(seg, 0, rd.id, 0, 4096)],
+            &TransferOptions::new(),
+        )
+        .unwrap()
+        .wait(WAIT)
+        .unwrap();
+        assert_eq!(dst.to_vec(0, 4096).unwrap(), pattern(4096, 5));
+    }
+    println!(
+        "register_within racing deregister: {} carved, {} refused as gone, 0 otherwise",
+        carved.len(),
+        refused.len()
+    );
+}

@@ -5,12 +5,16 @@
 //! the peer said goodbye is still delivered, and a queue pair number the device reuses is never
 //! taken for the old connection's.
 //!
+//! It also holds what the agent decides once for all its connections: its own segments and
+//! their admission ([`LocalTable`]), which rails the transfers from each memory location
+//! stripe over, and when the connections' timers are due.
+//!
 //! Like [`crate::Connection`], it does no I/O and reads no clock: the driver keeps it behind
-//! one lock, tells it what happened (a peer admitted, queue pairs made and destroyed, a rail's
-//! completion queue drained, a connection let go) and carries out what it answers. `C` is the
-//! driver's handle of a connection (`Arc<Connection>` in `gdr-xfer`, an index in the
-//! simulation); the endpoint names connections by [`ConnId`], numbers it gives and never
-//! gives again.
+//! one lock, tells it what happened (a peer admitted, its tables exchanged, queue pairs made
+//! and destroyed, a rail's completion queue drained, a connection let go, the time) and
+//! carries out what it answers. `C` is the driver's handle of a connection (`Arc<Connection>`
+//! in `gdr-xfer`, an index in the simulation), `S` its handle of a segment; the endpoint names
+//! connections by [`ConnId`], numbers it gives and never gives again.
 
 mod retire;
 mod routes;
@@ -18,8 +22,11 @@ mod routes;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use crate::io::LaneRef;
+use crate::local_table::LocalTable;
+use crate::location::Location;
 use crate::transfer::Failure;
 
 use retire::Retiring;
@@ -61,11 +68,14 @@ impl std::fmt::Display for Refusal {
 struct Known<C> {
     handle: C,
     name: String,
+    /// Both sides exchanged their segment tables: the application sees the peer
+    /// ([`Endpoint::ready`]).
+    ready: bool,
 }
 
 /// What lies between an agent's connections (see the module documentation).
 #[derive(Debug)]
-pub struct Endpoint<C> {
+pub struct Endpoint<C, S> {
     max_peers: usize,
     closed: bool,
     /// The number the next admitted connection gets.
@@ -76,11 +86,19 @@ pub struct Endpoint<C> {
     names: HashMap<String, ConnId>,
     routes: Routes,
     retiring: Retiring,
+    /// The agent's own segments.
+    segments: LocalTable<S>,
+    /// Per memory location, the rails its transfers stripe over (bit per rail), once the
+    /// driver found them.
+    rail_masks: HashMap<Location, u32>,
+    /// When the connections' timers last ran.
+    timers_at: Option<Instant>,
 }
 
-impl<C: Clone> Endpoint<C> {
-    /// An endpoint with `rails` completion queues, taking at most `max_peers` peers.
-    pub fn new(rails: usize, max_peers: usize) -> Endpoint<C> {
+impl<C: Clone, S> Endpoint<C, S> {
+    /// The endpoint of agent `agent` (a number no other agent of the process has), with `rails`
+    /// completion queues, taking at most `max_peers` peers.
+    pub fn new(agent: u64, rails: usize, max_peers: usize) -> Endpoint<C, S> {
         Endpoint {
             max_peers,
             closed: false,
@@ -89,7 +107,47 @@ impl<C: Clone> Endpoint<C> {
             names: HashMap::new(),
             routes: Routes::default(),
             retiring: Retiring::new(rails),
+            segments: LocalTable::new(agent),
+            rail_masks: HashMap::new(),
+            timers_at: None,
         }
+    }
+
+    /// The agent's own segments and their admission.
+    pub fn segments(&self) -> &LocalTable<S> {
+        &self.segments
+    }
+
+    /// The agent's own segments, to add or remove one.
+    pub fn segments_mut(&mut self) -> &mut LocalTable<S> {
+        &mut self.segments
+    }
+
+    /// The rails transfers from memory at `location` stripe over (bit per rail), once
+    /// [`Endpoint::set_rail_mask`] said.
+    pub fn rail_mask(&self, location: Location) -> Option<u32> {
+        self.rail_masks.get(&location).copied()
+    }
+
+    /// Records the rails transfers from memory at `location` stripe over (the driver finds
+    /// them from the machine's topology, outside the endpoint's lock) and returns the mask
+    /// kept: the first recorded for a location stands.
+    pub fn set_rail_mask(&mut self, location: Location, mask: u32) -> u32 {
+        *self.rail_masks.entry(location).or_insert(mask)
+    }
+
+    /// Whether the connections' timers are due at `now`, `period` after they last ran; when
+    /// they are, the endpoint counts them as run now, so that of the threads asking at once
+    /// one runs them.
+    pub fn timers_due(&mut self, now: Instant, period: Duration) -> bool {
+        if self
+            .timers_at
+            .is_some_and(|at| now.saturating_duration_since(at) < period)
+        {
+            return false;
+        }
+        self.timers_at = Some(now);
+        true
     }
 
     /// Refuses new peers from now on (the agent shuts down); those connected stay until let go.
@@ -128,6 +186,7 @@ impl<C: Clone> Endpoint<C> {
             Known {
                 handle,
                 name: name.to_string(),
+                ready: false,
             },
         );
         for &(rail, qp_num, lane) in routes {
@@ -136,21 +195,42 @@ impl<C: Clone> Endpoint<C> {
         Ok(id)
     }
 
-    /// The connected peer named `name`.
-    pub fn peer(&self, name: &str) -> Option<&C> {
-        let id = self.names.get(name)?;
-        self.known.get(id).map(|k| &k.handle)
+    /// Connection `id`, admitted and not let go, exchanged its segment tables with the peer:
+    /// the application sees it from now on ([`Endpoint::peer`]). Returns `false`, and changes
+    /// nothing, for a connection let go or unknown.
+    pub fn ready(&mut self, id: ConnId) -> bool {
+        match self.known.get_mut(&id) {
+            Some(k) if self.names.get(&k.name) == Some(&id) => {
+                k.ready = true;
+                true
+            }
+            _ => false,
+        }
     }
 
-    /// The connected peers, in the order of their numbers.
+    /// The connected peer named `name`, once it is ready ([`Endpoint::ready`]).
+    pub fn peer(&self, name: &str) -> Option<&C> {
+        let id = self.names.get(name)?;
+        self.known.get(id).filter(|k| k.ready).map(|k| &k.handle)
+    }
+
+    /// The connected peers that are ready, in the order of their numbers.
     pub fn peers(&self) -> impl Iterator<Item = &C> + '_ {
+        self.connections()
+            .filter(|(_, ready)| *ready)
+            .map(|(c, _)| c)
+    }
+
+    /// Every connection admitted and not let go, ready or still exchanging its tables, and
+    /// whether it is ready, in the order of their numbers.
+    pub fn connections(&self) -> impl Iterator<Item = (&C, bool)> + '_ {
         self.known
             .iter()
             .filter(|(id, k)| self.names.get(&k.name) == Some(*id))
-            .map(|(_, k)| &k.handle)
+            .map(|(_, k)| (&k.handle, k.ready))
     }
 
-    /// How many peers are connected.
+    /// How many peers are connected (ready or not).
     pub fn peer_count(&self) -> usize {
         self.names.len()
     }

@@ -17,7 +17,7 @@ use gdr::pd::ProtectionDomain;
 use gdr::qp::QueuePair;
 use gdr::CompletionQueue;
 
-use gdr_xfer_proto::{Endpoint, Failure, LaneRef, LocalError, LocalTable, Refusal};
+use gdr_xfer_proto::{Endpoint, Failure, LaneRef, LocalError, Refusal};
 
 use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;
@@ -117,13 +117,10 @@ impl Agent {
             config,
             id,
             rails,
-            rail_masks: Mutex::new(HashMap::new()),
-            segments: Mutex::new(LocalTable::new(id)),
             cache: Mutex::new(RegistrationCache::default()),
-            endpoint: Mutex::new(Endpoint::new(nrails, max_peers)),
+            endpoint: Mutex::new(Endpoint::new(id, nrails, max_peers)),
             notes,
             peer_wakers: Wakers::default(),
-            timers: Mutex::new(Instant::now()),
             peers_changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
             closing: AtomicBool::new(false),
@@ -236,11 +233,7 @@ impl Agent {
     /// The connected peers.
     pub fn peers(&self) -> Vec<Peer> {
         let endpoint = self.shared.lock_endpoint();
-        let mut v: Vec<Peer> = endpoint
-            .peers()
-            .filter(|c| c.is_ready())
-            .map(|c| Peer { conn: c.clone() })
-            .collect();
+        let mut v: Vec<Peer> = endpoint.peers().map(|c| Peer { conn: c.clone() }).collect();
         v.sort_by(|a, b| a.name().cmp(b.name()));
         v
     }
@@ -257,7 +250,7 @@ impl Agent {
             // Checked under the peers' lock, which shutdown sets the flag under before it
             // wakes the waiters: none misses it.
             self.shared.check_open()?;
-            if let Some(c) = endpoint.peer(name).filter(|c| c.is_ready()) {
+            if let Some(c) = endpoint.peer(name) {
                 return Ok(Peer { conn: c.clone() });
             }
             let left = end.map_or(Duration::from_secs(3600), |e| {

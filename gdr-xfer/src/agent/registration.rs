@@ -256,7 +256,8 @@ impl Agent {
         const CALL: &str = "Agent::register_within";
         self.shared.check_open()?;
         self.shared
-            .lock_segments()
+            .lock_endpoint()
+            .segments()
             .admit(parent.inner.agent, parent.id(), |s| s.is(parent))
             .map_err(|e| refused(e, CALL, PARENT_GONE))?;
         check_name(name)?;
@@ -288,7 +289,8 @@ impl Agent {
         };
         let id = self
             .shared
-            .lock_segments()
+            .lock_endpoint()
+            .segments_mut()
             .next_id()
             .map_err(|e| refused(e, "Agent::register", "it was deregistered already"))?;
         let info = SegmentInfo {
@@ -303,7 +305,8 @@ impl Agent {
         // Ranked now, so that the first transfer from this memory does not pay for it.
         self.shared.rail_mask(location);
         let peers = {
-            let mut table = self.shared.lock_segments();
+            let mut endpoint = self.shared.lock_endpoint();
+            let table = endpoint.segments_mut();
             match parent {
                 // The parent's admission again, with the insertion: one deregistered since
                 // `register_within` looked carves nothing.
@@ -312,7 +315,9 @@ impl Agent {
                     .map_err(|e| refused(e, "Agent::register_within", PARENT_GONE))?,
                 None => table.insert(seg.id(), seg.clone()),
             }
-            self.shared.peer_list()
+            // Under the same lock as the insertion: a connection admitted after it sends it in
+            // its table, one admitted before is told here.
+            connections(&endpoint)
         };
         if !seg.is_published() {
             return Ok(seg);
@@ -346,15 +351,16 @@ impl Agent {
     /// is no longer registered.
     pub fn deregister(&self, segment: &Segment) -> Result<()> {
         let peers = {
-            let mut table = self.shared.lock_segments();
-            table
+            let mut endpoint = self.shared.lock_endpoint();
+            endpoint
+                .segments_mut()
                 .remove(segment.inner.agent, segment.id(), |s| s.is(segment))
                 .map_err(|e| refused(e, "Agent::deregister", "it was deregistered already"))?;
             segment.inner.set_deregistered();
             if !segment.is_published() {
                 return Ok(());
             }
-            self.shared.peer_list()
+            connections(&endpoint)
         };
         #[cfg(feature = "etcd")]
         if let Some(p) = self.shared.lock_published().as_ref() {
@@ -368,7 +374,12 @@ impl Agent {
 
     /// The registered segments, by id.
     pub fn segments(&self) -> Vec<Segment> {
-        self.shared.lock_segments().values().cloned().collect()
+        self.shared
+            .lock_endpoint()
+            .segments()
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Counters of the GPU registration cache.

@@ -9,27 +9,23 @@ pub(crate) struct AgentShared {
     /// refused before anything is posted).
     pub(crate) id: u64,
     pub(crate) rails: Vec<AgentRail>,
-    /// Per memory location, the rails its transfers stripe over (bit per rail; see
-    /// [`crate::rail::preferred_rails`]).
-    pub(super) rail_masks: Mutex<HashMap<Location, u32>>,
-    /// This agent's own segments, the ids it gives, and the admission of a segment handed to
-    /// its calls (the core's [`LocalTable`]).
-    pub(super) segments: Mutex<LocalTable<Segment>>,
     pub(super) cache: Mutex<RegistrationCache>,
-    /// The connected peers, by name and number, where each completion belongs (by rail and
-    /// queue pair number), and the connections let go but still draining: the core's
-    /// [`Endpoint`]. A connection stays routed (and alive) after it was let go until the
-    /// progress threads drained every completion queue past that moment, so that completions
-    /// already queued, a notification that arrived just before the peer said goodbye among
-    /// them, are still handled. A leaf lock: nothing else is taken while it is held.
-    pub(super) endpoint: Mutex<Endpoint<Arc<Connection>>>,
+    /// The core's [`Endpoint`]: the connected peers, by name and number, and whether each is
+    /// ready (tables exchanged); where each completion belongs (by rail and queue pair
+    /// number); the connections let go but still draining; this agent's own segments, the ids
+    /// it gives and the admission of a segment handed to its calls ([`LocalTable`]); the rails
+    /// each memory location's transfers stripe over; when the timers are due. A connection
+    /// stays routed (and alive) after it was let go until the progress threads drained every
+    /// completion queue past that moment, so that completions already queued, a notification
+    /// that arrived just before the peer said goodbye among them, are still handled.
+    ///
+    /// A leaf lock: nothing else is taken while it is held (a connection's core and writer
+    /// come before it).
+    pub(super) endpoint: Mutex<Endpoint<Arc<Connection>, Segment>>,
     /// Notifications delivered (or put back) and not taken yet, and their waiters.
     pub(crate) notes: NoteQueue,
     /// The async waits for peers.
     pub(crate) peer_wakers: Wakers,
-    /// When the connections' timers last ran; whichever progress thread finds it free and due
-    /// runs them.
-    pub(super) timers: Mutex<Instant>,
     pub(super) peers_changed: Condvar,
     pub(crate) shutdown: AtomicBool,
     /// Set by [`Agent::shutdown`] (and drop): new transfers, registrations and connections are
@@ -112,17 +108,18 @@ pub(super) fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
     }
 }
 
-impl AgentShared {
-    pub(crate) fn lock_segments(&self) -> MutexGuard<'_, LocalTable<Segment>> {
-        self.segments.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// Every connection of `endpoint` admitted and not let go (ready or still exchanging tables).
+pub(crate) fn connections(endpoint: &Endpoint<Arc<Connection>, Segment>) -> Vec<Arc<Connection>> {
+    endpoint.connections().map(|(c, _)| c.clone()).collect()
+}
 
+impl AgentShared {
     #[cfg(feature = "etcd")]
     pub(crate) fn lock_published(&self) -> MutexGuard<'_, Option<crate::discovery::Published>> {
         self.published.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn lock_endpoint(&self) -> MutexGuard<'_, Endpoint<Arc<Connection>>> {
+    pub(crate) fn lock_endpoint(&self) -> MutexGuard<'_, Endpoint<Arc<Connection>, Segment>> {
         self.endpoint.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -138,14 +135,15 @@ impl AgentShared {
         std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// Every connection admitted and not let go (ready or still exchanging tables).
     pub(crate) fn peer_list(&self) -> Vec<Arc<Connection>> {
-        self.lock_endpoint().peers().cloned().collect()
+        connections(&self.lock_endpoint())
     }
 
-    /// The rails transfers from memory at `location` stripe over (bit per rail).
+    /// The rails transfers from memory at `location` stripe over (bit per rail). Found from
+    /// the machine's topology the first time, outside the endpoint's lock (it reads sysfs).
     pub(crate) fn rail_mask(&self, location: Location) -> u32 {
-        let mut masks = self.rail_masks.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(&m) = masks.get(&location) {
+        if let Some(m) = self.lock_endpoint().rail_mask(location) {
             return m;
         }
         let m = if self.rails.len() == 1 {
@@ -157,8 +155,7 @@ impl AgentShared {
                 self.config.rails_follow_nccl_env,
             )
         };
-        masks.insert(location, m);
-        m
+        self.lock_endpoint().set_rail_mask(location, m)
     }
 
     /// (device, port) of every rail.
@@ -189,11 +186,15 @@ impl AgentShared {
             .collect()
     }
 
-    /// Makes a connection known by name and by queue pair number.
-    pub(crate) fn add_peer(&self, conn: &Arc<Connection>) -> Result<()> {
-        // Taken before the endpoint's lock (the core's lock comes first).
-        let routes = conn.routes();
-        let mut endpoint = self.lock_endpoint();
+    /// Makes a connection known by name and by queue pair number (`routes`, its first queue
+    /// pairs', [`Connection::routes`], read before the endpoint was locked: a connection's
+    /// core comes before the endpoint).
+    pub(crate) fn add_peer(
+        &self,
+        endpoint: &mut Endpoint<Arc<Connection>, Segment>,
+        conn: &Arc<Connection>,
+        routes: &[(usize, u32, LaneRef)],
+    ) -> Result<()> {
         // Checked under the lock `shutdown` and `Drop` close the endpoint and take their
         // snapshot of the peers under: a handshake cannot slip a connection in after it.
         if self.shutdown.load(Ordering::Acquire) {
@@ -201,7 +202,7 @@ impl AgentShared {
         }
         self.check_open()?;
         let id = endpoint
-            .admit(&conn.name, conn.clone(), &routes)
+            .admit(&conn.name, conn.clone(), routes)
             .map_err(|r| match r {
                 Refusal::Closed => Error::AgentClosed,
                 Refusal::NameTaken { .. } => Error::invalid(
@@ -214,6 +215,15 @@ impl AgentShared {
             })?;
         conn.set_id(id);
         Ok(())
+    }
+
+    /// The connection exchanged its segment tables with the peer: the application sees it
+    /// from now on ([`Agent::peer`], [`Agent::wait_peer`]).
+    pub(crate) fn set_ready(&self, conn: &Connection) {
+        if let Some(id) = conn.id() {
+            self.lock_endpoint().ready(id);
+        }
+        self.notify_peers_changed();
     }
 
     /// Routes the completions of rail `rail`'s queue pairs `(number, lane)` to `conn` (once it
@@ -307,10 +317,7 @@ impl AgentShared {
     /// The connected (handshake done) peer with this name.
     pub(crate) fn ready_peer(&self, name: &str) -> Option<Peer> {
         let endpoint = self.lock_endpoint();
-        endpoint
-            .peer(name)
-            .filter(|c| c.is_ready())
-            .map(|c| Peer { conn: c.clone() })
+        endpoint.peer(name).map(|c| Peer { conn: c.clone() })
     }
 
     pub(crate) fn deliver(&self, n: Delivered) {
@@ -320,14 +327,14 @@ impl AgentShared {
     /// Runs every connection's timers when [`crate::config::TICK`] has passed since they
     /// last ran; any progress thread (or a waiter past its deadline) may do it, one at a time.
     pub(crate) fn run_timers(&self, now: Instant) {
-        let Ok(mut last) = self.timers.try_lock() else {
-            return;
+        let conns = {
+            let mut endpoint = self.lock_endpoint();
+            if !endpoint.timers_due(now, crate::config::TICK) {
+                return;
+            }
+            connections(&endpoint)
         };
-        if now.saturating_duration_since(*last) < crate::config::TICK {
-            return;
-        }
-        *last = now;
-        for conn in self.peer_list() {
+        for conn in conns {
             conn.tick(now);
         }
     }

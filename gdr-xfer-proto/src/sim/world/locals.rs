@@ -1,6 +1,6 @@
-//! Each agent's own segment table, the core's [`LocalTable`]: what a deregistration and a new
-//! registration change in it, and the calls that hand an agent another agent's segment (or a
-//! stale handle of its own). The simulated agents' segment ids are the same numbers on every
+//! Each agent's own segment table, the core's [`LocalTable`](crate::LocalTable) in its
+//! [`Endpoint`]: what a deregistration and a new registration change in it, and the calls that
+//! hand an agent another agent's segment (or a stale handle of its own). The simulated agents' segment ids are the same numbers on every
 //! agent (segment and epoch), so a table that looked at ids alone would take another agent's
 //! segment for its own: the owner is what must refuse it, before anything changes.
 
@@ -9,13 +9,18 @@ use super::*;
 use crate::local_table::LocalError;
 use crate::segment_id::SegmentId;
 
-/// Agent `agent`'s table at the start: each segment's first registration.
-pub(super) fn registered(agent: usize) -> LocalTable<(usize, u32)> {
-    let mut t = LocalTable::new(agent as u64);
+/// Agent `agent`'s endpoint at the start (`rails` rails, `agents` agents in all), its table
+/// holding each segment's first registration.
+pub(super) fn registered(
+    agent: usize,
+    rails: usize,
+    agents: usize,
+) -> Endpoint<(usize, u32), (usize, u32)> {
+    let mut e = Endpoint::new(agent as u64, rails, agents);
     for seg in 0..SEGS {
-        t.insert(seg_id(seg, 0), (seg, 0));
+        e.segments_mut().insert(seg_id(seg, 0), (seg, 0));
     }
-    t
+    e
 }
 
 impl World {
@@ -23,7 +28,7 @@ impl World {
     /// (epoch `old + 1`): through its table, as the driver does; an honest call it refuses is a
     /// violation.
     pub(super) fn reregister(&mut self, agent: usize, seg: usize, old: u32) {
-        let t = &mut self.locals[agent];
+        let t = self.endpoints[agent].segments_mut();
         if let Err(e) = t.remove(agent as u64, seg_id(seg, old), |&e| e == (seg, old)) {
             self.net.borrow_mut().violation(format!(
                 "agent {agent} refused to deregister its own segment {seg} (epoch {old}): {e}"
@@ -48,7 +53,7 @@ impl World {
         };
         let id = seg_id(seg, theirs);
         let owner = other as u64;
-        let t = &mut self.locals[agent];
+        let t = self.endpoints[agent].segments_mut();
         let before: Vec<SegmentId> = t.ids().collect();
         let foreign = LocalError::Foreign { owner, segment: id };
         let mut wrong = Vec::new();

@@ -21,7 +21,6 @@ use crate::connection::Connection;
 use crate::endpoint::{ConnId, Endpoint};
 use crate::handshake::{self, Offer, Settings, Shape};
 use crate::io::{Action, Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
-use crate::local_table::LocalTable;
 use crate::peer_table::PeerTable;
 use crate::rail::MAX_COOLDOWN;
 use crate::run::Run;
@@ -85,13 +84,12 @@ pub(crate) struct World {
     queue: BinaryHeap<Scheduled>,
     net: Rc<RefCell<Net>>,
     conns: Vec<Vec<Option<Conn>>>,
-    /// Each agent's endpoint (the peer's index for a connection): every send completion is
-    /// routed through it, by rail and queue pair number, as the driver does.
-    endpoints: Vec<Endpoint<(usize, u32)>>,
+    /// Each agent's endpoint (the peer's index and incarnation for a connection; (segment,
+    /// epoch) for each of its own registrations, [`locals`]): every send completion is routed
+    /// through it, by rail and queue pair number, as the driver does.
+    endpoints: Vec<Endpoint<(usize, u32), (usize, u32)>>,
     /// `agent`'s table of `peer`'s segments ([`tables`]).
     tables: Vec<Vec<PeerTable>>,
-    /// Each agent's own segments: (segment, epoch) of each registration, by id ([`locals`]).
-    locals: Vec<LocalTable<(usize, u32)>>,
     /// Connections let go and replaced by a newer one between the same agents, until their
     /// endpoint lets them go: (agent, peer, connection).
     retired: Vec<(usize, usize, Conn)>,
@@ -212,13 +210,12 @@ impl World {
                 .map(|_| (0..agents).map(|_| None).collect())
                 .collect(),
             endpoints: (0..agents)
-                .map(|_| Endpoint::new(p.cfg.rails, agents))
+                .map(|a| locals::registered(a, p.cfg.rails, agents))
                 .collect(),
             retired: Vec::new(),
             inc: vec![vec![0; agents]; agents],
             parted: vec![vec![false; agents]; agents],
             tables: vec![vec![PeerTable::new(); agents]; agents],
-            locals: (0..agents).map(locals::registered).collect(),
             stagers: (0..agents)
                 .map(|_| SimStager::new(p.stager.0, p.stager.1, p.stager.2))
                 .collect(),
@@ -328,6 +325,13 @@ impl World {
                 .unwrap_or_else(|e| panic!("agent {me} refused agent {other}: {e}"));
         }
         self.exchange_tables(a, b, ca.rails);
+        for (me, id) in [(a, ids[0]), (b, ids[1])] {
+            if !self.endpoints[me].ready(id) {
+                self.net.borrow_mut().violation(format!(
+                    "agent {me}: a connection just admitted is not ready"
+                ));
+            }
+        }
         let [ia, ib] = ios;
         let now = self.instant();
         for (me, other, cfg, io, id) in [(a, b, ca, ia, ids[0]), (b, a, cb, ib, ids[1])] {
