@@ -262,12 +262,12 @@ fn convert(py: Python<'_>, e: Error) -> PyErr {
                 ("vendor_err", obj(py, *vendor_err)),
             ],
         ),
-        Error::NoRail { peer, detail, hint } => (
+        Error::NoRail { peer, rails, hint } => (
             "NoRail",
             hint.text().map(str::to_owned),
             vec![
                 ("peer", obj(py, peer.as_str())),
-                ("detail", obj(py, detail.as_str())),
+                ("detail", obj(py, rails.to_string())),
             ],
         ),
         Error::AgentClosed => ("AgentClosed", None, Vec::new()),
@@ -448,7 +448,11 @@ pub(crate) fn sample(py: Python<'_>, class: &str) -> Option<PyErr> {
         },
         "NoRail" => Error::NoRail {
             peer: "peer-b".into(),
-            detail: "rail 0 paused".into(),
+            rails: gdr_xfer::RailReports(vec![gdr_xfer::RailReport {
+                rail: 0,
+                state: gdr_xfer::RailState::Paused,
+                last_error: Some(gdr_xfer::RailFault::Unanswered),
+            }]),
             hint: hint(),
         },
         "AgentClosed" => Error::AgentClosed,

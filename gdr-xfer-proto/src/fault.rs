@@ -1,6 +1,6 @@
 //! Why things fail, as values: the driver's own errors carried through the core unchanged
-//! ([`DriverError`]), why a rail was paused ([`RailFault`]) and why a transfer was refused
-//! ([`Rejection`]). Nothing here is text to parse: a driver gets its own error type back
+//! ([`DriverError`]), why a rail was paused ([`RailFault`]), where every rail stood when none
+//! was left ([`RailReport`]) and why a transfer was refused ([`Rejection`]). Nothing here is text to parse: a driver gets its own error type back
 //! ([`DriverError::downcast_ref`]) and every other case is a variant with its values.
 
 use std::fmt;
@@ -159,6 +159,51 @@ impl fmt::Display for RailFault {
                 }
             ),
         }
+    }
+}
+
+/// Where one rail to a peer stood when no rail was left ([`crate::Failure::NoRail`],
+/// [`crate::Event::NoRail`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RailReport {
+    /// The rail.
+    pub rail: usize,
+    /// Its state.
+    pub state: crate::RailState,
+    /// Why it was last paused, or its renewal failed, if it was.
+    pub last_error: Option<RailFault>,
+}
+
+impl fmt::Display for RailReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rail {} {:?}", self.rail, self.state)?;
+        match &self.last_error {
+            Some(e) => write!(f, ": {e}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Every rail's [`RailReport`], in rail order; shown as `rail 0 Paused: ...; rail 1 ...`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RailReports(pub Vec<RailReport>);
+
+impl std::ops::Deref for RailReports {
+    type Target = [RailReport];
+    fn deref(&self) -> &[RailReport] {
+        &self.0
+    }
+}
+
+impl fmt::Display for RailReports {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{r}")?;
+        }
+        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@
 //! the same actions in the same order.
 
 use crate::control::Control;
-use crate::fault::{DriverError, RailFault};
+use crate::fault::{DriverError, RailFault, RailReports};
 use crate::transfer::{Outcome, TransferKey};
 
 /// One queue pair incarnation of a lane: the lane's index in the connection (rail-major, `rail *
@@ -175,8 +175,8 @@ pub enum Event {
     },
     /// No rail is left: every pending transfer failed.
     NoRail {
-        /// Each rail's state.
-        detail: String,
+        /// Each rail's state and last error.
+        rails: RailReports,
     },
     /// New queue pairs were offered to the peer for a rail.
     Renewing {

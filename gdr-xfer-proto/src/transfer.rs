@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::fault::{DriverError, Rejection};
+use crate::fault::{DriverError, RailReports, Rejection};
 use crate::io::{Io, Op};
 use crate::run::{Cursor, Run};
 
@@ -47,7 +47,7 @@ pub enum Failure {
     /// Every rail to the peer failed and none is back yet.
     NoRail {
         /// Each rail's state and last error.
-        detail: String,
+        rails: RailReports,
     },
     /// The transfer, or one of its requests, was refused for its own reason (a malformed
     /// transfer; memory of another protection domain, a range outside its registration);

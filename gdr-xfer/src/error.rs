@@ -6,7 +6,7 @@ use std::time::Duration;
 pub use gdr::Hint;
 
 use crate::side::Side;
-use gdr_xfer_proto::{DriverError, Rejection, SegmentId};
+use gdr_xfer_proto::{DriverError, RailReports, Rejection, SegmentId};
 
 /// Everything that can go wrong in gdr-xfer.
 #[derive(Debug, thiserror::Error)]
@@ -233,12 +233,13 @@ pub enum Error {
     /// Every rail to the peer failed (link down, retries exceeded) and none was re-admitted
     /// yet; pending transfers to it failed. The connection stays: rails come back after a
     /// successful probe.
-    #[error("transfer to {peer:?}: no rail left: {detail}{hint}")]
+    #[error("transfer to {peer:?}: no rail left: {rails}{hint}")]
     NoRail {
         /// The peer's name.
         peer: String,
-        /// The rails and why each is paused.
-        detail: String,
+        /// Each rail's state and why it was last paused (its [`RailFault`](crate::RailFault)),
+        /// in rail order.
+        rails: RailReports,
         /// How to fix it.
         hint: Hint,
     },

@@ -299,7 +299,7 @@ impl Lanes {
             Event::RailPaused { rail, why, requeued } => {
                 log::warn!("peer {p}: rail {rail} paused ({requeued} requests to post again): {why}")
             }
-            Event::NoRail { detail } => log::warn!("peer {p}: no rail left: {detail}"),
+            Event::NoRail { rails } => log::warn!("peer {p}: no rail left: {rails}"),
             Event::Renewing { rail, epoch, fence } => log::info!(
                 "peer {p}: renewing rail {rail}, epoch {epoch}{}",
                 if fence { " (fence)" } else { "" }

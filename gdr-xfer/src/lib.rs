@@ -242,7 +242,10 @@ pub use futures::WakerCounts;
 /// from it: [`gdr::cuda::DeviceBuffer`] and [`gdr::cuda::DeviceMemory`] for GPU memory,
 /// [`gdr::mr::HostMemory`] and [`gdr::mr::AlignedBuffer`] for host memory.
 pub use gdr;
-pub use gdr_xfer_proto::{DriverError, Location, ParseLocationError, Rejection, SegmentId};
+pub use gdr_xfer_proto::{
+    DriverError, Location, ParseLocationError, RailFault, RailReport, RailReports, Rejection,
+    SegmentId,
+};
 pub use notify::Notification;
 pub use peer::Peer;
 pub use pools::PoolTable;

@@ -269,9 +269,9 @@ impl TransferCell {
                     }),
                 }
             }
-            Failure::NoRail { detail } => Error::NoRail {
+            Failure::NoRail { rails } => Error::NoRail {
                 peer,
-                detail: detail.clone(),
+                rails: rails.clone(),
                 hint: Hint::new(
                     "every rail to the peer failed: check the links (gdr doctor, ibstat); the agent re-admits a rail once a probe on it succeeds",
                 ),

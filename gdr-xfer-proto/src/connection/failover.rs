@@ -94,11 +94,11 @@ impl<I: Io> Connection<I> {
             return;
         }
         self.no_rail_failed = true;
-        let detail = self.rails_detail();
+        let rails = self.rail_reports();
         self.actions.push_back(Action::Event(Event::NoRail {
-            detail: detail.clone(),
+            rails: rails.clone(),
         }));
-        self.fail_all(now, &Failure::NoRail { detail });
+        self.fail_all(now, &Failure::NoRail { rails });
     }
 
     /// Destroys rail `rail`'s queue pairs (through the driver) and queues what they carried

@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
 use crate::config::Config;
-use crate::fault::{DriverError, Rejection};
+use crate::fault::{DriverError, RailReport, RailReports, Rejection};
 use crate::io::{Action, Event, Io, LaneRef};
 use crate::lane::Lane;
 use crate::notify::Seen;
@@ -272,22 +272,18 @@ impl<I: Io> Connection<I> {
     }
 
     /// Each rail's state and last error, for a [`Failure::NoRail`].
-    fn rails_detail(&self) -> String {
-        self.rails
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                format!(
-                    "rail {i} {:?}{}",
-                    r.state,
-                    r.stats
-                        .last_error
-                        .as_ref()
-                        .map_or(String::new(), |e| format!(": {e}"))
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
+    fn rail_reports(&self) -> RailReports {
+        RailReports(
+            self.rails
+                .iter()
+                .enumerate()
+                .map(|(rail, r)| RailReport {
+                    rail,
+                    state: r.state,
+                    last_error: r.stats.last_error.clone(),
+                })
+                .collect(),
+        )
     }
 
     /// Takes a transfer and posts what fits now.
@@ -402,7 +398,7 @@ impl<I: Io> Connection<I> {
         }
         if self.no_rail_for(now) {
             return Err(Failure::NoRail {
-                detail: self.rails_detail(),
+                rails: self.rail_reports(),
             });
         }
         let deadline = spec.timeout.and_then(|t| now.checked_add(t));

@@ -113,18 +113,25 @@ fn a_no_rail_failure_names_each_rails_state_and_last_error() {
     }
     assert!(t.c.rails().iter().all(|r| r.0 == RailState::Paused));
     t.tick(101);
-    let detail = match t.io.outcome(1) {
-        Some(Err(Failure::NoRail { detail })) => detail.clone(),
+    let rails = match t.io.outcome(1) {
+        Some(Err(Failure::NoRail { rails })) => rails.clone(),
         other => panic!("{other:?}"),
     };
     let why = t.c.rails()[0].1.last_error.clone().expect("a last error");
+    // Values to match on, each rail's own.
+    assert_eq!(rails.len(), 2);
+    for (i, r) in rails.iter().enumerate() {
+        assert_eq!(
+            (r.rail, r.state, r.last_error.as_ref()),
+            (i, RailState::Paused, t.c.rails()[i].1.last_error.as_ref())
+        );
+    }
     assert_eq!(
-        detail,
+        rails.to_string(),
         format!("rail 0 Paused: {why}; rail 1 Paused: {why}"),
-        "{detail}"
     );
     match t.submit_n(102, 2, Op::Read, 1, None) {
-        Err(Failure::NoRail { detail: d }) => assert_eq!(d, detail),
+        Err(Failure::NoRail { rails: r }) => assert_eq!(r, rails),
         other => panic!("{other:?}"),
     }
 }
