@@ -22,17 +22,30 @@ use std::time::Instant;
 use gdr::connect::TcpLink;
 use gdr::{Completion, WcStatus};
 use gdr_xfer_proto::{
-    Action, Config, ConnId, Connection as Core, Failure, LaneRef, PeerTable, Receipt,
+    Action, Config, ConnId, Connection as Core, Endpoint, Failure, LaneRef, PeerTable, Receipt,
     SendCompletion, Spec, Status, TableError, TransferKey,
 };
 
-use crate::agent::AgentShared;
 use crate::lanes::{Deferred, Lanes};
-use crate::notify::{split_recv_wr_id, Arrival, Delivered, Notification, SlotLedger};
-use crate::rail::RailStats;
+use crate::notify::{split_recv_wr_id, Arrival, Delivered, NoteQueue, Notification, SlotLedger};
+use crate::rail::{RailStats, Rails};
+use crate::segment::Segment;
 use crate::transfer::RunsTransfers;
 use crate::wakers::Wakers;
 use crate::wire::Message;
+
+/// The agent's endpoint ([`gdr_xfer_proto::Endpoint`]) under its one lock: shared by the agent
+/// and its connections' lanes (which route their new queue pairs in it, and hold it weakly:
+/// it holds the connections).
+pub(crate) type SharedEndpoint = Mutex<Endpoint<Arc<Connection>, Segment>>;
+
+/// Locks the endpoint (a lock poisoned by a panic elsewhere is taken as it is: every change
+/// to the endpoint is one call of the core's, complete or not begun).
+pub(crate) fn lock_endpoint(
+    e: &SharedEndpoint,
+) -> MutexGuard<'_, Endpoint<Arc<Connection>, Segment>> {
+    e.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The core and the lanes it drives, under one lock.
 pub(crate) struct Driven {
@@ -43,11 +56,15 @@ pub(crate) struct Driven {
 /// Everything about one connected peer.
 pub(crate) struct Connection {
     pub(crate) name: String,
-    /// Its number in the agent's endpoint, once admitted.
-    id: OnceLock<ConnId>,
+    /// Its number in the agent's endpoint, once admitted (shared with its lanes, which route
+    /// their queue pairs under it).
+    id: Arc<OnceLock<ConnId>>,
     /// Its number in the process (never given again): what a prepared list is tied to.
     pub(crate) serial: u64,
-    pub(crate) agent: Weak<AgentShared>,
+    /// The number of the agent it belongs to (another agent's calls refuse it).
+    pub(crate) agent_id: u64,
+    /// The agent's notifications: this connection delivers into it.
+    notes: Arc<NoteQueue>,
     /// Rails shared with the peer.
     pub(crate) nrails: usize,
     pub(crate) qps_per_rail: usize,
@@ -76,7 +93,10 @@ pub(crate) struct Connection {
 /// What a new connection is made of.
 pub(crate) struct Parts {
     pub(crate) name: String,
-    pub(crate) agent: Weak<AgentShared>,
+    pub(crate) agent_id: u64,
+    pub(crate) rails: Arc<Rails>,
+    pub(crate) endpoint: Weak<SharedEndpoint>,
+    pub(crate) notes: Arc<NoteQueue>,
     pub(crate) config: Config,
     pub(crate) rail_names: Vec<(String, u8)>,
     /// Per lane (rail-major), its queue pair: generation `i` for lane `i` (the core's start).
@@ -93,11 +113,15 @@ impl Connection {
         let nrails = cfg.rails;
         let qps_per_rail = cfg.lanes_per_rail;
         let ledger = Arc::new(SlotLedger::default());
+        let id = Arc::new(OnceLock::new());
         Arc::new_cyclic(|me| {
             let core = Core::new(cfg, Instant::now());
             let io = Lanes {
                 peer: p.name.clone(),
-                agent: p.agent.clone(),
+                id: id.clone(),
+                rails: p.rails,
+                endpoint: p.endpoint,
+                notes: p.notes.clone(),
                 conn: me.clone(),
                 per_rail: qps_per_rail,
                 qps: p
@@ -112,12 +136,13 @@ impl Connection {
             };
             Connection {
                 name: p.name,
-                id: OnceLock::new(),
+                id,
                 serial: {
                     static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
                     CONNECTIONS.fetch_add(1, Ordering::Relaxed)
                 },
-                agent: p.agent,
+                agent_id: p.agent_id,
+                notes: p.notes,
                 nrails,
                 qps_per_rail,
                 rail_names: p.rail_names,
@@ -181,28 +206,23 @@ impl Connection {
         mut writer: Option<MutexGuard<'_, TcpLink>>,
         me: Weak<Connection>,
     ) {
-        let agent = self.agent.upgrade();
         let mut failed = None;
         for item in deferred {
             match item {
                 // The NIC no longer touches their memory once they are destroyed.
                 Deferred::Destroyed(qps) => drop(qps),
                 Deferred::Finished(cell, outcome) => cell.finish_core(outcome),
-                Deferred::Delivered(data, receipt) => {
-                    if let Some(agent) = &agent {
-                        agent.deliver(Delivered {
-                            notification: Notification {
-                                peer: self.name.clone(),
-                                data,
-                            },
-                            from: Some(Arrival {
-                                conn: me.clone(),
-                                receipt,
-                                ledger: self.ledger.clone(),
-                            }),
-                        });
-                    }
-                }
+                Deferred::Delivered(data, receipt) => self.notes.push(Delivered {
+                    notification: Notification {
+                        peer: self.name.clone(),
+                        data,
+                    },
+                    from: Some(Arrival {
+                        conn: me.clone(),
+                        receipt,
+                        ledger: self.ledger.clone(),
+                    }),
+                }),
                 Deferred::Control(msg) => {
                     let Some(w) = writer.as_mut().filter(|_| failed.is_none()) else {
                         continue;
@@ -285,9 +305,7 @@ impl Connection {
     /// The connection closes: its notifications in the agent's queue hold no slot any more,
     /// and it posts no new one (the agent's bound, [`crate::notify::NoteQueue`]).
     fn seal_notes(&self) {
-        if let Some(a) = self.agent.upgrade() {
-            a.notes.seal(&self.ledger);
-        }
+        self.notes.seal(&self.ledger);
     }
 
     /// Posts the receive slots the agent's bound deferred, as far as it lets now.

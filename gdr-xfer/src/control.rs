@@ -155,7 +155,10 @@ pub(crate) fn establish(
     } = links;
     let conn = Connection::new(Parts {
         name: theirs.name.clone(),
-        agent: Arc::downgrade(agent),
+        agent_id: agent.id,
+        rails: agent.rails.clone(),
+        endpoint: Arc::downgrade(&agent.endpoint),
+        notes: agent.notes.clone(),
         config: settings(&agent.config).config(shape, &Offer::of(&theirs), initiator),
         rail_names,
         qps,
@@ -262,7 +265,7 @@ fn exchange_hellos(
     let cfg = &agent.config;
     let create = |shape: Shape| -> Result<Vec<Vec<QueuePair>>> {
         (0..shape.rails)
-            .map(|r| agent.create_qps(r, shape.lanes_per_rail))
+            .map(|r| Ok(agent.rails.create_qps(r, shape.lanes_per_rail)?))
             .collect()
     };
     let refused = |links: &mut Links, e: HandshakeError, peer: &str| {

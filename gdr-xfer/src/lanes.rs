@@ -8,19 +8,19 @@
 //! outcome, `ibv_destroy_qp` has returned for every queue pair that carried the transfer's
 //! requests without completing them.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use gdr::mr::RemoteSlice;
 use gdr::qp::{BatchOp, Endpoint, QueuePair, RdmaPiece};
 use gdr::wr::SendRequest;
 use gdr_xfer_proto::{
-    Control, Event, Header, Io, LaneRef, Op, Outcome, Pieces, PostResult, Receipt,
+    ConnId, Control, Event, Header, Io, LaneRef, Op, Outcome, Pieces, PostResult, Receipt,
 };
 
-use crate::agent::AgentShared;
-use crate::connection::Connection;
+use crate::connection::{lock_endpoint, Connection, SharedEndpoint};
 use crate::error::{Error, Foreign, Hint};
-use crate::notify::NotifyPool;
+use crate::notify::{NoteQueue, NotifyPool};
+use crate::rail::Rails;
 use crate::segment::SegmentInner;
 use crate::transfer::TransferCell;
 
@@ -78,7 +78,18 @@ pub(crate) enum Deferred {
 /// The queue pairs of one connection and its notification buffers: the core's [`Io`].
 pub(crate) struct Lanes {
     pub(crate) peer: String,
-    pub(crate) agent: Weak<AgentShared>,
+    /// The connection's number in the agent's endpoint, once admitted (its queue pairs are
+    /// routed under it).
+    pub(crate) id: Arc<OnceLock<ConnId>>,
+    /// The agent's rails, to make queue pairs on.
+    pub(crate) rails: Arc<Rails>,
+    /// The agent's endpoint, to route the queue pairs made and destroyed (held weakly: it
+    /// holds the connection).
+    pub(crate) endpoint: Weak<SharedEndpoint>,
+    /// The agent's notifications: its bound decides whether a slot may be buffered or armed.
+    pub(crate) notes: Arc<NoteQueue>,
+    /// The connection, for the notification queue to post its slots again once the bound
+    /// lets it ([`NoteQueue::may_arm`]).
     pub(crate) conn: Weak<Connection>,
     pub(crate) per_rail: usize,
     /// Per lane, its queue pairs by generation (the current one, and an offered one during a
@@ -208,15 +219,12 @@ impl Io for Lanes {
     }
 
     fn buffer_notification(&mut self) -> bool {
-        // The agent's bound across its connections (an agent gone keeps nothing anyway).
-        self.agent.upgrade().is_none_or(|a| a.notes.try_buffer())
+        // The agent's bound across its connections.
+        self.notes.try_buffer()
     }
 
     fn may_arm_recv(&mut self) -> bool {
-        match self.agent.upgrade() {
-            Some(a) => a.notes.may_arm(&self.ledger, &self.conn),
-            None => false,
-        }
+        self.notes.may_arm(&self.ledger, &self.conn)
     }
 
     fn arm_recv(&mut self, lane: LaneRef, slot: u16) -> Result<(), Error> {
@@ -232,17 +240,16 @@ impl Io for Lanes {
     }
 
     fn create_lanes(&mut self, rail: usize, lanes: &[LaneRef]) -> Result<Vec<Endpoint>, Error> {
-        let agent = self.agent.upgrade().ok_or(Error::AgentClosed)?;
-        let qps = agent.create_qps(rail, lanes.len())?;
+        let endpoint = self.endpoint.upgrade().ok_or(Error::AgentClosed)?;
+        let qps = self.rails.create_qps(rail, lanes.len())?;
         let endpoints = qps.iter().map(QueuePair::endpoint).collect();
-        // Routed before anything can complete on them.
-        let nums: Vec<(u32, LaneRef)> = qps
-            .iter()
-            .map(QueuePair::qp_num)
-            .zip(lanes.iter().copied())
-            .collect();
-        if let Some(conn) = self.conn.upgrade() {
-            agent.route_qps(rail, &conn, &nums);
+        // Routed before anything can complete on them (once admitted: before, the connection
+        // has no queue pair but its first, which admission routes).
+        if let Some(&id) = self.id.get() {
+            let mut endpoint = lock_endpoint(&endpoint);
+            for (qp, &lane) in qps.iter().zip(lanes) {
+                endpoint.route(rail, qp.qp_num(), id, lane);
+            }
         }
         for (l, qp) in lanes.iter().zip(qps) {
             if let Some(slot) = self.qps.get_mut(l.lane) {
@@ -275,21 +282,22 @@ impl Lanes {
     /// destroyed them, [`gdr_xfer_proto::Action::DestroyLanes`]); dropping them destroys them.
     pub(crate) fn take_destroyed(&mut self, lanes: &[LaneRef]) -> Vec<QueuePair> {
         let mut gone = Vec::with_capacity(lanes.len());
-        let agent = self.agent.upgrade();
-        let conn = self.conn.upgrade();
         for l in lanes {
             let Some(slot) = self.qps.get_mut(l.lane) else {
                 continue;
             };
             if let Some(i) = slot.iter().position(|(g, _)| *g == l.gen) {
                 let (_, qp) = slot.swap_remove(i);
-                if let (Some(a), Some(c)) = (&agent, &conn) {
-                    a.unroute(l.lane / self.per_rail, qp.qp_num(), c, *l);
-                }
-                gone.push(qp);
+                gone.push((l.lane / self.per_rail, *l, qp));
             }
         }
-        gone
+        if let (Some(endpoint), Some(&id)) = (self.endpoint.upgrade(), self.id.get()) {
+            let mut endpoint = lock_endpoint(&endpoint);
+            for (rail, lane, qp) in &gone {
+                endpoint.unroute(*rail, qp.qp_num(), id, *lane);
+            }
+        }
+        gone.into_iter().map(|(_, _, qp)| qp).collect()
     }
 
     /// Logs an event of the core ([`gdr_xfer_proto::Action::Event`]).

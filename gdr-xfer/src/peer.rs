@@ -1,6 +1,6 @@
 //! The handle of a connected peer: its segment table, and the transfers to it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::agent::AgentShared;
@@ -22,6 +22,8 @@ use crate::wire::SegmentInfo;
 #[derive(Clone)]
 pub struct Peer {
     pub(crate) conn: Arc<Connection>,
+    /// Its agent (held weakly: a peer handle does not keep a dropped agent's threads alive).
+    pub(crate) agent: Weak<AgentShared>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -36,6 +38,14 @@ impl std::fmt::Debug for Peer {
 }
 
 impl Peer {
+    /// The handle of `conn`, a connection of `agent`.
+    pub(crate) fn new(conn: Arc<Connection>, agent: &Arc<AgentShared>) -> Peer {
+        Peer {
+            conn,
+            agent: Arc::downgrade(agent),
+        }
+    }
+
     /// The peer agent's name.
     pub fn name(&self) -> &str {
         &self.conn.name
@@ -115,7 +125,7 @@ impl Peer {
 
     /// [`Error::AgentClosed`] once this peer's agent is shut down (or dropped).
     pub(crate) fn check_agent(&self) -> Result<()> {
-        match self.conn.agent.upgrade() {
+        match self.agent.upgrade() {
             Some(a) => a.check_open(),
             None => Err(Error::AgentClosed),
         }
@@ -340,7 +350,7 @@ impl Peer {
     /// notification within what the peer takes. Returns the agent and the transfer counted as
     /// pending in it.
     fn begin(&self, notify: Option<&[u8]>) -> Result<(Arc<AgentShared>, Pending)> {
-        let agent = self.conn.agent.upgrade().ok_or(Error::AgentClosed)?;
+        let agent = self.agent.upgrade().ok_or(Error::AgentClosed)?;
         // Counted before the check, so that a shutdown either sees this transfer or refuses it.
         let pending = Pending::new(&agent.pending);
         agent.check_open()?;

@@ -34,6 +34,7 @@ pub use gdr_xfer_proto::RailState;
 
 use gdr::device::Context;
 use gdr::pd::ProtectionDomain;
+use gdr::qp::QueuePair;
 use gdr::CompletionQueue;
 use gdr_doctor::topology::{collect_with, CollectOptions, Snapshot};
 use gdr_doctor::{MemoryLocation, Report};
@@ -137,6 +138,70 @@ pub(crate) struct AgentRail {
     pub(crate) port: u8,
     pub(crate) pd: Arc<ProtectionDomain>,
     pub(crate) cq: Arc<CompletionQueue>,
+}
+
+/// How the agent's connections' queue pairs are made ([`crate::AgentConfig`]'s settings).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QpShape {
+    pub(crate) send_queue_depth: u32,
+    pub(crate) recv_slots: u16,
+    pub(crate) ack_timeout: u8,
+    pub(crate) retry_count: u8,
+    pub(crate) gid_index: Option<u32>,
+}
+
+/// The agent's rails, and how queue pairs are made on them: what a connection needs to make
+/// its queue pairs (at the handshake and at every renewal), shared by the agent and its
+/// connections without a way back to the agent.
+pub(crate) struct Rails {
+    list: Vec<AgentRail>,
+    shape: QpShape,
+}
+
+impl Rails {
+    pub(crate) fn new(list: Vec<AgentRail>, shape: QpShape) -> Rails {
+        Rails { list, shape }
+    }
+
+    /// Creates `n` queue pairs on rail `rail` for a peer connection.
+    pub(crate) fn create_qps(&self, rail: usize, n: usize) -> gdr::Result<Vec<QueuePair>> {
+        let s = &self.shape;
+        let r = self.list.get(rail).ok_or_else(|| {
+            gdr::Error::invalid(
+                format!("rail {rail} of {}", self.list.len()),
+                "queue pairs are made only on the agent's rails (a bug in gdr-xfer if seen)",
+            )
+        })?;
+        (0..n)
+            .map(|_| {
+                let mut b = QueuePair::builder(&r.pd, &r.cq, &r.cq)
+                    .port(r.port)
+                    .max_send_wr(s.send_queue_depth)
+                    .max_recv_wr(u32::from(s.recv_slots))
+                    .timeout(s.ack_timeout)
+                    .retry_count(s.retry_count);
+                if let Some(g) = s.gid_index {
+                    b = b.gid_index(g);
+                }
+                b.build()
+            })
+            .collect()
+    }
+
+    /// (device, port) of every rail.
+    pub(crate) fn names(&self) -> Vec<(String, u8)> {
+        self.list
+            .iter()
+            .map(|r| (r.ctx.name().to_string(), r.port))
+            .collect()
+    }
+}
+
+impl std::ops::Deref for Rails {
+    type Target = [AgentRail];
+    fn deref(&self) -> &[AgentRail] {
+        &self.list
+    }
 }
 
 /// Telemetry of one rail to one peer (see [`Peer::rail_stats`](crate::Peer::rail_stats)).

@@ -14,19 +14,18 @@ use gdr::device::{Context, DeviceList, PortState, Selection};
 use gdr::gpu_mr::RegistrationPath;
 use gdr::mr::{AccessFlags, AlignedBuffer, HostMemory, MemoryRegion};
 use gdr::pd::ProtectionDomain;
-use gdr::qp::QueuePair;
 use gdr::CompletionQueue;
 
 use gdr_xfer_proto::{Endpoint, Failure, LaneRef, LocalError, Refusal};
 
 use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;
-use crate::connection::Connection;
+use crate::connection::{lock_endpoint, Connection, SharedEndpoint};
 use crate::control;
 use crate::error::{Error, Foreign, Result};
-use crate::notify::{Delivered, NoteQueue, Notification};
+use crate::notify::{NoteQueue, Notification};
 use crate::peer::Peer;
-use crate::rail::AgentRail;
+use crate::rail::{AgentRail, QpShape, Rails};
 use crate::segment::{Backing, Segment};
 use crate::staged::driver::Driver as StagingDriver;
 use crate::staged_memory::{StagedDevice, StagedMemory};
@@ -111,14 +110,23 @@ impl Agent {
         ));
         static AGENTS: AtomicU64 = AtomicU64::new(1);
         let id = AGENTS.fetch_add(1, Ordering::Relaxed);
-        let notes = NoteQueue::new(config.notify_queue);
+        let notes = Arc::new(NoteQueue::new(config.notify_queue));
         let max_peers = config.max_peers as usize;
         let shared = Arc::new(AgentShared {
+            rails: Arc::new(Rails::new(
+                rails,
+                QpShape {
+                    send_queue_depth: config.send_queue_depth,
+                    recv_slots: config.notify_slots,
+                    ack_timeout: config.ack_timeout,
+                    retry_count: config.retry_count,
+                    gid_index: config.gid_index,
+                },
+            )),
             config,
             id,
-            rails,
             cache: Mutex::new(RegistrationCache::default()),
-            endpoint: Mutex::new(Endpoint::new(id, nrails, max_peers)),
+            endpoint: Arc::new(Mutex::new(Endpoint::new(id, nrails, max_peers))),
             notes,
             peer_wakers: Wakers::default(),
             peers_changed: Condvar::new(),
@@ -233,7 +241,10 @@ impl Agent {
     /// The connected peers.
     pub fn peers(&self) -> Vec<Peer> {
         let endpoint = self.shared.lock_endpoint();
-        let mut v: Vec<Peer> = endpoint.peers().map(|c| Peer { conn: c.clone() }).collect();
+        let mut v: Vec<Peer> = endpoint
+            .peers()
+            .map(|c| Peer::new(c.clone(), &self.shared))
+            .collect();
         v.sort_by(|a, b| a.name().cmp(b.name()));
         v
     }
@@ -251,7 +262,7 @@ impl Agent {
             // wakes the waiters: none misses it.
             self.shared.check_open()?;
             if let Some(c) = endpoint.peer(name) {
-                return Ok(Peer { conn: c.clone() });
+                return Ok(Peer::new(c.clone(), &self.shared));
             }
             let left = end.map_or(Duration::from_secs(3600), |e| {
                 e.saturating_duration_since(Instant::now())
@@ -283,7 +294,7 @@ impl Agent {
     /// [`Error::ForeignObject`] for another agent's peer handle (its connection is left as it
     /// is).
     pub fn disconnect(&self, peer: &Peer) -> Result<()> {
-        if !std::ptr::eq(peer.conn.agent.as_ptr(), Arc::as_ptr(&self.shared)) {
+        if peer.conn.agent_id != self.shared.id {
             return Err(Error::ForeignObject {
                 call: "Agent::disconnect",
                 object: Foreign::Peer(peer.name().to_string()),

@@ -1,5 +1,8 @@
-//! What an agent's threads share: segments, peers, routes, rails and notifications; the accept
-//! loop and connecting to a peer.
+//! What an agent's threads share: its settings, its rails, its endpoint (peers, routes, its own
+//! segments), its notifications, its staging driver and its lifecycle; the accept loop and
+//! connecting to a peer. A connection holds none of this: it is given the rails, the endpoint
+//! (weakly) and the notification queue, the parts it needs, and nothing leads from it back to
+//! the agent.
 
 use super::*;
 
@@ -8,7 +11,8 @@ pub(crate) struct AgentShared {
     /// This agent's number in the process (segments carry it: another agent's segment is
     /// refused before anything is posted).
     pub(crate) id: u64,
-    pub(crate) rails: Vec<AgentRail>,
+    /// The rails, shared with the connections (which make their queue pairs on them).
+    pub(crate) rails: Arc<Rails>,
     pub(super) cache: Mutex<RegistrationCache>,
     /// The core's [`Endpoint`]: the connected peers, by name and number, and whether each is
     /// ready (tables exchanged); where each completion belongs (by rail and queue pair
@@ -21,9 +25,12 @@ pub(crate) struct AgentShared {
     ///
     /// A leaf lock: nothing else is taken while it is held (a connection's core and writer
     /// come before it).
-    pub(super) endpoint: Mutex<Endpoint<Arc<Connection>, Segment>>,
-    /// Notifications delivered (or put back) and not taken yet, and their waiters.
-    pub(crate) notes: NoteQueue,
+    /// Shared with the connections' lanes, which route their new queue pairs in it (they hold
+    /// it weakly: it holds them).
+    pub(crate) endpoint: Arc<SharedEndpoint>,
+    /// Notifications delivered (or put back) and not taken yet, and their waiters; shared with
+    /// the connections, which deliver into it.
+    pub(crate) notes: Arc<NoteQueue>,
     /// The async waits for peers.
     pub(crate) peer_wakers: Wakers,
     pub(super) peers_changed: Condvar,
@@ -56,7 +63,7 @@ pub(crate) fn connect_shared(
     let stream = control::dial(addr, timeout, &|| shared.closing.load(Ordering::SeqCst))?;
     let left = end.map_or(timeout, |e| e.saturating_duration_since(Instant::now()));
     let conn = control::establish(shared, stream, true, left)?;
-    Ok(Peer { conn })
+    Ok(Peer::new(conn, shared))
 }
 
 pub(super) fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
@@ -120,7 +127,7 @@ impl AgentShared {
     }
 
     pub(crate) fn lock_endpoint(&self) -> MutexGuard<'_, Endpoint<Arc<Connection>, Segment>> {
-        self.endpoint.lock().unwrap_or_else(|p| p.into_inner())
+        lock_endpoint(&self.endpoint)
     }
 
     /// Keeps a thread to join when the agent is dropped (finished ones are let go).
@@ -160,30 +167,7 @@ impl AgentShared {
 
     /// (device, port) of every rail.
     pub(crate) fn rail_names(&self) -> Vec<(String, u8)> {
-        self.rails
-            .iter()
-            .map(|r| (r.ctx.name().to_string(), r.port))
-            .collect()
-    }
-
-    /// Creates `n` queue pairs on rail `rail` for a peer connection.
-    pub(crate) fn create_qps(&self, rail: usize, n: usize) -> Result<Vec<QueuePair>> {
-        let cfg = &self.config;
-        let r = &self.rails[rail];
-        (0..n)
-            .map(|_| {
-                let mut b = QueuePair::builder(&r.pd, &r.cq, &r.cq)
-                    .port(r.port)
-                    .max_send_wr(cfg.send_queue_depth)
-                    .max_recv_wr(u32::from(cfg.notify_slots))
-                    .timeout(cfg.ack_timeout)
-                    .retry_count(cfg.retry_count);
-                if let Some(g) = cfg.gid_index {
-                    b = b.gid_index(g);
-                }
-                Ok(b.build()?)
-            })
-            .collect()
+        self.rails.names()
     }
 
     /// Makes a connection known by name and by queue pair number (`routes`, its first queue
@@ -224,26 +208,6 @@ impl AgentShared {
             self.lock_endpoint().ready(id);
         }
         self.notify_peers_changed();
-    }
-
-    /// Routes the completions of rail `rail`'s queue pairs `(number, lane)` to `conn` (once it
-    /// was admitted: before, it has no queue pair but its first).
-    pub(crate) fn route_qps(&self, rail: usize, conn: &Connection, nums: &[(u32, LaneRef)]) {
-        let Some(id) = conn.id() else {
-            return;
-        };
-        let mut endpoint = self.lock_endpoint();
-        for &(n, lane) in nums {
-            endpoint.route(rail, n, id, lane);
-        }
-    }
-
-    /// Forgets the route of rail `rail`'s queue pair `qpn` (destroyed), if it still names
-    /// `lane` of `conn`.
-    pub(crate) fn unroute(&self, rail: usize, qpn: u32, conn: &Connection, lane: LaneRef) {
-        if let Some(id) = conn.id() {
-            self.lock_endpoint().unroute(rail, qpn, id, lane);
-        }
     }
 
     /// Forgets a connection by name; the progress threads let it go once the completions
@@ -315,13 +279,9 @@ impl AgentShared {
     }
 
     /// The connected (handshake done) peer with this name.
-    pub(crate) fn ready_peer(&self, name: &str) -> Option<Peer> {
+    pub(crate) fn ready_peer(self: &Arc<Self>, name: &str) -> Option<Peer> {
         let endpoint = self.lock_endpoint();
-        endpoint.peer(name).map(|c| Peer { conn: c.clone() })
-    }
-
-    pub(crate) fn deliver(&self, n: Delivered) {
-        self.notes.push(n);
+        endpoint.peer(name).map(|c| Peer::new(c.clone(), self))
     }
 
     /// Runs every connection's timers when [`crate::config::TICK`] has passed since they
