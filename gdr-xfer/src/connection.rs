@@ -27,7 +27,9 @@ use gdr_xfer_proto::{
 };
 
 use crate::lanes::{Deferred, Lanes};
-use crate::notify::{split_recv_wr_id, Arrival, Delivered, NoteQueue, Notification, SlotLedger};
+use crate::notify::{
+    split_recv_wr_id, Arrival, Delivered, NoteQueue, Notification, SlotLedger, SlotOwner,
+};
 use crate::rail::{RailStats, Rails};
 use crate::segment::Segment;
 use crate::transfer::RunsTransfers;
@@ -122,7 +124,7 @@ impl Connection {
                 rails: p.rails,
                 endpoint: p.endpoint,
                 notes: p.notes.clone(),
-                conn: me.clone(),
+                conn: me.clone() as Weak<dyn SlotOwner>,
                 per_rail: qps_per_rail,
                 qps: p
                     .qps
@@ -204,7 +206,7 @@ impl Connection {
         &self,
         deferred: Vec<Deferred>,
         mut writer: Option<MutexGuard<'_, TcpLink>>,
-        me: Weak<Connection>,
+        me: Weak<dyn SlotOwner>,
     ) {
         let mut failed = None;
         for item in deferred {
@@ -550,6 +552,16 @@ impl Drop for Connection {
         // Every way of closing seals it already; a connection dropped without closing (a
         // handshake that failed early) has nothing in the queue, but is sealed all the same.
         self.seal_notes();
+    }
+}
+
+impl SlotOwner for Connection {
+    fn consumed(&self, receipt: Receipt) {
+        Connection::consumed(self, receipt);
+    }
+
+    fn rearm(&self) {
+        Connection::rearm(self);
     }
 }
 

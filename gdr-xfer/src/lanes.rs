@@ -8,7 +8,7 @@
 //! outcome, `ibv_destroy_qp` has returned for every queue pair that carried the transfer's
 //! requests without completing them.
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use gdr::mr::RemoteSlice;
 use gdr::qp::{BatchOp, Endpoint, QueuePair, RdmaPiece};
@@ -17,9 +17,8 @@ use gdr_xfer_proto::{
     ConnId, Control, Event, Header, Io, LaneRef, Op, Outcome, Pieces, PostResult, Receipt,
 };
 
-use crate::connection::{lock_endpoint, Connection, SharedEndpoint};
 use crate::error::{Error, Foreign, Hint};
-use crate::notify::{NoteQueue, NotifyPool};
+use crate::notify::{NoteQueue, NotifyPool, SlotOwner};
 use crate::rail::Rails;
 use crate::segment::SegmentInner;
 use crate::transfer::TransferCell;
@@ -75,6 +74,33 @@ pub(crate) enum Deferred {
     Control(Control<Vec<Endpoint>>),
 }
 
+/// Where the lanes route the queue pairs they make and destroy: the agent's endpoint
+/// ([`gdr_xfer_proto::Endpoint`]) under its lock. The lanes hold it weakly (it holds their
+/// connection) and know nothing else of the agent.
+pub(crate) trait Routing: Send + Sync {
+    /// Routes rail `rail`'s queue pairs `(number, lane)` to connection `id`.
+    fn route(&self, rail: usize, id: ConnId, qps: &[(u32, LaneRef)]);
+    /// Forgets the routes of destroyed queue pairs `(rail, number, lane)` of connection `id`
+    /// (those still naming them: a reused number routed anew keeps its route).
+    fn unroute(&self, id: ConnId, qps: &[(usize, u32, LaneRef)]);
+}
+
+impl<C: Clone + Send, S: Send> Routing for Mutex<gdr_xfer_proto::Endpoint<C, S>> {
+    fn route(&self, rail: usize, id: ConnId, qps: &[(u32, LaneRef)]) {
+        let mut e = self.lock().unwrap_or_else(|p| p.into_inner());
+        for &(n, lane) in qps {
+            e.route(rail, n, id, lane);
+        }
+    }
+
+    fn unroute(&self, id: ConnId, qps: &[(usize, u32, LaneRef)]) {
+        let mut e = self.lock().unwrap_or_else(|p| p.into_inner());
+        for &(rail, n, lane) in qps {
+            e.unroute(rail, n, id, lane);
+        }
+    }
+}
+
 /// The queue pairs of one connection and its notification buffers: the core's [`Io`].
 pub(crate) struct Lanes {
     pub(crate) peer: String,
@@ -85,12 +111,12 @@ pub(crate) struct Lanes {
     pub(crate) rails: Arc<Rails>,
     /// The agent's endpoint, to route the queue pairs made and destroyed (held weakly: it
     /// holds the connection).
-    pub(crate) endpoint: Weak<SharedEndpoint>,
+    pub(crate) endpoint: Weak<dyn Routing>,
     /// The agent's notifications: its bound decides whether a slot may be buffered or armed.
     pub(crate) notes: Arc<NoteQueue>,
     /// The connection, for the notification queue to post its slots again once the bound
     /// lets it ([`NoteQueue::may_arm`]).
-    pub(crate) conn: Weak<Connection>,
+    pub(crate) conn: Weak<dyn SlotOwner>,
     pub(crate) per_rail: usize,
     /// Per lane, its queue pairs by generation (the current one, and an offered one during a
     /// renewal).
@@ -246,10 +272,12 @@ impl Io for Lanes {
         // Routed before anything can complete on them (once admitted: before, the connection
         // has no queue pair but its first, which admission routes).
         if let Some(&id) = self.id.get() {
-            let mut endpoint = lock_endpoint(&endpoint);
-            for (qp, &lane) in qps.iter().zip(lanes) {
-                endpoint.route(rail, qp.qp_num(), id, lane);
-            }
+            let nums: Vec<(u32, LaneRef)> = qps
+                .iter()
+                .map(QueuePair::qp_num)
+                .zip(lanes.iter().copied())
+                .collect();
+            endpoint.route(rail, id, &nums);
         }
         for (l, qp) in lanes.iter().zip(qps) {
             if let Some(slot) = self.qps.get_mut(l.lane) {
@@ -292,10 +320,11 @@ impl Lanes {
             }
         }
         if let (Some(endpoint), Some(&id)) = (self.endpoint.upgrade(), self.id.get()) {
-            let mut endpoint = lock_endpoint(&endpoint);
-            for (rail, lane, qp) in &gone {
-                endpoint.unroute(*rail, qp.qp_num(), id, *lane);
-            }
+            let nums: Vec<(usize, u32, LaneRef)> = gone
+                .iter()
+                .map(|(rail, lane, qp)| (*rail, qp.qp_num(), *lane))
+                .collect();
+            endpoint.unroute(id, &nums);
         }
         gone.into_iter().map(|(_, _, qp)| qp).collect()
     }

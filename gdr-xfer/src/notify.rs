@@ -32,7 +32,6 @@ use gdr::qp::QueuePair;
 use gdr::wr::RecvRequest;
 use gdr_xfer_proto::{Header, Receipt};
 
-use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::wakers::Wakers;
 
@@ -53,10 +52,20 @@ pub(crate) struct Delivered {
     pub(crate) from: Option<Arrival>,
 }
 
+/// The connection a notification arrived on, as the queue sees it: what it calls back on it
+/// outside its lock (implemented by [`crate::connection::Connection`]; the queue holds it
+/// weakly).
+pub(crate) trait SlotOwner: Send + Sync {
+    /// The application took a notification that held slot `receipt`: post it again.
+    fn consumed(&self, receipt: Receipt);
+    /// The bound lets the connection post the receive slots it deferred.
+    fn rearm(&self);
+}
+
 /// Where a delivered notification came from: its connection, its receipt, and the
 /// connection's [`SlotLedger`].
 pub(crate) struct Arrival {
-    pub(crate) conn: Weak<Connection>,
+    pub(crate) conn: Weak<dyn SlotOwner>,
     pub(crate) receipt: Receipt,
     pub(crate) ledger: Arc<SlotLedger>,
 }
@@ -85,7 +94,7 @@ enum Taken {
     Nothing,
     /// Hand its receipt back to its connection (its slot is posted again, or its place in the
     /// connection's own bound is freed).
-    Consumed(Weak<Connection>, Receipt),
+    Consumed(Weak<dyn SlotOwner>, Receipt),
 }
 
 /// The agent's queue of notifications not taken yet, what blocking waits sleep on (a condition
@@ -121,7 +130,7 @@ struct NoteState {
     /// Notifications that held a slot of a connection that closed since.
     orphans: usize,
     /// Connections that deferred posting receive slots while orphans were untaken.
-    starved: Vec<Weak<Connection>>,
+    starved: Vec<Weak<dyn SlotOwner>>,
 }
 
 impl NoteQueue {
@@ -168,7 +177,7 @@ impl NoteQueue {
     /// Whether the connection of `ledger` may post new receive slots: not once it closes, nor
     /// while notifications of closed connections are untaken (it is then re-armed, through
     /// `conn`, once the last is taken).
-    pub(crate) fn may_arm(&self, ledger: &SlotLedger, conn: &Weak<Connection>) -> bool {
+    pub(crate) fn may_arm(&self, ledger: &SlotLedger, conn: &Weak<dyn SlotOwner>) -> bool {
         if ledger.is_sealed() {
             return false;
         }
@@ -229,7 +238,7 @@ impl NoteQueue {
 
     /// Takes the front notification's place in the bookkeeping (under the lock); returns
     /// what is left to do outside it, and the connections to re-arm.
-    fn account(s: &mut NoteState, d: &mut Delivered) -> (Taken, Vec<Weak<Connection>>) {
+    fn account(s: &mut NoteState, d: &mut Delivered) -> (Taken, Vec<Weak<dyn SlotOwner>>) {
         let mut rearm = Vec::new();
         let taken = match d.from.take() {
             None => {
@@ -256,7 +265,7 @@ impl NoteQueue {
     }
 
     /// Does outside the lock what taking notifications left to do.
-    fn finish(taken: Vec<Taken>, rearm: Vec<Weak<Connection>>) {
+    fn finish(taken: Vec<Taken>, rearm: Vec<Weak<dyn SlotOwner>>) {
         for t in taken {
             if let Taken::Consumed(conn, receipt) = t {
                 if let Some(c) = conn.upgrade() {
@@ -458,6 +467,18 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::{Context, Poll, Wake, Waker};
 
+    /// A connection that is gone: what the queue's callbacks find for a test's arrivals.
+    struct Gone;
+
+    impl SlotOwner for Gone {
+        fn consumed(&self, _: Receipt) {}
+        fn rearm(&self) {}
+    }
+
+    fn nobody() -> Weak<dyn SlotOwner> {
+        Weak::<Gone>::new()
+    }
+
     fn note(peer: &str, data: &str) -> Notification {
         Notification {
             peer: peer.into(),
@@ -595,7 +616,7 @@ mod tests {
         Delivered {
             notification: note("p", "x"),
             from: Some(Arrival {
-                conn: Weak::new(),
+                conn: nobody(),
                 receipt: Receipt {
                     lane: gdr_xfer_proto::LaneRef { lane: 0, gen: 0 },
                     slot: 0,
@@ -626,9 +647,9 @@ mod tests {
         q.seal(&l1);
         assert_eq!(q.counts(), (4, 2));
         let l2 = Arc::new(SlotLedger::default());
-        assert!(!q.may_arm(&l2, &Weak::new()));
+        assert!(!q.may_arm(&l2, &nobody()));
         assert!(
-            !q.may_arm(&l1, &Weak::new()),
+            !q.may_arm(&l1, &nobody()),
             "a closed connection never posts"
         );
         assert_eq!(q.lock().starved.len(), 1);
@@ -640,7 +661,7 @@ mod tests {
         assert_eq!(q.take_all().len(), 7);
         assert_eq!(q.counts(), (0, 0));
         assert!(q.lock().starved.is_empty());
-        assert!(q.may_arm(&l2, &Weak::new()));
+        assert!(q.may_arm(&l2, &nobody()));
         // Put back ones count as kept without a slot.
         q.requeue(note("p", "back"));
         assert_eq!(q.counts(), (1, 0));
@@ -660,7 +681,7 @@ mod tests {
         for _connection in 0..5 {
             let ledger = Arc::new(SlotLedger::default());
             // What the connection posts at the start, as far as the bound lets.
-            let mut armed = if q.may_arm(&ledger, &Weak::new()) {
+            let mut armed = if q.may_arm(&ledger, &nobody()) {
                 SLOTS
             } else {
                 0
@@ -673,7 +694,7 @@ mod tests {
                 q.push(arrival(&ledger, holds));
                 // A slot whose notification is kept without it is posted again if the bound
                 // lets (the core's arm_free_slots with nothing given back).
-                if !holds && q.may_arm(&ledger, &Weak::new()) {
+                if !holds && q.may_arm(&ledger, &nobody()) {
                     armed += 1;
                 }
                 peak = peak.max(q.len());
