@@ -363,6 +363,36 @@ impl Lanes {
 mod tests {
     use super::*;
 
+    /// The lanes' routes go into the endpoint they were given, under their connection's
+    /// number, and an unroute of a number reused since leaves the newer route alone.
+    #[test]
+    fn the_lanes_route_and_unroute_through_the_endpoint_they_hold() {
+        type E = Mutex<gdr_xfer_proto::Endpoint<&'static str, ()>>;
+        let endpoint: Arc<E> = Arc::new(Mutex::new(gdr_xfer_proto::Endpoint::new(1, 2, 4)));
+        let (a, b) = {
+            let mut e = endpoint.lock().unwrap();
+            (
+                e.admit("a", "a", &[]).unwrap(),
+                e.admit("b", "b", &[]).unwrap(),
+            )
+        };
+        let lane = |lane, gen| LaneRef { lane, gen };
+        let routing: Arc<dyn Routing> = endpoint.clone();
+        routing.route(1, a, &[(7, lane(2, 5)), (8, lane(3, 5))]);
+        // Number 7 was destroyed and given again, to b.
+        routing.route(1, b, &[(7, lane(0, 9))]);
+        routing.unroute(a, &[(1, 7, lane(2, 5)), (1, 8, lane(3, 5))]);
+        let e = endpoint.lock().unwrap();
+        assert_eq!(e.lookup(1, 7), Some((&"b", lane(0, 9))));
+        assert_eq!(e.lookup(1, 8), None);
+        assert_eq!(e.lookup(0, 7), None, "rail 0 is another completion queue");
+        drop(e);
+        // Held weakly: once the agent lets go of its endpoint, the lanes route nothing.
+        let weak: Weak<dyn Routing> = Arc::downgrade(&routing);
+        drop((routing, endpoint));
+        assert!(weak.upgrade().is_none());
+    }
+
     #[test]
     fn a_refused_post_keeps_gdrs_error_as_it_was() {
         let e = gdr::Error::OutOfBounds {

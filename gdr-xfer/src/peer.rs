@@ -394,10 +394,7 @@ impl Peer {
         };
         let plan_time = started.elapsed();
         let timeout = opts.timeout.unwrap_or(agent.config.default_timeout);
-        let rail_mask = plan
-            .locals
-            .first()
-            .map_or(u32::MAX, |l| agent.rail_mask(l.info.location));
+        let rail_mask = plan.locals.first().map_or(u32::MAX, |l| l.rail_mask);
         let bytes = plan.runs.iter().fold(0u64, |b, r| b.saturating_add(r.len));
         let cell = Arc::new(TransferCell::new(
             op,

@@ -42,6 +42,9 @@ pub(crate) struct SegmentInner {
     pub(crate) backing: Backing,
     /// The agent that registered it (its number in the process).
     pub(crate) agent: u64,
+    /// The rails transfers from it stripe over (bit per rail), ranked once at registration
+    /// from where its memory lives ([`crate::rail::preferred_rails`]): no transfer asks again.
+    pub(crate) rail_mask: u32,
     /// Cleared when its agent deregisters it: new transfers from it are refused.
     pub(crate) registered: AtomicBool,
 }
@@ -94,6 +97,7 @@ impl Segment {
         backing: Backing,
         base: usize,
         agent: u64,
+        rail_mask: u32,
     ) -> Result<Segment> {
         let end = base + info.len as usize;
         let whole = match &backing {
@@ -125,6 +129,7 @@ impl Segment {
                 base,
                 backing,
                 agent,
+                rail_mask,
                 registered: AtomicBool::new(true),
             }),
         })
@@ -348,7 +353,7 @@ pub(crate) fn emulated_segment(id: u32, name: &str, len: usize) -> Segment {
         bounce: 0,
         describe: String::new(),
     };
-    Segment::new(info, Backing::Staged(Arc::new(m)), 0, 1).expect("a valid segment")
+    Segment::new(info, Backing::Staged(Arc::new(m)), 0, 1, u32::MAX).expect("a valid segment")
 }
 
 #[cfg(all(test, feature = "emulated-gpu"))]

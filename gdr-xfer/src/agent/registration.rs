@@ -301,9 +301,9 @@ impl Agent {
             rkeys,
             location,
         };
-        let seg = Segment::new(info.clone(), backing, base, self.shared.id)?;
-        // Ranked now, so that the first transfer from this memory does not pay for it.
-        self.shared.rail_mask(location);
+        // Ranked now, once: no transfer from this memory pays for it.
+        let rail_mask = self.shared.rail_mask(location);
+        let seg = Segment::new(info.clone(), backing, base, self.shared.id, rail_mask)?;
         let peers = {
             let mut endpoint = self.shared.lock_endpoint();
             let table = endpoint.segments_mut();

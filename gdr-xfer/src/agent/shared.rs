@@ -287,8 +287,14 @@ impl AgentShared {
     /// Runs every connection's timers when [`crate::config::TICK`] has passed since they
     /// last ran; any progress thread (or a waiter past its deadline) may do it, one at a time.
     pub(crate) fn run_timers(&self, now: Instant) {
+        // Never waits for the endpoint: a thread that finds it taken tries again at its next
+        // poll (within a tick), and the progress threads' routing is not held up by timers.
         let conns = {
-            let mut endpoint = self.lock_endpoint();
+            let mut endpoint = match self.endpoint.try_lock() {
+                Ok(e) => e,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            };
             if !endpoint.timers_due(now, crate::config::TICK) {
                 return;
             }

@@ -161,8 +161,9 @@ impl Bounce {
                 rkeys: Vec::new(),
                 location: Location::Cpu { numa: None },
             };
-            // Engine-owned: never a caller's local side (agent 0 is no agent).
-            let seg = Segment::new(info, Backing::Host(Arc::new(rails.clone())), 0, 0)?;
+            // Engine-owned: never a caller's local side (agent 0 is no agent); its chunks go
+            // on the rails of the job they serve.
+            let seg = Segment::new(info, Backing::Host(Arc::new(rails.clone())), 0, 0, u32::MAX)?;
             segments.push(seg.inner);
         }
         slots.settle();
