@@ -222,12 +222,12 @@ fn convert(py: Python<'_>, e: Error) -> PyErr {
             hint.text().map(str::to_owned),
             vec![("name", obj(py, name.as_str()))],
         ),
-        Error::PeerLost { peer, reason, hint } => (
+        Error::PeerLost { peer, why, hint } => (
             "PeerLost",
             hint.text().map(str::to_owned),
             vec![
                 ("peer", obj(py, peer.as_str())),
-                ("reason", obj(py, reason.as_str())),
+                ("reason", obj(py, why.to_string())),
             ],
         ),
         Error::Protocol { peer, detail, hint } => (
@@ -426,7 +426,7 @@ pub(crate) fn sample(py: Python<'_>, class: &str) -> Option<PyErr> {
         },
         "PeerLost" => Error::PeerLost {
             peer: "peer-b".into(),
-            reason: "closed".into(),
+            why: gdr_xfer::Lost::Disconnected,
             hint: hint(),
         },
         "ProtocolError" => Error::Protocol {

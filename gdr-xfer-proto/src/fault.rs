@@ -1,6 +1,7 @@
 //! Why things fail, as values: the driver's own errors carried through the core unchanged
 //! ([`DriverError`]), why a rail was paused ([`RailFault`]), where every rail stood when none
-//! was left ([`RailReport`]) and why a transfer was refused ([`Rejection`]). Nothing here is text to parse: a driver gets its own error type back
+//! was left ([`RailReport`]), why a transfer was refused ([`Rejection`]) and why a connection
+//! ended ([`Lost`]). Nothing here is text to parse: a driver gets its own error type back
 //! ([`DriverError::downcast_ref`]) and every other case is a variant with its values.
 
 use std::fmt;
@@ -158,6 +159,57 @@ impl fmt::Display for RailFault {
                     Unposted::QueueFull => "the new queue pair's send queue is full",
                 }
             ),
+        }
+    }
+}
+
+/// Why a connection to a peer ended ([`crate::Failure::PeerLost`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lost {
+    /// This agent closed it (a disconnect).
+    Disconnected,
+    /// A control message of the peer's ended it: a goodbye ([`crate::TableError::Goodbye`],
+    /// with the peer's words), or a message breaking the segment table's rules.
+    Message {
+        /// Which, with its values.
+        why: crate::TableError,
+    },
+    /// The control link to the peer failed (reading or writing): the driver's error.
+    Link {
+        /// What the driver said.
+        error: DriverError,
+    },
+    /// The handshake did not complete (no transfer can have used the connection yet: its
+    /// error goes to whoever connected, or to the log of an accepted connection).
+    Handshake,
+    /// The directory no longer lists the peer (its record's lease ended).
+    Unlisted,
+    /// This agent's engine failed handling one of the connection's completions (a bug).
+    EngineFault,
+}
+
+impl fmt::Display for Lost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Lost::Disconnected => f.write_str("disconnected by this agent"),
+            Lost::Message { why } => write!(f, "{why}"),
+            Lost::Link { error } => write!(f, "control connection: {error}"),
+            Lost::Handshake => f.write_str("the handshake did not complete"),
+            Lost::Unlisted => f.write_str(
+                "its directory record is gone: its lease ended (the agent died or hung) or it withdrew",
+            ),
+            Lost::EngineFault => {
+                f.write_str("the engine failed handling one of its completions (a bug)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Lost {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Lost::Link { error } => Some(error),
+            _ => None,
         }
     }
 }
@@ -332,5 +384,40 @@ impl From<&str> for TextError {
 impl From<String> for TextError {
     fn from(s: String) -> Self {
         TextError(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn why_a_connection_ended_is_a_value_and_the_links_error_its_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let link = Lost::Link {
+            error: DriverError::new(io),
+        };
+        assert_eq!(link.to_string(), "control connection: reset by peer");
+        // The driver's own error, reachable through the standard chain and by its type.
+        let source = link.source().expect("the link's error");
+        assert_eq!(source.to_string(), "reset by peer");
+        match &link {
+            Lost::Link { error } => assert_eq!(
+                error.downcast_ref::<std::io::Error>().map(|e| e.kind()),
+                Some(std::io::ErrorKind::ConnectionReset)
+            ),
+            other => panic!("{other:?}"),
+        }
+        let bye = Lost::Message {
+            why: crate::TableError::Goodbye {
+                reason: "b shut down".into(),
+            },
+        };
+        assert_eq!(bye.to_string(), "the peer said goodbye: b shut down");
+        assert!(bye.source().is_none());
+        assert_eq!(Lost::Disconnected.to_string(), "disconnected by this agent");
+        assert!(Lost::Unlisted.to_string().contains("lease ended"));
+        assert_ne!(Lost::Handshake, Lost::EngineFault);
     }
 }

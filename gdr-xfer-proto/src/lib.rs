@@ -66,7 +66,7 @@ pub use control::Control;
 pub use endpoint::{ConnId, Endpoint, Refusal};
 #[cfg(any(test, feature = "sim"))]
 pub use fault::TextError;
-pub use fault::{DriverError, RailFault, RailReport, RailReports, Rejection, Step, Unposted};
+pub use fault::{DriverError, Lost, RailFault, RailReport, RailReports, Rejection, Step, Unposted};
 pub use io::{
     Action, Event, Header, Io, LaneRef, Op, Pieces, PostResult, Receipt, SendCompletion, Status,
 };

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::fault::{DriverError, RailReports, Rejection};
+use crate::fault::{DriverError, Lost, RailReports, Rejection};
 use crate::io::{Io, Op};
 use crate::run::{Cursor, Run};
 
@@ -32,7 +32,7 @@ pub enum Failure {
     /// The peer is gone.
     PeerLost {
         /// Why.
-        reason: String,
+        why: Lost,
     },
     /// One of its requests completed with an error that names the request, not the path (a bad
     /// remote key, a protection error).

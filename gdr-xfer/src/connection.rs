@@ -22,10 +22,11 @@ use std::time::Instant;
 use gdr::connect::TcpLink;
 use gdr::{Completion, WcStatus};
 use gdr_xfer_proto::{
-    Action, Config, ConnId, Connection as Core, Endpoint, Failure, LaneRef, PeerTable, Receipt,
-    SendCompletion, Spec, Status, TableError, TransferKey,
+    Action, Config, ConnId, Connection as Core, DriverError, Endpoint, Failure, LaneRef, Lost,
+    PeerTable, Receipt, SendCompletion, Spec, Status, TableError, TransferKey,
 };
 
+use crate::error::Error;
 use crate::lanes::{Deferred, Lanes};
 use crate::notify::{
     split_recv_wr_id, Arrival, Delivered, NoteQueue, Notification, SlotLedger, SlotOwner,
@@ -231,8 +232,8 @@ impl Connection {
                     };
                     if let Err(e) = Message::from_control(msg)
                         .encode()
-                        .map_err(|e| e.to_string())
-                        .and_then(|b| w.send_bytes(&b).map_err(|e| e.to_string()))
+                        .map_err(Error::from)
+                        .and_then(|b| w.send_bytes(&b).map_err(Error::from))
                     {
                         failed = Some(e);
                     }
@@ -241,9 +242,7 @@ impl Connection {
         }
         drop(writer);
         if let Some(e) = failed {
-            self.lose(Failure::PeerLost {
-                reason: format!("control connection: {e}"),
-            });
+            self.lose(link_failed(e));
         }
     }
 
@@ -265,8 +264,8 @@ impl Connection {
     /// Marks the peer as going without failing what is in flight yet: new transfers are
     /// refused at once; those in flight fail once the completions already queued were handled
     /// ([`gdr_xfer_proto::Connection::closing`]).
-    pub(crate) fn set_closing(&self, reason: String) {
-        self.drive(|core, _, _| core.closing(reason));
+    pub(crate) fn set_closing(&self, failure: Failure) {
+        self.drive(|core, _, _| core.closing(failure));
         self.seal_notes();
         self.table_wakers.wake_all();
     }
@@ -276,12 +275,6 @@ impl Connection {
     /// memory can be touched by it ([`gdr_xfer_proto::Connection::leave`]). Does not wait:
     /// [`Connection::wait_left`] does.
     pub(crate) fn start_leaving(&self, failure: Failure) {
-        let reason = match &failure {
-            Failure::PeerLost { reason } => reason.clone(),
-            Failure::AgentClosed => "the agent was shut down".into(),
-            other => format!("{other:?}"),
-        };
-        self.set_closing(reason);
         self.drive(|core, _, now| core.leave(now, failure));
     }
 
@@ -325,8 +318,8 @@ impl Connection {
     }
 
     /// Why the peer is gone, if it is (closing or lost).
-    pub(crate) fn gone_reason(&self) -> Option<String> {
-        self.lock().core.gone_reason().map(str::to_string)
+    pub(crate) fn gone(&self) -> Option<Failure> {
+        self.lock().core.gone().cloned()
     }
 
     /// The queue pair numbers of the live lanes, rail-major.
@@ -494,17 +487,15 @@ impl Connection {
     /// Sends a control message to the peer; a failure loses the peer. Never call it with the
     /// core locked.
     pub(crate) fn send_control(&self, msg: &Message) {
-        let result = msg.encode().map_err(|e| e.to_string()).and_then(|bytes| {
+        let result = msg.encode().map_err(Error::from).and_then(|bytes| {
             self.writer
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .send_bytes(&bytes)
-                .map_err(|e| e.to_string())
+                .map_err(Error::from)
         });
         if let Err(e) = result {
-            self.lose(Failure::PeerLost {
-                reason: format!("control connection: {e}"),
-            });
+            self.lose(link_failed(e));
         }
     }
 
@@ -526,6 +517,15 @@ impl Connection {
         drop(table);
         self.table_wakers.wake_all();
         r
+    }
+}
+
+/// The control link failed with `e`: the peer is lost, the error kept.
+fn link_failed(e: Error) -> Failure {
+    Failure::PeerLost {
+        why: Lost::Link {
+            error: DriverError::new(e),
+        },
     }
 }
 

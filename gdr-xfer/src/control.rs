@@ -12,7 +12,7 @@ use gdr::qp::QueuePair;
 use crate::agent::AgentShared;
 use crate::config::AgentConfig;
 use gdr_xfer_proto::handshake::{self, HandshakeError, Offer, Settings, Shape};
-use gdr_xfer_proto::{Failure, TableError};
+use gdr_xfer_proto::{DriverError, Failure, Lost, TableError};
 
 use crate::connection::{Connection, Parts};
 use crate::error::{Error, Result};
@@ -171,7 +171,7 @@ pub(crate) fn establish(
     send_our_table(agent, &conn, &mut reader)?;
     if let Err(e) = receive_their_table(&conn, &mut reader) {
         conn.lose(Failure::PeerLost {
-            reason: format!("handshake: {e}"),
+            why: Lost::Handshake,
         });
         agent.remove_peer(&conn);
         return Err(e);
@@ -415,28 +415,37 @@ fn start_reader(agent: &Arc<AgentShared>, conn: &Arc<Connection>, reader: TcpLin
 /// The reader thread of one peer: applies its announcements until the connection ends, then
 /// loses the peer (failing its pending transfers) and forgets it.
 fn read_control(agent: Weak<AgentShared>, conn: Arc<Connection>, mut link: TcpLink) {
-    let (reason, goodbye) = loop {
+    let why = loop {
         match recv(&mut link, &conn.name) {
             Ok(msg) => {
-                if let Err(e) = conn.apply(msg) {
-                    break (e.to_string(), matches!(e, TableError::Goodbye { .. }));
+                if let Err(why) = conn.apply(msg) {
+                    break Lost::Message { why };
                 }
             }
-            Err(e) => break (format!("control connection: {e}"), false),
+            Err(e) => {
+                break Lost::Link {
+                    error: DriverError::new(e),
+                }
+            }
         }
     };
     if !conn.is_lost() {
-        if goodbye {
-            log::info!("peer {}: {reason}", conn.name);
+        if matches!(
+            why,
+            Lost::Message {
+                why: TableError::Goodbye { .. }
+            }
+        ) {
+            log::info!("peer {}: {why}", conn.name);
         } else {
-            log::warn!("peer {} lost: {reason}", conn.name);
+            log::warn!("peer {} lost: {why}", conn.name);
         }
     }
     // New transfers are refused from now on; those in flight get their completions already
     // queued handled first (a peer that read our last notification and said goodbye must not
     // turn that transfer into a failure), then fail.
-    conn.set_closing(reason.clone());
-    let failure = Failure::PeerLost { reason };
+    let failure = Failure::PeerLost { why };
+    conn.set_closing(failure.clone());
     match agent.upgrade() {
         Some(a) => a.remove_peer_after_drain(&conn, failure),
         None => conn.lose(failure),

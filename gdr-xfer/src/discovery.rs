@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::peer::Peer;
 use crate::segment::Segment;
 use crate::wire::{AgentRecord, Message};
-use gdr_xfer_proto::{Failure, SegmentId};
+use gdr_xfer_proto::{Failure, Lost, SegmentId};
 
 fn endpoint_key(agent: &str) -> String {
     format!("{agent}/endpoint")
@@ -335,7 +335,7 @@ fn watch_peer(
                     conn.name
                 );
                 conn.lose(Failure::PeerLost {
-                    reason: "its directory record is gone: its lease ended (the agent died or hung) or it withdrew".into(),
+                    why: Lost::Unlisted,
                 });
                 if let Some(a) = agent.upgrade() {
                     a.remove_peer(&conn);

@@ -6,7 +6,7 @@ use std::time::Duration;
 pub use gdr::Hint;
 
 use crate::side::Side;
-use gdr_xfer_proto::{DriverError, RailReports, Rejection, SegmentId};
+use gdr_xfer_proto::{DriverError, Lost, RailReports, Rejection, SegmentId};
 
 /// Everything that can go wrong in gdr-xfer.
 #[derive(Debug, thiserror::Error)]
@@ -181,12 +181,15 @@ pub enum Error {
 
     /// The peer is gone: its connection closed, a queue pair failed, or its directory lease
     /// ended. Every transfer pending to it fails with this error.
-    #[error("peer {peer:?} lost: {reason}{hint}")]
+    #[error("peer {peer:?} lost: {why}{hint}")]
     PeerLost {
         /// The peer's name.
         peer: String,
-        /// Why gdr-xfer considers it lost.
-        reason: String,
+        /// Why the connection ended, as a value: this agent disconnected, the peer said
+        /// goodbye (its words) or broke the protocol, the control link or the handshake failed
+        /// (the underlying error, `#[source]`), the directory lost its record.
+        #[source]
+        why: Lost,
         /// How to fix it.
         hint: Hint,
     },
@@ -365,7 +368,17 @@ impl From<gdr::Error> for Error {
             gdr::Error::Timeout { what, after, hint } => Error::Timeout { what, after, hint },
             gdr::Error::Io { what, source } => Error::Io { what, source },
             gdr::Error::Protocol { peer, detail, hint } => Error::Protocol { peer, detail, hint },
-            gdr::Error::PeerLost { peer, reason, hint } => Error::PeerLost { peer, reason, hint },
+            gdr::Error::PeerLost { peer, reason, hint } => Error::PeerLost {
+                peer: peer.clone(),
+                why: Lost::Link {
+                    error: DriverError::new(gdr::Error::PeerLost {
+                        peer,
+                        reason,
+                        hint: gdr::Hint::NONE,
+                    }),
+                },
+                hint,
+            },
             other => Error::Gdr(other),
         }
     }
@@ -486,7 +499,7 @@ mod tests {
             hint: Hint::NONE,
         });
         assert!(
-            matches!(&e, Error::PeerLost { reason, .. } if reason == "closed"),
+            matches!(&e, Error::PeerLost { why: Lost::Link { error }, .. } if error.to_string().contains("closed")),
             "{e:?}"
         );
         let e = Error::from(gdr::Error::unsupported("no dma-buf", Hint::NONE));

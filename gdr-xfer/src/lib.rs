@@ -243,8 +243,8 @@ pub use futures::WakerCounts;
 /// [`gdr::mr::HostMemory`] and [`gdr::mr::AlignedBuffer`] for host memory.
 pub use gdr;
 pub use gdr_xfer_proto::{
-    DriverError, Location, ParseLocationError, RailFault, RailReport, RailReports, Rejection,
-    SegmentId,
+    DriverError, Location, Lost, ParseLocationError, RailFault, RailReport, RailReports, Rejection,
+    SegmentId, TableError,
 };
 pub use notify::Notification;
 pub use peer::Peer;

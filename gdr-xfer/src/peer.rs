@@ -9,7 +9,7 @@ use crate::connection::Connection;
 use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
 use crate::error::{Error, Foreign, Result};
 use crate::side::Side;
-use gdr_xfer_proto::{SegmentId, Spec};
+use gdr_xfer_proto::{Failure, Lost, SegmentId, Spec};
 
 use crate::plan::Planner;
 use crate::pools::PoolTable;
@@ -54,12 +54,23 @@ impl Peer {
     /// Whether the connection works (`false` once it was lost: the peer closed it, died, or a
     /// request failed).
     pub fn is_connected(&self) -> bool {
-        self.conn.gone_reason().is_none()
+        self.conn.gone().is_none()
     }
 
-    /// Why the connection was lost, once it was.
+    /// Why the connection was lost, once it was, in words ([`Peer::lost`] as a value).
     pub fn lost_reason(&self) -> Option<String> {
-        self.conn.gone_reason()
+        self.lost().map(|why| why.to_string())
+    }
+
+    /// Why the connection was lost, once it was, as a value: this agent disconnected, the
+    /// peer said goodbye (its words) or broke the protocol, the control link failed (the
+    /// error), the directory lost its record. `None` while it works, and after a shutdown of
+    /// this agent ([`Error::AgentClosed`] then).
+    pub fn lost(&self) -> Option<Lost> {
+        match self.conn.gone()? {
+            Failure::PeerLost { why } => Some(why),
+            _ => None,
+        }
     }
 
     /// The queue pair numbers of the connection's working lanes (rail-major; a failed
@@ -132,13 +143,15 @@ impl Peer {
     }
 
     pub(crate) fn check_connected(&self) -> Result<()> {
-        match self.conn.gone_reason() {
-            Some(reason) => Err(Error::PeerLost {
+        match self.conn.gone() {
+            None => Ok(()),
+            Some(Failure::PeerLost { why }) => Err(Error::PeerLost {
                 peer: self.conn.name.clone(),
-                reason,
+                why,
                 hint: crate::error::PEER_LOST_HINT.into(),
             }),
-            None => Ok(()),
+            // The connection closes with PeerLost, or AgentClosed at a shutdown.
+            Some(_) => Err(Error::AgentClosed),
         }
     }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gdr::Completion;
-use gdr_xfer_proto::Failure;
+use gdr_xfer_proto::{Failure, Lost};
 
 use crate::agent::AgentShared;
 use crate::config::TICK;
@@ -102,7 +102,7 @@ fn handle(agent: &AgentShared, rail: usize, c: &Completion) {
         );
         let closed = catch_unwind(AssertUnwindSafe(|| {
             conn.lose(Failure::PeerLost {
-                reason: "the engine failed handling one of its completions".into(),
+                why: Lost::EngineFault,
             })
         }));
         if closed.is_err() {

@@ -245,9 +245,9 @@ impl TransferCell {
                 ),
             },
             Failure::Cancelled => Error::Cancelled { peer },
-            Failure::PeerLost { reason } => Error::PeerLost {
+            Failure::PeerLost { why } => Error::PeerLost {
                 peer,
-                reason: reason.clone(),
+                why: why.clone(),
                 hint: crate::error::PEER_LOST_HINT.into(),
             },
             Failure::SliceFailed {

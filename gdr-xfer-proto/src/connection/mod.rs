@@ -27,9 +27,10 @@ use crate::transfer::{Failure, NotifyState, Outcome, Phase, Spec, Transfer, Tran
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum State {
     Open,
-    /// The peer went away; what is in flight goes on until the driver loses it.
-    Closing(String),
-    Closed(String),
+    /// The peer went away, or this side leaves; what is in flight goes on until the driver
+    /// closes it. New transfers fail with the failure kept.
+    Closing(Failure),
+    Closed(Failure),
 }
 
 /// A renewal we offered the peer for one rail: the queue pairs created for it.
@@ -258,11 +259,13 @@ impl<I: Io> Connection<I> {
         self.transfers.len()
     }
 
-    /// Why the connection no longer takes transfers, if it does not.
-    pub fn gone_reason(&self) -> Option<&str> {
+    /// Why the connection no longer takes transfers, if it does not: the failure a new
+    /// transfer gets ([`Failure::PeerLost`], or [`Failure::AgentClosed`] when its agent shuts
+    /// down).
+    pub fn gone(&self) -> Option<&Failure> {
         match &self.state {
             State::Open => None,
-            State::Closing(r) | State::Closed(r) => Some(r),
+            State::Closing(f) | State::Closed(f) => Some(f),
         }
     }
 
@@ -391,10 +394,8 @@ impl<I: Io> Connection<I> {
             });
         }
         // Bad input first: its error does not depend on the connection's state.
-        if let Some(reason) = self.gone_reason() {
-            return Err(Failure::PeerLost {
-                reason: reason.to_string(),
-            });
+        if let Some(f) = self.gone() {
+            return Err(f.clone());
         }
         if self.no_rail_for(now) {
             return Err(Failure::NoRail {
@@ -558,10 +559,11 @@ impl<I: Io> Connection<I> {
     }
 
     /// The peer is going away (it said goodbye, or its control link closed): new transfers are
-    /// refused; those in flight go on until [`Connection::close`].
-    pub fn closing(&mut self, reason: impl Into<String>) {
+    /// refused with `failure` (the first given stands); those in flight go on until
+    /// [`Connection::close`].
+    pub fn closing(&mut self, failure: Failure) {
         if self.state == State::Open {
-            self.state = State::Closing(reason.into());
+            self.state = State::Closing(failure);
         }
     }
 
@@ -578,11 +580,7 @@ impl<I: Io> Connection<I> {
         if self.is_closed() {
             return;
         }
-        let reason = match &failure {
-            Failure::PeerLost { reason } => reason.clone(),
-            other => format!("{other:?}"),
-        };
-        self.closing(reason);
+        self.closing(failure.clone());
         self.fail_all(now, &failure);
     }
 
@@ -593,12 +591,7 @@ impl<I: Io> Connection<I> {
         if self.is_closed() {
             return;
         }
-        let reason = match &failure {
-            Failure::PeerLost { reason } => reason.clone(),
-            Failure::AgentClosed => "the agent was shut down".into(),
-            other => format!("{other:?}"),
-        };
-        self.state = State::Closed(reason);
+        self.state = State::Closed(failure.clone());
         self.fail_all(now, &failure);
         for rail in 0..self.cfg.rails {
             self.drop_offer(rail);

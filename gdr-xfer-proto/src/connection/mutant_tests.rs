@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use crate::control::Control;
-use crate::fault::{RailFault, Rejection, Step, TextError};
+use crate::fault::{Lost, RailFault, Rejection, Step, TextError};
 use crate::io::{Event, Header, LaneRef, Op, PostResult, Status};
+use crate::peer_table::TableError;
 use crate::rail::RailState;
 use crate::run::Run;
 use crate::transfer::{Failure, Spec, TransferKey};
@@ -182,13 +183,27 @@ fn a_cancelled_transfer_without_a_notification_is_cancelled_even_if_everything_l
 fn a_closing_connection_refuses_new_transfers_with_the_first_reason() {
     let mut t = T::new(cfg(1, 1));
     t.submit_n(0, 1, Op::Write, 1, None).unwrap();
-    assert_eq!(t.c.gone_reason(), None);
-    t.c.closing("peer said goodbye");
-    t.c.closing("a later reason");
-    assert_eq!(t.c.gone_reason(), Some("peer said goodbye"));
+    let goodbye = Failure::PeerLost {
+        why: Lost::Message {
+            why: TableError::Goodbye {
+                reason: "peer said goodbye".into(),
+            },
+        },
+    };
+    assert_eq!(t.c.gone(), None);
+    t.c.closing(goodbye.clone());
+    t.c.closing(Failure::PeerLost {
+        why: Lost::Disconnected,
+    });
+    assert_eq!(t.c.gone(), Some(&goodbye));
     assert!(!t.c.is_closed());
+    // The failure kept, as a value: the peer's words, matchable.
     match t.submit_n(1, 2, Op::Write, 1, None) {
-        Err(Failure::PeerLost { reason }) => assert_eq!(reason, "peer said goodbye"),
+        Err(Failure::PeerLost {
+            why: Lost::Message {
+                why: TableError::Goodbye { reason },
+            },
+        }) => assert_eq!(reason, "peer said goodbye"),
         other => panic!("{other:?}"),
     }
     // What is in flight goes on.
@@ -198,7 +213,7 @@ fn a_closing_connection_refuses_new_transfers_with_the_first_reason() {
     let mut t = T::new(cfg(1, 1));
     t.submit_n(0, 1, Op::Write, 12, None).unwrap();
     assert_eq!(t.io.posts.len(), 1);
-    t.c.closing("bye");
+    t.c.closing(Failure::AgentClosed);
     let first = t.io.posts.remove(0);
     assert_eq!(first.pieces.len(), 8);
     t.complete(1, first.lane, first.last_wr(), Status::Success);

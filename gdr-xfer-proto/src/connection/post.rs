@@ -37,7 +37,7 @@ impl<I: Io> Connection<I> {
     /// Posts notifications that are due, then requests of the pending transfers.
     pub(crate) fn pump(&mut self, now: Instant, io: &mut I) {
         self.unposted_since = None;
-        if self.gone_reason().is_some() && self.is_closed() {
+        if self.is_closed() {
             return;
         }
         self.pump_notifications(now, io);

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::control::Control;
+use crate::fault::Lost;
 use crate::io::{Event, Header, Op, Status};
 use crate::run::Run;
 use crate::transfer::{Failure, Spec, TransferKey};
@@ -434,7 +435,7 @@ fn bad_submissions_are_refused_with_nothing_kept_whatever_the_state() {
     t.c.close(
         now,
         Failure::PeerLost {
-            reason: "gone".into(),
+            why: Lost::Unlisted,
         },
     );
     t.drain();
@@ -678,7 +679,7 @@ fn closing_the_connection_destroys_its_queue_pairs_and_ends_every_transfer() {
     t.c.close(
         now,
         Failure::PeerLost {
-            reason: "bye".into(),
+            why: Lost::Disconnected,
         },
     );
     t.drain();
@@ -828,7 +829,7 @@ fn the_drivers_bound_holds_slots_and_defers_new_posts_until_rearm() {
 #[test]
 fn leaving_reports_each_transfer_only_once_nothing_of_it_can_land() {
     let lost = || Failure::PeerLost {
-        reason: "disconnected by this agent".into(),
+        why: Lost::Disconnected,
     };
     let mut t = T::new(cfg(1, 1));
     t.submit(0, 1, Op::Write, 2, 0, Some(10_000), None).unwrap();

@@ -5,7 +5,11 @@ fn lane(lane: usize, gen: u64) -> LaneRef {
 }
 
 fn lost(why: &str) -> Failure {
-    Failure::PeerLost { reason: why.into() }
+    Failure::PeerLost {
+        why: crate::Lost::Message {
+            why: crate::TableError::Goodbye { reason: why.into() },
+        },
+    }
 }
 
 #[test]

@@ -16,7 +16,7 @@ use gdr::mr::{AccessFlags, AlignedBuffer, HostMemory, MemoryRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::CompletionQueue;
 
-use gdr_xfer_proto::{Endpoint, Failure, LaneRef, LocalError, Refusal};
+use gdr_xfer_proto::{Endpoint, Failure, LaneRef, LocalError, Lost, Refusal};
 
 use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;

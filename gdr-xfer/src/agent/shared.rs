@@ -251,7 +251,7 @@ impl AgentShared {
     /// [`Agent::disconnect`].
     pub(crate) fn disconnect(&self, peer: &Peer) {
         let failure = Failure::PeerLost {
-            reason: "disconnected by this agent".into(),
+            why: Lost::Disconnected,
         };
         // Transfers in flight report first, once quiet on both sides: closing at once would
         // report them while requests already on the wire may still land in the peer's memory.

@@ -31,7 +31,7 @@ impl World {
         if healed
             && self.conns[agent][peer]
                 .as_ref()
-                .is_none_or(|c| c.core.gone_reason().is_some())
+                .is_none_or(|c| c.core.gone().is_some())
         {
             return;
         }
@@ -416,7 +416,7 @@ impl World {
             self.net.borrow_mut().xfers.refused(x);
             return;
         };
-        if c.core.gone_reason().is_some() {
+        if c.core.gone().is_some() {
             self.report.refused += 1;
             self.net.borrow_mut().xfers.refused(x);
             return;

@@ -19,9 +19,10 @@ use super::{FaultClass, Report, TraceHash};
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::endpoint::{ConnId, Endpoint};
+use crate::fault::{DriverError, Lost, TextError};
 use crate::handshake::{self, Offer, Settings, Shape};
 use crate::io::{Action, Event, Header, Io, LaneRef, Op, Receipt, SendCompletion, Status};
-use crate::peer_table::PeerTable;
+use crate::peer_table::{PeerTable, TableError};
 use crate::rail::MAX_COOLDOWN;
 use crate::run::Run;
 use crate::staged::{ChildStats, StagedJob, StagedRun};
@@ -636,7 +637,12 @@ impl World {
                 }
                 self.stage_step(agent);
             }
-            Ev::Lost { agent, peer } => self.on_lost(agent, peer),
+            Ev::Lost { agent, peer } => {
+                let why = Lost::Link {
+                    error: DriverError::new(TextError(format!("agent {peer} vanished"))),
+                };
+                self.on_lost(agent, peer, why)
+            }
         }
     }
 
@@ -671,7 +677,10 @@ impl World {
             Ok(Ok(control)) => control,
             Ok(Err(Message::Bye(reason))) => {
                 self.log(|| format!("bye {from}->{to}: {reason}"));
-                return self.on_lost(to, from);
+                let why = Lost::Message {
+                    why: TableError::Goodbye { reason },
+                };
+                return self.on_lost(to, from, why);
             }
             Ok(Err(table)) => {
                 self.log(|| format!("table {from}->{to} {table:?}"));
@@ -744,8 +753,8 @@ impl World {
 
     /// `agent` notices that `peer` vanished: first its connection is closing, a little later
     /// (`close`) it is closed.
-    fn on_lost(&mut self, agent: usize, peer: usize) {
-        let reason = format!("agent {peer} vanished or said goodbye");
+    fn on_lost(&mut self, agent: usize, peer: usize, why: Lost) {
+        let failure = Failure::PeerLost { why };
         self.spoil_pair(agent, peer);
         // As the driver does when a peer goes: new transfers are refused at once, and the
         // endpoint lets the connection go; once every completion queued before was handled it
@@ -757,10 +766,10 @@ impl World {
         if c.let_go_at.is_some() {
             return;
         }
-        c.core.closing(reason.clone());
+        c.core.closing(failure.clone());
         c.let_go_at = Some(now_at);
         let id = c.id;
-        let now = self.endpoints[agent].let_go(id, Some(Failure::PeerLost { reason }));
+        let now = self.endpoints[agent].let_go(id, Some(failure));
         if let Some(f) = now {
             self.call(agent, peer, |core, _, now| core.close(now, f));
         }
@@ -788,7 +797,7 @@ impl World {
     fn leave(&mut self, agent: usize, peer: usize) {
         let live = self.conns[agent][peer]
             .as_ref()
-            .is_some_and(|c| c.let_go_at.is_none() && !c.leaving && c.core.gone_reason().is_none());
+            .is_some_and(|c| c.let_go_at.is_none() && !c.leaving && c.core.gone().is_none());
         if !live || !self.net.borrow().alive[agent] || !self.net.borrow().alive[peer] {
             return;
         }
@@ -804,7 +813,7 @@ impl World {
             core.leave(
                 now,
                 Failure::PeerLost {
-                    reason: "disconnected by this agent".into(),
+                    why: Lost::Disconnected,
                 },
             )
         });
@@ -825,7 +834,7 @@ impl World {
             core.close(
                 now,
                 Failure::PeerLost {
-                    reason: "disconnected by this agent".into(),
+                    why: Lost::Disconnected,
                 },
             )
         });

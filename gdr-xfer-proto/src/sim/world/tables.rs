@@ -147,7 +147,7 @@ impl World {
             for peer in 0..self.p.agents {
                 let connected = self.conns[agent][peer]
                     .as_ref()
-                    .is_some_and(|c| c.core.gone_reason().is_none());
+                    .is_some_and(|c| c.core.gone().is_none());
                 if !connected || !net.alive[agent] || !net.alive[peer] {
                     continue;
                 }
