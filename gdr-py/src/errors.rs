@@ -228,6 +228,7 @@ fn convert(py: Python<'_>, e: Error) -> PyErr {
             vec![
                 ("peer", obj(py, peer.as_str())),
                 ("reason", obj(py, why.to_string())),
+                ("why", obj(py, lost_kind(why))),
             ],
         ),
         Error::Protocol { peer, detail, hint } => (
@@ -498,4 +499,19 @@ pub(crate) fn sample(py: Python<'_>, class: &str) -> Option<PyErr> {
         _ => return None,
     };
     Some(convert(py, e))
+}
+
+/// `PeerLost.why`: which way the connection ended, a name to compare (`reason` has the words).
+fn lost_kind(why: &gdr_xfer::Lost) -> &'static str {
+    match why {
+        gdr_xfer::Lost::Disconnected => "disconnected",
+        gdr_xfer::Lost::Message {
+            why: gdr_xfer::TableError::Goodbye { .. },
+        } => "goodbye",
+        gdr_xfer::Lost::Message { .. } => "protocol",
+        gdr_xfer::Lost::Link { .. } => "link",
+        gdr_xfer::Lost::Handshake => "handshake",
+        gdr_xfer::Lost::Unlisted => "unlisted",
+        gdr_xfer::Lost::EngineFault => "engine_fault",
+    }
 }

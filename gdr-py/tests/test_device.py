@@ -334,6 +334,8 @@ def test_a_closed_agent_refuses_work_and_its_peer_sees_it_lost(pair):
     with pytest.raises(gdr.PeerLost) as e:
         pb.write(seg, 0, remote, 0, 16).wait(WAIT)
     assert isinstance(e.value, ConnectionError) and e.value.peer == "py-b"
+    # Why, as a value: b said goodbye when it shut down.
+    assert e.value.why == "goodbye", (e.value.why, e.value.reason)
 
 
 def test_disconnect_fails_pending_transfers_with_peer_lost(pair):

@@ -36,7 +36,10 @@ VARIANTS = {
         ValueError,
     ),
     "UnknownPeer": ({"name": "nobody"}, LookupError),
-    "PeerLost": ({"peer": "peer-b", "reason": "disconnected by this agent"}, ConnectionError),
+    "PeerLost": (
+        {"peer": "peer-b", "reason": "disconnected by this agent", "why": "disconnected"},
+        ConnectionError,
+    ),
     "ProtocolError": ({"peer": "10.0.0.2:7000", "detail": "bad kind"}, None),
     "Timeout": ({"what": "waiting", "after_s": 0.25}, TimeoutError),
     "SliceFailed": ({"peer": "peer-b", "qp_num": 0x11, "vendor_err": 0x88}, None),

@@ -177,7 +177,11 @@ class UnknownPeer(GdrError, LookupError):
 
 
 class PeerLost(GdrError, ConnectionError):
-    """The peer is gone: every transfer pending to it failed. Attributes: ``peer``, ``reason``."""
+    """The peer is gone: every transfer pending to it failed. Attributes: ``peer``, ``reason``
+    (in words) and ``why``: ``"disconnected"`` (by this agent), ``"goodbye"`` (the peer said so;
+    ``reason`` has its words), ``"protocol"`` (the peer broke the protocol), ``"link"`` (the
+    control link failed), ``"handshake"``, ``"unlisted"`` (its directory record is gone) or
+    ``"engine_fault"`` (a bug in gdr)."""
 
 
 class Timeout(GdrError, TimeoutError):
