@@ -43,7 +43,10 @@ VARIANTS = {
     "ProtocolError": ({"peer": "10.0.0.2:7000", "detail": "bad kind"}, None),
     "Timeout": ({"what": "waiting", "after_s": 0.25}, TimeoutError),
     "SliceFailed": ({"peer": "peer-b", "qp_num": 0x11, "vendor_err": 0x88}, None),
-    "NoRail": ({"peer": "peer-b", "detail": "rail 0 paused"}, None),
+    "NoRail": (
+        {"peer": "peer-b", "detail": "rail 0 Paused: the peer did not answer the renewal"},
+        None,
+    ),
     "AgentClosed": ({}, None),
     "StagingFailed": ({"peer": "peer-b", "detail": "copy failed"}, None),
     "DirectoryError": ({"op": "put", "key": "/gdr/a", "detail": "unavailable"}, None),
