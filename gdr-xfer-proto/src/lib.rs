@@ -57,6 +57,7 @@ mod segment_id;
 pub mod sim;
 mod slab;
 pub mod staged;
+pub mod staging;
 mod transfer;
 pub mod wire;
 

@@ -1,6 +1,8 @@
 //! Staged transfers in the simulation: each agent's GPU memory (a segment of its memory the
 //! NIC is never given), a stager lending bounce buffers (another segment) with copies that take
-//! time, and the core's [`StagedJob`] driven as gdr-xfer's staging driver drives it. Every copy
+//! time, and the core's [`StagedJob`] driven as gdr-xfer's staging driver drives it. The
+//! stager is the core's bounce-slot machine ([`Pipeline`]), the code gdr-xfer's stagers run,
+//! over a copy engine whose copies complete at times drawn from the seed. Every copy
 //! is checked as it happens: it must not touch a transfer's GPU memory after its outcome, nor a
 //! bounce buffer a live child transfer may still use.
 
@@ -13,10 +15,14 @@ use super::io::{SimIo, SimLocal};
 use super::net::{rkey, Net, QpState, WrKind, SEG, SEGS};
 use super::world::Ev;
 use crate::connection::Connection;
-use crate::fault::TextError;
+use crate::fault::{DriverError, TextError};
 use crate::io::Op;
 use crate::run::Run;
 use crate::staged::{StageIo, StagedJob, Start};
+use crate::staging::{
+    Chunk, CopyEngine, Direction, Outcome, Pipeline, PipelineConfig, PipelineError, StagingEvent,
+    Ticket,
+};
 use crate::transfer::{Failure, Spec, TransferKey};
 
 /// The segment of an agent's memory that is its GPU memory.
@@ -28,213 +34,250 @@ pub(crate) const CHILD: usize = 1 << 40;
 /// A copy's time: (min, max) microseconds.
 pub(crate) const COPY: (u64, u64) = (5, 300);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Slot {
-    Free,
-    /// A GPU -> bounce copy of (ticket, offset in its run, len) is in flight.
-    Copying(u64, usize, usize),
-    Lent(u64),
-    /// A bounce -> GPU copy is in flight.
-    Committing(u64, usize, usize),
-}
-
-#[derive(Debug)]
-struct Ticket {
-    id: u64,
+/// A staged run's GPU memory, as the stager's copy engine sees it: where it lies in the
+/// agent's memory, and the staged transfer it belongs to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SimDev {
     parent: usize,
-    op: Op,
-    dev_start: usize,
+    start: usize,
     len: usize,
-    next: usize,
-    out: usize,
-    cancelled: bool,
 }
 
-/// A bounce buffer lent to a job.
+/// One copy in flight (its number; copies complete in issue order).
 #[derive(Debug)]
-pub(crate) struct SimChunk {
-    slot: usize,
-    ticket: u64,
-    offset: usize,
+pub(crate) struct SimCopy(u64);
+
+/// A copy the engine issued: which way, where, and for which staged transfer.
+#[derive(Debug, Clone, Copy)]
+struct Issued {
+    id: u64,
+    to_device: bool,
+    dev: SimDev,
+    dev_offset: usize,
+    bounce_offset: usize,
     len: usize,
 }
 
-impl SimChunk {
-    /// Its ticket.
-    pub(crate) fn ticket_id(&self) -> u64 {
-        self.ticket
+/// The simulation's copy engine: it only records the copies the core's pipeline issues. The
+/// stager gives each a time (in issue order, as one CUDA stream would complete them) and moves
+/// the bytes when that time comes.
+#[derive(Debug, Default)]
+pub(crate) struct SimCopies {
+    /// This stager's incarnation, in the top bits of every copy's number (an agent that
+    /// restarts gets a new stager; copies of the old one are ignored when their time comes).
+    base: u64,
+    next: u64,
+    /// Copies issued and not yet complete, oldest first; the first `timed` have a time.
+    issued: VecDeque<Issued>,
+    timed: usize,
+    /// Every copy numbered below this is complete.
+    complete_below: u64,
+}
+
+impl SimCopies {
+    fn issue(
+        &mut self,
+        to_device: bool,
+        dev: &SimDev,
+        dev_offset: usize,
+        bounce_offset: usize,
+        len: usize,
+    ) -> SimCopy {
+        let id = self.base | self.next;
+        self.next += 1;
+        self.issued.push_back(Issued {
+            id,
+            to_device,
+            dev: *dev,
+            dev_offset,
+            bounce_offset,
+            len,
+        });
+        SimCopy(id)
+    }
+}
+
+impl CopyEngine for SimCopies {
+    type Device = SimDev;
+    type Copy = SimCopy;
+    type Error = TextError;
+
+    fn device_len(dev: &SimDev) -> usize {
+        dev.len
+    }
+    fn to_bounce(
+        &mut self,
+        dev: &SimDev,
+        dev_offset: usize,
+        bounce_offset: usize,
+        len: usize,
+    ) -> Result<SimCopy, TextError> {
+        Ok(self.issue(false, dev, dev_offset, bounce_offset, len))
+    }
+    fn to_device(
+        &mut self,
+        bounce_offset: usize,
+        dev: &SimDev,
+        dev_offset: usize,
+        len: usize,
+    ) -> Result<SimCopy, TextError> {
+        Ok(self.issue(true, dev, dev_offset, bounce_offset, len))
+    }
+    fn is_complete(&mut self, copy: &mut SimCopy) -> Result<bool, TextError> {
+        Ok(copy.0 < self.complete_below)
+    }
+    fn wait(&mut self, _copy: &mut SimCopy) -> Result<(), TextError> {
+        Err(TextError("the simulation's stager never waits for a copy".into()))
     }
 }
 
 /// What the stager has for its jobs at their next step.
 pub(crate) enum StageEvent {
-    Chunk(SimChunk),
-    Finished(u64),
+    Chunk(Chunk),
+    Finished(u64, Result<(), DriverError>),
 }
 
-/// One agent's stager: its bounce buffers and the tickets moving through them.
+/// One agent's stager: the core's bounce-slot machine ([`Pipeline`], the code gdr-xfer's
+/// stagers run) over the simulation's copy engine, and the events it reported.
 pub(crate) struct SimStager {
-    pub(crate) chunk: usize,
-    slots: Vec<Slot>,
-    tickets: Vec<Ticket>,
-    max_tickets: usize,
-    next_id: u64,
+    pipe: Pipeline<SimCopies>,
+    /// When the last copy issued completes (copies complete in issue order).
+    last_copy: Duration,
     pub(crate) events: VecDeque<StageEvent>,
 }
 
 impl SimStager {
-    pub(crate) fn new(chunk: usize, slots: usize, max_tickets: usize) -> SimStager {
+    /// A stager of incarnation `incarnation` (see [`SimCopies`]).
+    pub(crate) fn new(config: PipelineConfig, incarnation: u64) -> SimStager {
+        let engine = SimCopies {
+            base: incarnation << 40,
+            next: 1,
+            complete_below: incarnation << 40,
+            ..SimCopies::default()
+        };
         SimStager {
-            chunk,
-            slots: vec![Slot::Free; slots],
-            tickets: Vec::new(),
-            max_tickets,
-            next_id: 1,
+            pipe: Pipeline::new(engine, config).expect("the world draws valid stager settings"),
+            last_copy: Duration::ZERO,
             events: VecDeque::new(),
         }
     }
 
-    fn slot_at(&self, agent_base: usize, slot: usize) -> usize {
-        agent_base + slot * self.chunk
-    }
-
-    /// Where bounce slot `slot` is in the agent's memory.
-    pub(crate) fn slot_addr(&self, slot: usize) -> usize {
-        self.slot_at(BOUNCE_SEG * SEG, slot)
+    /// Where bounce bytes at `bounce_offset` are in the agent's memory.
+    pub(crate) fn bounce_addr(bounce_offset: usize) -> usize {
+        BOUNCE_SEG * SEG + bounce_offset
     }
 
     fn start(
         &mut self,
         parent: usize,
-        op: Op,
         dev_start: usize,
+        op: Op,
         len: usize,
     ) -> Result<u64, Start<TextError>> {
-        if self.tickets.len() >= self.max_tickets {
-            return Err(Start::Busy);
-        }
-        let id = self.next_id;
-        self.next_id += 1;
-        self.tickets.push(Ticket {
-            id,
+        let direction = match op {
+            Op::Write => Direction::DeviceToHost,
+            Op::Read => Direction::HostToDevice,
+        };
+        let dev = SimDev {
             parent,
-            op,
-            dev_start,
+            start: dev_start,
             len,
-            next: 0,
-            out: 0,
-            cancelled: false,
-        });
-        Ok(id)
+        };
+        match self.pipe.start(direction, dev, 0..len) {
+            Ok(t) => Ok(t.id()),
+            Err(PipelineError::TooManyTickets { .. }) => Err(Start::Busy),
+            Err(e) => Err(Start::Failed(TextError(e.to_string()))),
+        }
     }
 
-    /// Issues what the tickets can: a copy into a free buffer (WRITE), or a free buffer lent
-    /// to fill (READ).
+    /// Runs the pipeline: copies that completed are reaped, free buffers get copies or are lent
+    /// to fill, finished tickets are reported; then new copies are given their times.
     pub(crate) fn pump(&mut self, net: &mut Net, agent: usize) {
-        for ti in 0..self.tickets.len() {
-            loop {
-                let t = &self.tickets[ti];
-                if t.cancelled || t.next >= t.len {
-                    break;
+        let mut out = Vec::new();
+        self.pipe.poll(&mut out);
+        for ev in out {
+            match ev {
+                StagingEvent::Ready(c) => self.events.push_back(StageEvent::Chunk(c)),
+                StagingEvent::Fill(c) => {
+                    check_buffer_free(net, agent, Self::bounce_addr(c.bounce_offset()), c.len());
+                    self.events.push_back(StageEvent::Chunk(c));
                 }
-                let Some(slot) = self.slots.iter().position(|s| *s == Slot::Free) else {
-                    return;
-                };
-                let (id, offset) = (t.id, t.next);
-                let len = (t.len - t.next).min(self.chunk);
-                let op = t.op;
-                let t = &mut self.tickets[ti];
-                t.next += len;
-                t.out += 1;
-                let at = self.slot_addr(slot);
-                check_buffer_free(net, agent, at, len);
-                match op {
-                    Op::Write => {
-                        self.slots[slot] = Slot::Copying(id, offset, len);
-                        let d = Duration::from_micros(net.rng.range(COPY.0, COPY.1));
-                        net.at(d, Ev::CopyDone { agent, slot });
-                    }
-                    Op::Read => {
-                        self.slots[slot] = Slot::Lent(id);
-                        self.events.push_back(StageEvent::Chunk(SimChunk {
-                            slot,
-                            ticket: id,
-                            offset,
-                            len,
-                        }));
-                    }
+                StagingEvent::Finished { ticket, outcome } => {
+                    let r = match outcome {
+                        Outcome::Failed(e) => Err(DriverError::new(e)),
+                        _ => Ok(()),
+                    };
+                    self.events.push_back(StageEvent::Finished(ticket.id(), r));
                 }
             }
         }
+        self.time_copies(net, agent);
     }
 
-    /// A GPU -> bounce copy completed: the bytes are copied now, and the buffer lent.
-    pub(crate) fn copy_done(&mut self, net: &mut Net, agent: usize, slot: usize) {
-        let Some(Slot::Copying(id, offset, len)) = self.slots.get(slot).copied() else {
-            return;
-        };
-        let Some(t) = self.tickets.iter().find(|t| t.id == id) else {
-            return;
-        };
-        let (src, dst) = (t.dev_start + offset, self.slot_addr(slot));
-        touch_gpu(net, t.parent, agent, src, len, "read");
-        net.mem[agent].copy_within(src..src + len, dst);
-        self.slots[slot] = Slot::Lent(id);
-        self.events.push_back(StageEvent::Chunk(SimChunk {
-            slot,
-            ticket: id,
-            offset,
-            len,
-        }));
-    }
-
-    /// A bounce -> GPU copy completed.
-    pub(crate) fn commit_done(&mut self, net: &mut Net, agent: usize, slot: usize) {
-        let Some(Slot::Committing(id, offset, len)) = self.slots.get(slot).copied() else {
-            return;
-        };
-        if let Some(t) = self.tickets.iter_mut().find(|t| t.id == id) {
-            let (src, dst) = (self.chunk * slot + BOUNCE_SEG * SEG, t.dev_start + offset);
-            touch_gpu(net, t.parent, agent, dst, len, "wrote");
-            net.mem[agent].copy_within(src..src + len, dst);
-            t.out -= 1;
+    /// Gives each new copy its completion time, after every copy issued before it.
+    fn time_copies(&mut self, net: &mut Net, agent: usize) {
+        let engine = self.pipe.engine_mut();
+        while engine.timed < engine.issued.len() {
+            let c = engine.issued[engine.timed];
+            engine.timed += 1;
+            if !c.to_device {
+                check_buffer_free(net, agent, Self::bounce_addr(c.bounce_offset), c.len);
+            }
+            let d = Duration::from_micros(net.rng.range(COPY.0, COPY.1));
+            let at = (net.now + d).max(self.last_copy + Duration::from_nanos(1));
+            self.last_copy = at;
+            net.at(at - net.now, Ev::CopyDone { agent, copy: c.id });
         }
-        self.slots[slot] = Slot::Free;
-        self.finish_tickets();
+    }
+
+    /// Copy `copy`'s time came: its bytes move now (checked against the transfer's outcome),
+    /// and the pipeline learns it is complete at its next poll.
+    pub(crate) fn copy_done(&mut self, net: &mut Net, agent: usize, copy: u64) {
+        let engine = self.pipe.engine_mut();
+        let Some(c) = engine.issued.front().copied() else {
+            return; // a copy of an earlier incarnation
+        };
+        if c.id != copy {
+            if copy & !((1 << 40) - 1) == engine.base {
+                net.violation(format!(
+                    "copy {copy} of agent {agent} completed before copy {} issued earlier",
+                    c.id
+                ));
+            }
+            return;
+        }
+        engine.issued.pop_front();
+        engine.timed -= 1;
+        engine.complete_below = c.id + 1;
+        let (dev, bounce) = (
+            c.dev.start + c.dev_offset,
+            Self::bounce_addr(c.bounce_offset),
+        );
+        if c.to_device {
+            touch_gpu(net, c.dev.parent, agent, dev, c.len, "wrote");
+            net.mem[agent].copy_within(bounce..bounce + c.len, dev);
+        } else {
+            touch_gpu(net, c.dev.parent, agent, dev, c.len, "read");
+            net.mem[agent].copy_within(dev..dev + c.len, bounce);
+        }
+        self.pump(net, agent);
     }
 
     fn give_back(
         &mut self,
         net: &mut Net,
         agent: usize,
-        c: SimChunk,
+        c: Chunk,
         commit: bool,
     ) -> Result<(), TextError> {
-        if self.slots.get(c.slot) != Some(&Slot::Lent(c.ticket)) {
-            return Err(TextError(format!(
-                "bounce buffer {} given back twice or by the wrong ticket",
-                c.slot
-            )));
-        }
-        check_buffer_free(net, agent, self.slot_addr(c.slot), c.len);
-        if commit {
-            self.slots[c.slot] = Slot::Committing(c.ticket, c.offset, c.len);
-            let d = Duration::from_micros(net.rng.range(COPY.0, COPY.1));
-            net.at(
-                d,
-                Ev::CommitDone {
-                    agent,
-                    slot: c.slot,
-                },
-            );
+        check_buffer_free(net, agent, Self::bounce_addr(c.bounce_offset()), c.len());
+        let r = if commit {
+            self.pipe.commit(c)
         } else {
-            self.slots[c.slot] = Slot::Free;
-            if let Some(t) = self.tickets.iter_mut().find(|t| t.id == c.ticket) {
-                t.out -= 1;
-            }
-            self.finish_tickets();
-        }
-        Ok(())
+            self.pipe.release(c)
+        };
+        self.pump(net, agent);
+        r.map_err(|e| TextError(e.to_string()))
     }
 
     /// A chunk no job owns (cannot happen): given back.
@@ -242,44 +285,30 @@ impl SimStager {
         &mut self,
         net: &mut Net,
         agent: usize,
-        c: SimChunk,
+        c: Chunk,
     ) -> Result<(), TextError> {
         self.give_back(net, agent, c, false)
     }
 
-    fn cancel(&mut self, id: u64) {
-        if let Some(t) = self.tickets.iter_mut().find(|t| t.id == id) {
-            t.cancelled = true;
-        }
-        self.finish_tickets();
+    fn cancel(&mut self, net: &mut Net, agent: usize, id: u64) {
+        // An unknown ticket finished already.
+        let _ = self.pipe.cancel(Ticket(id));
+        self.pump(net, agent);
     }
 
-    /// Reports the tickets that are over: nothing issued any more, nothing out.
-    fn finish_tickets(&mut self) {
-        let mut i = 0;
-        while i < self.tickets.len() {
-            let t = &self.tickets[i];
-            if (t.cancelled || t.next >= t.len) && t.out == 0 {
-                let id = t.id;
-                // Order kept: tickets are served first started, first served.
-                self.tickets.remove(i);
-                self.events.push_back(StageEvent::Finished(id));
-            } else {
-                i += 1;
-            }
-        }
-    }
-
-    /// The tickets and slots, for traces.
+    /// The tickets and buffers, for traces.
     pub(crate) fn describe(&self) -> String {
-        format!("tickets {:?} slots {:?}", self.tickets, self.slots)
+        format!(
+            "tickets {} copies {} idle {}",
+            self.pipe.active_tickets(),
+            self.pipe.copies_in_flight(),
+            self.pipe.is_idle()
+        )
     }
 
     /// Whether the agent has any ticket.
     pub(crate) fn busy(&self) -> bool {
-        !self.tickets.is_empty()
-            || self.slots.iter().any(|s| *s != Slot::Free)
-            || !self.events.is_empty()
+        !self.pipe.is_idle() || !self.events.is_empty()
     }
 }
 
@@ -340,7 +369,7 @@ pub(crate) struct SimJob {
     pub(crate) xfer: usize,
     pub(crate) op: Op,
     pub(crate) runs: Vec<SRun>,
-    pub(crate) core: StagedJob<SimChunk, TransferKey>,
+    pub(crate) core: StagedJob<Chunk, TransferKey>,
     /// Its children: key and transfer number.
     pub(crate) children: Vec<(TransferKey, usize)>,
     /// The remote keys' epochs when it was submitted (per remote segment).
@@ -365,32 +394,34 @@ pub(crate) struct SimStageIo<'a> {
 }
 
 impl StageIo for SimStageIo<'_> {
-    type Chunk = SimChunk;
+    type Chunk = Chunk;
     type Child = TransferKey;
     type Error = TextError;
 
-    fn ticket_of(&self, c: &SimChunk) -> u64 {
-        c.ticket
+    fn ticket_of(&self, c: &Chunk) -> u64 {
+        c.ticket().id()
     }
-    fn place(&self, c: &SimChunk, _run: usize) -> (u64, u64) {
-        (c.offset as u64, c.len as u64)
+    fn place(&self, c: &Chunk, _run: usize) -> (u64, u64) {
+        // The ticket's device memory is the run's: offsets are within the run.
+        (c.device_offset() as u64, c.len() as u64)
     }
-    fn len_of(&self, c: &SimChunk) -> u64 {
-        c.len as u64
+    fn len_of(&self, c: &Chunk) -> u64 {
+        c.len() as u64
     }
     fn start(&mut self, run: usize) -> Result<u64, Start<TextError>> {
         let r = self.runs[run];
-        let id = self.stager.start(self.xfer, self.op, r.local, r.len)?;
+        let id = self.stager.start(self.xfer, r.local, self.op, r.len)?;
         let mut net = self.net.borrow_mut();
         self.stager.pump(&mut net, self.agent);
         Ok(id)
     }
     fn cancel_ticket(&mut self, ticket: u64) {
-        self.stager.cancel(ticket);
+        let mut net = self.net.borrow_mut();
+        self.stager.cancel(&mut net, self.agent, ticket);
     }
     fn post(
         &mut self,
-        chunk: Option<&SimChunk>,
+        chunk: Option<&Chunk>,
         run: usize,
         offset: u64,
         len: u64,
@@ -406,8 +437,8 @@ impl StageIo for SimStageIo<'_> {
             let cx = net.xfers.add_child(self.xfer, self.agent, self.peer);
             match chunk {
                 Some(c) => {
-                    let at = self.stager.slot_addr(c.slot);
-                    net.xfers.reserve(self.agent, at, c.len, cx);
+                    let at = SimStager::bounce_addr(c.bounce_offset());
+                    net.xfers.reserve(self.agent, at, c.len(), cx);
                     (
                         SimLocal {
                             agent: self.agent,
@@ -463,18 +494,16 @@ impl StageIo for SimStageIo<'_> {
     fn cancel_child(&mut self, child: TransferKey) {
         self.core.cancel(self.now, self.io, child);
     }
-    fn is_quiet(&self, c: &SimChunk) -> bool {
+    fn is_quiet(&self, c: &Chunk) -> bool {
         quiet(
             &self.net.borrow(),
             self.agent,
-            self.stager.slot_addr(c.slot),
-            c.len,
+            SimStager::bounce_addr(c.bounce_offset()),
+            c.len(),
         )
     }
-    fn give_back(&mut self, c: SimChunk, commit: bool) -> Result<(), TextError> {
+    fn give_back(&mut self, c: Chunk, commit: bool) -> Result<(), TextError> {
         let mut net = self.net.borrow_mut();
-        let r = self.stager.give_back(&mut net, self.agent, c, commit);
-        self.stager.pump(&mut net, self.agent);
-        r
+        self.stager.give_back(&mut net, self.agent, c, commit)
     }
 }

@@ -1,5 +1,7 @@
 //! [`StagingConfig`]: how many bounce buffers a [`super::Stager`] owns, and how large.
 
+use gdr_xfer_proto::staging::PipelineConfig;
+
 use crate::error::{Error, Hint, Result};
 
 /// The bounce buffers of a [`super::Stager`]: `chunks` pinned buffers of `chunk_size` bytes each
@@ -65,10 +67,10 @@ impl StagingConfig {
     pub const DEFAULT_FIRST_PIECE: usize = 256 << 10;
     /// A range is cut into this many pieces where `min_piece` and `chunk_size` allow: with
     /// copies and RDMA overlapped, the fill and drain cost about one piece's time of the sixteen.
-    pub const PIECES: usize = 16;
+    pub const PIECES: usize = gdr_xfer_proto::staging::PIECES;
     /// The shortest piece of a cut for a known [`nic_rate`](Self::nic_rate): 256 KiB (or
     /// `chunk_size` when that is shorter).
-    pub const CUT_FLOOR: usize = 256 << 10;
+    pub const CUT_FLOOR: usize = gdr_xfer_proto::staging::CUT_FLOOR;
     /// The largest bounce allocation accepted: 16 GiB of pinned memory.
     pub const MAX_TOTAL: usize = 16 << 30;
     /// The most chunks accepted.
@@ -87,10 +89,19 @@ impl StagingConfig {
     /// ends, see [`first_piece`](Self::first_piece)): `len / PIECES` rounded up to 64 KiB, but
     /// never less than `min_piece` nor more than `chunk_size`.
     pub fn piece_size(&self, len: usize) -> usize {
-        let size = self.chunk_size.max(1);
-        let per = len.div_ceil(Self::PIECES);
-        let per = per.div_ceil(64 << 10).saturating_mul(64 << 10);
-        per.max(self.min_piece).min(size)
+        self.pipeline().piece_size(len)
+    }
+
+    /// The settings the core's bounce-slot machine runs with.
+    pub(crate) fn pipeline(&self) -> PipelineConfig {
+        PipelineConfig {
+            chunk_size: self.chunk_size,
+            chunks: self.chunks,
+            max_tickets: self.max_tickets,
+            min_piece: self.min_piece,
+            first_piece: self.first_piece,
+            nic_rate: self.nic_rate,
+        }
     }
 
     /// The bounce allocation's size: `chunk_size * chunks`.

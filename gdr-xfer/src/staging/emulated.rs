@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use super::pipeline::CopyEngine;
+use super::pipeline::BounceViews;
+use gdr_xfer_proto::staging::CopyEngine;
 use super::slots::SlotRegions;
 use crate::error::{Error, Result};
 
@@ -210,6 +211,7 @@ impl Drop for HostCopies {
 }
 
 impl CopyEngine for HostCopies {
+    type Error = Error;
     type Device = Arc<EmulatedGpu>;
     type Copy = Arc<AtomicBool>;
 
@@ -248,6 +250,9 @@ impl CopyEngine for HostCopies {
         Ok(())
     }
 
+}
+
+impl BounceViews for HostCopies {
     unsafe fn bounce(&self, _offset: usize, _len: usize) -> Option<&[u8]> {
         None
     }

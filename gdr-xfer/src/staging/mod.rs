@@ -2,11 +2,13 @@
 //! segment, its bytes go through pinned host bounce buffers, chunk by chunk, with
 //! `cuMemcpyAsync` copies of later chunks overlapping the RDMA of earlier ones.
 //!
-//! One concept per file: `config` ([`StagingConfig`]), `plan` ([`ChunkPlan`]: cutting a range
-//! into chunks), `cut` (the least-time cut for a NIC of known rate,
-//! [`StagingConfig::nic_rate`]), `chunk` (what the caller is handed: [`Ticket`], [`Chunk`], [`StagingEvent`],
-//! [`Outcome`]), `pipeline` (the bookkeeping, independent of CUDA, tested on the host with a
-//! fake copy engine), `stager` ([`Stager`]: the CUDA stream and the bounce buffers).
+//! The bookkeeping is the core's (`gdr_xfer_proto::staging`, run by the simulation too):
+//! [`ChunkPlan`] (cutting a range into chunks), [`cut`] (the least-time cut for a NIC of known
+//! rate, [`StagingConfig::nic_rate`]), what the caller is handed ([`Ticket`], [`Chunk`],
+//! [`StagingEvent`], [`Outcome`]) and the bounce-slot machine. Here, one concept per file:
+//! `config` ([`StagingConfig`]), `chunk` (the core's events with gdr-xfer's error),
+//! `pipeline` (the core's machine with the bounce bytes and blocking copies, tested on the host
+//! with a fake copy engine), `stager` ([`Stager`]: the CUDA stream and the bounce buffers).
 //!
 //! Lifetimes: a ticket keeps an `Arc` of its device memory until its
 //! [`StagingEvent::Finished`]; every copy in flight keeps an `Arc` of the device memory and of the
@@ -55,11 +57,9 @@
 
 mod chunk;
 mod config;
-pub mod cut;
 #[cfg(feature = "emulated-gpu")]
 pub(crate) mod emulated;
 pub(crate) mod pipeline;
-mod plan;
 pub(crate) mod slots;
 mod stager;
 #[cfg(test)]
@@ -67,7 +67,7 @@ mod tests;
 
 pub use chunk::{Chunk, Direction, Outcome, StagingEvent, Ticket};
 pub use config::StagingConfig;
-pub use plan::ChunkPlan;
+pub use gdr_xfer_proto::staging::{cut, ChunkPlan};
 #[cfg(feature = "emulated-gpu")]
 pub(crate) use stager::bytes_text;
 pub use stager::Stager;

@@ -9,7 +9,8 @@ use gdr::mr::{AccessFlags, LocalSlice, MemoryRegion};
 use gdr::pd::ProtectionDomain;
 
 use super::chunk::{Chunk, Direction, Outcome, StagingEvent, Ticket};
-use super::pipeline::{CopyEngine, Pipeline};
+use super::pipeline::{BounceViews, Pipeline};
+use gdr_xfer_proto::staging::CopyEngine;
 use super::slots::SlotRegions;
 use super::StagingConfig;
 use crate::error::{Error, Hint, Result};
@@ -34,6 +35,7 @@ pub(crate) struct CudaCopies {
 }
 
 impl CopyEngine for CudaCopies {
+    type Error = Error;
     type Device = Device;
     type Copy = AsyncCopy;
 
@@ -94,6 +96,9 @@ impl CopyEngine for CudaCopies {
         Ok(copy.wait_mut()?)
     }
 
+}
+
+impl BounceViews for CudaCopies {
     unsafe fn bounce(&self, offset: usize, len: usize) -> Option<&[u8]> {
         match &self.bounce {
             // SAFETY: forwarded: the caller excludes copies and mutable views on these bytes.
@@ -255,7 +260,7 @@ impl Stager {
     /// One line for logs and segment info: how GPU memory is staged.
     pub fn describe(&self) -> String {
         let c = self.core.config();
-        let reg = match &self.core.engine.bounce {
+        let reg = match &self.core.engine().bounce {
             Bounce::Owned(_) => "not registered".to_string(),
             Bounce::Registered(r) => format!("registered, lkey {:#x}", r.lkey()),
             Bounce::Slots(s) => format!(
@@ -293,7 +298,7 @@ impl Stager {
     /// The RDMA region of the bounce buffers, for a stager made with
     /// [`registered`](Self::registered).
     pub fn bounce_region(&self) -> Option<&Arc<MemoryRegion>> {
-        match &self.core.engine.bounce {
+        match &self.core.engine().bounce {
             Bounce::Registered(r) => Some(r),
             Bounce::Owned(_) | Bounce::Slots(_) => None,
         }
@@ -301,7 +306,7 @@ impl Stager {
 
     /// The stream its copies run on.
     pub fn stream(&self) -> &Arc<Stream> {
-        &self.core.engine.stream
+        &self.core.engine().stream
     }
 
     /// Tickets started and not yet reported finished.

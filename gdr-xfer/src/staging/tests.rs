@@ -7,7 +7,8 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use super::chunk::{Direction, Outcome, StagingEvent};
-use super::pipeline::{CopyEngine, Pipeline};
+use super::pipeline::{BounceViews, Pipeline};
+use gdr_xfer_proto::staging::CopyEngine;
 use super::{Stager, StagingConfig};
 use crate::error::{Error, Hint, Result};
 
@@ -156,6 +157,7 @@ fn fake_error(what: &str, id: usize) -> Error {
 }
 
 impl CopyEngine for FakeEngine {
+    type Error = Error;
     type Device = Arc<FakeDev>;
     type Copy = FakeCopy;
 
@@ -203,6 +205,9 @@ impl CopyEngine for FakeEngine {
         }
         Ok(())
     }
+}
+
+impl BounceViews for FakeEngine {
     unsafe fn bounce(&self, offset: usize, len: usize) -> Option<&[u8]> {
         assert!(offset + len <= self.bounce_len);
         // SAFETY: in bounds; the caller excludes writers.
@@ -274,7 +279,7 @@ fn blocking_d2h_delivers_every_byte_in_order() {
         );
         assert_eq!(Arc::strong_count(&d), 1, "the ticket let go of the device");
         assert!(
-            p.engine.log.borrow().max_in_flight >= 2,
+            p.engine().log.borrow().max_in_flight >= 2,
             "copies overlapped"
         );
         assert_eq!(p.active_tickets(), 0);
@@ -310,7 +315,7 @@ fn blocking_h2d_writes_every_byte() {
             &before[4821..],
             "bytes after the range untouched"
         );
-        assert!(p.engine.log.borrow().max_in_flight >= 2);
+        assert!(p.engine().log.borrow().max_in_flight >= 2);
     }
 }
 
@@ -512,7 +517,7 @@ fn cancel_waits_for_copies_and_lent_chunks_then_lets_go_of_the_memory() {
 fn failed_copies_fail_the_ticket_and_the_stager_goes_on() {
     // A copy refused at issue.
     let mut p = pipeline(10, 2, 1, true);
-    p.engine.fail_issue = Some(1);
+    p.engine_mut().fail_issue = Some(1);
     let d = dev(100, 0);
     let e = p.copy_d2h(d.clone(), 0..100, |_, _| Ok(())).unwrap_err();
     assert!(e.to_string().contains("injected issue failure"), "{e}");
@@ -529,7 +534,7 @@ fn failed_copies_fail_the_ticket_and_the_stager_goes_on() {
 
     // A copy whose completion cannot be known: its bounce buffer is never reused.
     let mut p = pipeline(10, 3, 1, true);
-    p.engine.fail_query = Some(0);
+    p.engine_mut().fail_query = Some(0);
     let e = p.copy_h2d(d.clone(), 0..100, |_, b| {
         b.fill(7);
         Ok(())
@@ -647,7 +652,7 @@ fn short_ranges_use_every_bounce_buffer() {
         (0..8).map(|k| (k * piece, piece)).collect::<Vec<_>>()
     );
     assert_eq!(got, pattern(512 << 10, 6));
-    assert_eq!(p.engine.log.borrow().max_in_flight, 4);
+    assert_eq!(p.engine().log.borrow().max_in_flight, 4);
 }
 
 /// With the NIC's rate known, ranges follow the least-time cut (the same one for the same
@@ -683,7 +688,7 @@ fn a_known_nic_rate_cuts_for_least_time_and_moves_every_byte() {
         assert_eq!(lens, want_d2h);
         assert!(got == pattern(len, 3), "D2H bytes");
     }
-    assert_eq!(p.cuts.len(), 1, "one cut kept for one length");
+    assert_eq!(p.cuts_kept(), 1, "one cut kept for one length");
     let src = pattern(len, 4);
     let mut lens = Vec::new();
     p.copy_h2d(d.clone(), 0..len, |off, buf| {
@@ -702,5 +707,5 @@ fn a_known_nic_rate_cuts_for_least_time_and_moves_every_byte() {
         p.copy_d2h(d.clone(), 0..k * 4096 + 1, |_, _| Ok(()))
             .unwrap();
     }
-    assert!(p.cuts.len() <= super::pipeline::CUTS_KEPT);
+    assert!(p.cuts_kept() <= gdr_xfer_proto::staging::CUTS_KEPT);
 }

@@ -321,7 +321,7 @@ impl World {
     /// memory (some in host memory, moved directly), through the agent's stager.
     pub(super) fn submit_staged(&mut self, agent: usize, peer: usize, op: Op) {
         let x = self.net.borrow().xfers.list.len();
-        let max_grains = (3 * self.p.stager.0 / GRAIN).max(1);
+        let max_grains = (3 * self.p.stager.chunk_size / GRAIN).max(1);
         let mut sruns = Vec::new();
         let mut xruns = Vec::new();
         for _ in 0..1 + self.rng.index(3) {
@@ -453,11 +453,11 @@ impl World {
             return;
         }
         let now = self.instant();
-        let window = self.p.stager.2;
+        let window = self.p.stager.max_tickets;
         while let Some(ev) = self.stagers[agent].events.pop_front() {
             let ticket = match &ev {
-                StageEvent::Chunk(c) => c.ticket_id(),
-                StageEvent::Finished(id) => *id,
+                StageEvent::Chunk(c) => c.ticket().id(),
+                StageEvent::Finished(id, _) => *id,
             };
             let owner = (0..self.p.agents).find_map(|p| {
                 let c = self.conns[agent][p].as_ref()?;
@@ -468,9 +468,9 @@ impl World {
                 (StageEvent::Chunk(chunk), Some((p, i))) => {
                     self.with_job(agent, p, i, now, |job, io| job.on_chunk(io, now, chunk));
                 }
-                (StageEvent::Finished(id), Some((p, i))) => {
+                (StageEvent::Finished(id, r), Some((p, i))) => {
                     if let Some(c) = self.conns[agent][p].as_mut() {
-                        c.jobs[i].core.on_ticket_finished(id, Ok(()));
+                        c.jobs[i].core.on_ticket_finished(id, r);
                     }
                 }
                 (StageEvent::Chunk(chunk), None) => {
@@ -479,7 +479,7 @@ impl World {
                         net.violation(e.0);
                     }
                 }
-                (StageEvent::Finished(_), None) => {}
+                (StageEvent::Finished(..), None) => {}
             }
         }
         let mut busy = self.stagers[agent].busy();
@@ -536,7 +536,7 @@ impl World {
         peer: usize,
         i: usize,
         now: Instant,
-        f: impl FnOnce(&mut StagedJob<SimChunk, TransferKey>, &mut SimStageIo<'_>),
+        f: impl FnOnce(&mut StagedJob<Chunk, TransferKey>, &mut SimStageIo<'_>),
     ) {
         let rails = self.p.cfg.rails;
         let net = self.net.clone();

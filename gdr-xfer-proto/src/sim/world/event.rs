@@ -115,15 +115,10 @@ pub(crate) enum Ev {
         agent: usize,
         peer: usize,
     },
-    /// A GPU -> bounce copy of `agent`'s stager completed.
+    /// A copy of `agent`'s stager (GPU to bounce buffer, or back) completes.
     CopyDone {
         agent: usize,
-        slot: usize,
-    },
-    /// A bounce -> GPU copy of `agent`'s stager completed.
-    CommitDone {
-        agent: usize,
-        slot: usize,
+        copy: u64,
     },
     /// `agent`'s staging driver runs its jobs.
     StageStep {

@@ -12,7 +12,7 @@ use super::io::{SimCodec, SimIo, SimLocal};
 use super::net::{rkey, Net, Payload, QpState, SEG, SEGS};
 use super::rng::Rng;
 use super::staging::{
-    SRun, SimChunk, SimJob, SimStageIo, SimStager, StageEvent, CHILD, COPY, GPU_SEG,
+    SRun, SimJob, SimStageIo, SimStager, StageEvent, CHILD, COPY, GPU_SEG,
 };
 use super::xfers::{Kind, Misuse, XRun, XState, Xfer, GRAIN};
 use super::{FaultClass, Report, TraceHash};
@@ -26,6 +26,7 @@ use crate::peer_table::{PeerTable, TableError};
 use crate::rail::MAX_COOLDOWN;
 use crate::run::Run;
 use crate::staged::{ChildStats, StagedJob, StagedRun};
+use crate::staging::{Chunk, PipelineConfig};
 use crate::transfer::{Failure, Outcome, Spec, TransferKey};
 use crate::wire::Message;
 
@@ -64,10 +65,10 @@ pub(crate) struct Params {
     pub(crate) cfg: Config,
     pub(crate) transfers_per_pair: u32,
     pub(crate) slow_consumer: bool,
-    /// Percent of transfers that are staged, and the stagers' bounce buffers: chunk size,
-    /// buffers, tickets at once.
+    /// Percent of transfers that are staged, and the stagers' settings (bounce buffers'
+    /// size and number, tickets at once, and how ranges are cut).
     pub(crate) staged_pct: u64,
-    pub(crate) stager: (usize, usize, usize),
+    pub(crate) stager: PipelineConfig,
     /// Each agent's queue pairs per rail and settings (receive slots and the largest
     /// notification differ between agents): every connection is configured by the
     /// handshake's negotiation between the two, as the driver configures it.
@@ -100,6 +101,8 @@ pub(crate) struct World {
     /// between them meanwhile are no innocent ones (they may meet the goodbye).
     parted: Vec<Vec<bool>>,
     stagers: Vec<SimStager>,
+    /// How many times each agent restarted (its stager's incarnation).
+    incarnations: Vec<u64>,
     /// When each agent's staging step is next due (if one is scheduled).
     stage_at: Vec<Option<Duration>>,
     /// When the last control message from `a` to `b` is delivered (in order per direction).
@@ -190,11 +193,7 @@ impl World {
             } else {
                 0
             },
-            stager: (
-                GRAIN * rng.range(1, 9) as usize,
-                rng.range(1, 5) as usize,
-                rng.range(1, 4) as usize,
-            ),
+            stager: stager_config(&mut rng),
         };
         let mut net = Net::new(agents, p.cfg.rails, Rng::new(rng.next_u64()));
         if class == FaultClass::Lanes {
@@ -217,9 +216,8 @@ impl World {
             inc: vec![vec![0; agents]; agents],
             parted: vec![vec![false; agents]; agents],
             tables: vec![vec![PeerTable::new(); agents]; agents],
-            stagers: (0..agents)
-                .map(|_| SimStager::new(p.stager.0, p.stager.1, p.stager.2))
-                .collect(),
+            stagers: (0..agents).map(|_| SimStager::new(p.stager, 0)).collect(),
+            incarnations: vec![0; agents],
             stage_at: vec![None; agents],
             control_at: vec![vec![Duration::ZERO; agents]; agents],
             flagged: Vec::new(),
@@ -629,8 +627,7 @@ impl World {
             Ev::Heal => self.heal(),
             Ev::Leave { agent, peer } => self.leave(agent, peer),
             Ev::Join { a, b } => self.join(a, b),
-            Ev::CopyDone { agent, slot } => self.on_copy_done(agent, slot, false),
-            Ev::CommitDone { agent, slot } => self.on_copy_done(agent, slot, true),
+            Ev::CopyDone { agent, copy } => self.on_copy_done(agent, copy),
             Ev::StageStep { agent } => {
                 if self.stage_at[agent] == Some(self.now) {
                     self.stage_at[agent] = None;
@@ -736,16 +733,11 @@ impl World {
         self.report.deregistrations += 1;
     }
 
-    /// A copy into a bounce buffer (`commit`: out of one) of `agent`'s stager completed.
-    fn on_copy_done(&mut self, agent: usize, slot: usize, commit: bool) {
+    /// Copy `copy` of `agent`'s stager completes.
+    fn on_copy_done(&mut self, agent: usize, copy: u64) {
         if self.net.borrow().alive[agent] {
             let mut net = self.net.borrow_mut();
-            if commit {
-                self.stagers[agent].commit_done(&mut net, agent, slot);
-                self.stagers[agent].pump(&mut net, agent);
-            } else {
-                self.stagers[agent].copy_done(&mut net, agent, slot);
-            }
+            self.stagers[agent].copy_done(&mut net, agent, copy);
             drop(net);
             self.stage_soon(agent);
         }
@@ -1209,7 +1201,8 @@ impl World {
                 }
             }
         }
-        self.stagers[agent] = SimStager::new(self.p.stager.0, self.p.stager.1, self.p.stager.2);
+        self.incarnations[agent] += 1;
+        self.stagers[agent] = SimStager::new(self.p.stager, self.incarnations[agent]);
         for p in 0..self.p.agents {
             self.conns[agent][p] = None;
             if p != agent && self.conns[p][agent].is_some() {
@@ -1323,5 +1316,24 @@ fn failure_kind(f: &Failure) -> &'static str {
         Failure::Rejected { .. } => "rejected",
         Failure::AgentClosed => "agent closed",
         Failure::StagingFailed { .. } => "staging",
+    }
+}
+
+/// A stager's settings drawn from the seed: a few bounce buffers of a few grains, one to three
+/// tickets at once, and ranges cut in equal chunks, ramped from a shorter first piece, or (a
+/// third of the seeds) for least time against a NIC of known rate, as gdr-xfer's agents cut them.
+fn stager_config(rng: &mut Rng) -> PipelineConfig {
+    let chunk_size = GRAIN * rng.range(1, 9) as usize;
+    PipelineConfig {
+        chunk_size,
+        chunks: rng.range(1, 5) as usize,
+        max_tickets: rng.range(1, 4) as usize,
+        min_piece: 1,
+        first_piece: if rng.percent(50) {
+            chunk_size
+        } else {
+            rng.range(1, chunk_size as u64 + 1) as usize
+        },
+        nic_rate: if rng.percent(33) { 25_000_000_000 } else { 0 },
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 /// ([`ChunkPlan::new`]); or ramped ([`ChunkPlan::ramped`]); or along a list of lengths. An empty
 /// range has no chunks.
 ///
-/// `chunk_size` must be non-zero ([`super::StagingConfig::validate`] guarantees it); a zero size is
+/// `chunk_size` must be non-zero ([`super::PipelineConfig::check`] guarantees it); a zero size is
 /// treated as 1 so the iterator still ends.
 #[derive(Debug, Clone)]
 pub struct ChunkPlan {

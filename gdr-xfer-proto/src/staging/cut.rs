@@ -1,6 +1,6 @@
 //! The least-time cut of a range for a NIC of known rate: piece sizes from a model of the copy
 //! engine ([`CopyModel`]) and the rate the chunks leave or arrive at
-//! ([`super::StagingConfig::nic_rate`]).
+//! ([`super::PipelineConfig::nic_rate`]).
 //!
 //! Each copy costs the engine a fixed time besides its bytes (about 1.5 us device to host and
 //! 2.3 us host to device on an H200, with or without an event after it), so a short piece copies
