@@ -127,7 +127,9 @@ impl CopyEngine for SimCopies {
         Ok(copy.0 < self.complete_below)
     }
     fn wait(&mut self, _copy: &mut SimCopy) -> Result<(), TextError> {
-        Err(TextError("the simulation's stager never waits for a copy".into()))
+        Err(TextError(
+            "the simulation's stager never waits for a copy".into(),
+        ))
     }
 }
 

@@ -227,3 +227,5 @@ impl fmt::Display for PipelineError {
 
 impl std::error::Error for PipelineError {}
 
+#[cfg(test)]
+mod tests;

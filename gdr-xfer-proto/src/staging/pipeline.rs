@@ -205,7 +205,11 @@ impl<E: CopyEngine> Pipeline<E> {
     /// Whether every bounce buffer is free (none copying, lent or broken) and no ticket is
     /// active.
     pub fn is_idle(&self) -> bool {
-        self.jobs.is_empty() && self.slots.iter().all(|s| matches!(s.state, SlotState::Free))
+        self.jobs.is_empty()
+            && self
+                .slots
+                .iter()
+                .all(|s| matches!(s.state, SlotState::Free))
     }
 
     /// Tickets started and not yet reported finished.

@@ -7,9 +7,9 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use super::pipeline::BounceViews;
-use gdr_xfer_proto::staging::CopyEngine;
 use super::slots::SlotRegions;
 use crate::error::{Error, Result};
+use gdr_xfer_proto::staging::CopyEngine;
 
 /// Memory of an emulated GPU without GPUDirect: plain host bytes that
 /// [`Agent::register_emulated_gpu`](crate::Agent::register_emulated_gpu) registers as a
@@ -249,7 +249,6 @@ impl CopyEngine for HostCopies {
         }
         Ok(())
     }
-
 }
 
 impl BounceViews for HostCopies {

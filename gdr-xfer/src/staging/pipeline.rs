@@ -133,7 +133,11 @@ impl<E: Engine> Pipeline<E> {
         // none starts before it is given back (the core's promise), which needs `&mut self`,
         // excluded while this borrow of `self` lives; no mutable view exists, since those also
         // borrow `self` mutably.
-        Ok(unsafe { self.core.engine().bounce(chunk.bounce_offset(), chunk.len()) })
+        Ok(unsafe {
+            self.core
+                .engine()
+                .bounce(chunk.bounce_offset(), chunk.len())
+        })
     }
 
     /// A mutable view of a lent chunk's bytes, when the backing allows one.

@@ -10,10 +10,10 @@ use gdr::pd::ProtectionDomain;
 
 use super::chunk::{Chunk, Direction, Outcome, StagingEvent, Ticket};
 use super::pipeline::{BounceViews, Pipeline};
-use gdr_xfer_proto::staging::CopyEngine;
 use super::slots::SlotRegions;
 use super::StagingConfig;
 use crate::error::{Error, Hint, Result};
+use gdr_xfer_proto::staging::CopyEngine;
 
 /// Device memory a ticket copies from or to.
 type Device = Arc<dyn DeviceMemory + Send + Sync>;
@@ -95,7 +95,6 @@ impl CopyEngine for CudaCopies {
     fn wait(&mut self, copy: &mut AsyncCopy) -> Result<()> {
         Ok(copy.wait_mut()?)
     }
-
 }
 
 impl BounceViews for CudaCopies {

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use super::chunk::{Direction, Outcome, StagingEvent};
 use super::pipeline::{BounceViews, Pipeline};
-use gdr_xfer_proto::staging::CopyEngine;
 use super::{Stager, StagingConfig};
 use crate::error::{Error, Hint, Result};
+use gdr_xfer_proto::staging::CopyEngine;
 
 struct FakeDev {
     bytes: Mutex<Vec<u8>>,

@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 use super::io::{SimCodec, SimIo, SimLocal};
 use super::net::{rkey, Net, Payload, QpState, SEG, SEGS};
 use super::rng::Rng;
-use super::staging::{
-    SRun, SimJob, SimStageIo, SimStager, StageEvent, CHILD, COPY, GPU_SEG,
-};
+use super::staging::{SRun, SimJob, SimStageIo, SimStager, StageEvent, CHILD, COPY, GPU_SEG};
 use super::xfers::{Kind, Misuse, XRun, XState, Xfer, GRAIN};
 use super::{FaultClass, Report, TraceHash};
 use crate::config::Config;
