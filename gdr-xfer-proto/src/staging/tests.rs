@@ -147,11 +147,112 @@ fn host_to_device_finishes_only_once_every_commit_copy_completed() {
     match poll(&mut p).remove(0) {
         StagingEvent::Finished {
             ticket,
-            outcome: Outcome::Completed { bytes: 8, .. },
+            outcome: Outcome::Completed { bytes, chunks },
+        } => assert_eq!((ticket, bytes, chunks), (t, 8, 1)),
+        e => panic!("{e:?}"),
+    }
+    assert!(p.is_idle());
+}
+
+#[test]
+fn a_started_ticket_is_work_before_any_buffer_is_used_and_an_empty_one_ends_at_once() {
+    let mut p = pipeline(8, 1);
+    assert!(p.is_idle() && p.broken_slots() == 0 && p.cuts_kept() == 0);
+    let t = p.start(Direction::DeviceToHost, Dev(8), 4..4).unwrap();
+    assert!(!p.is_idle(), "a ticket is active though no buffer is used yet");
+    match poll(&mut p).remove(0) {
+        StagingEvent::Finished {
+            ticket,
+            outcome: Outcome::Completed { bytes: 0, chunks: 0 },
         } => assert_eq!(ticket, t),
         e => panic!("{e:?}"),
     }
     assert!(p.is_idle());
+}
+
+#[test]
+fn wait_oldest_waits_for_the_oldest_copy_only() {
+    let mut p = pipeline(8, 2);
+    p.start(Direction::DeviceToHost, Dev(16), 0..16).unwrap();
+    poll(&mut p);
+    let mut out = Vec::new();
+    p.wait_oldest(&mut out);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(chunk(out.remove(0)).device_offset(), 0);
+    assert_eq!(p.copies_in_flight(), 1);
+}
+
+#[test]
+fn a_known_nic_rate_cuts_for_least_time_and_keeps_the_cut() {
+    let mb = 1 << 20;
+    let cfg = PipelineConfig {
+        nic_rate: 25_000_000_000,
+        ..config(8 * mb, 64, 4)
+    };
+    let mut p = Pipeline::new(Script::default(), cfg).unwrap();
+    let len = 64 * mb;
+    p.start(Direction::DeviceToHost, Dev(len), 0..len).unwrap();
+    poll(&mut p);
+    let want = cut::least_time(
+        len,
+        Direction::DeviceToHost,
+        cfg.nic_rate,
+        cut::CopyModel::of(Direction::DeviceToHost),
+        CUT_FLOOR,
+        cfg.chunk_size,
+    )
+    .unwrap();
+    let got: Vec<usize> = p.engine().issued.iter().map(|c| c.3).collect();
+    assert_eq!(got, want, "the copies follow the least-time cut");
+    assert!(want.iter().all(|&l| l >= CUT_FLOOR) && CUT_FLOOR == 256 << 10);
+    assert_eq!(p.cuts_kept(), 1);
+    p.start(Direction::DeviceToHost, Dev(len), 0..len).unwrap();
+    assert_eq!(p.cuts_kept(), 1, "the same length reuses its cut");
+    p.start(Direction::HostToDevice, Dev(len), 0..len).unwrap();
+    assert_eq!(p.cuts_kept(), 2, "another direction is another cut");
+    // Without a rate: cut in pieces (a sixteenth, at least min_piece), no cut kept.
+    let mut q = pipeline(8 * mb, 64);
+    q.start(Direction::DeviceToHost, Dev(len), 0..len).unwrap();
+    poll(&mut q);
+    assert!(q.engine().issued.iter().all(|c| c.3 == 4 * mb));
+    assert_eq!(q.cuts_kept(), 0);
+}
+
+#[test]
+fn every_refusal_says_what_to_do() {
+    let t = Ticket(1);
+    let all = [
+        PipelineError::Config { setting: "x" },
+        PipelineError::OutsideDevice {
+            direction: Direction::DeviceToHost,
+            start: 0,
+            end: 9,
+            device_len: 8,
+        },
+        PipelineError::TooManyTickets { active: 1 },
+        PipelineError::UnknownTicket { ticket: t },
+        PipelineError::NotLent {
+            call: "c",
+            ticket: t,
+            slot: 0,
+        },
+        PipelineError::CommitDeviceToHost { ticket: t },
+        PipelineError::CopyNotIssued { ticket: t },
+        PipelineError::OutsideChunk {
+            call: "c",
+            at: 0,
+            len: 9,
+            chunk_len: 8,
+        },
+    ];
+    let hints: Vec<&str> = all.iter().map(PipelineError::hint).collect();
+    for (e, h) in all.iter().zip(&hints) {
+        assert!(h.len() > 20, "{e}: {h}");
+    }
+    assert!(hints[2].contains("max_tickets") && hints[4].contains("stager that lent it"));
+    let mut unique = hints.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), hints.len(), "one hint per refusal");
 }
 
 #[test]
