@@ -122,6 +122,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_remainder_as_long_as_the_floor_is_a_chunk_of_its_own() {
+        let got: Vec<_> = ChunkPlan::ramped(0..4, 8, 2).collect();
+        assert_eq!(got, vec![0..2, 2..4]);
+    }
+
+    #[test]
+    fn the_plan_says_what_is_left() {
+        let mut p = ChunkPlan::ramped(0..100, 32, 8);
+        let n = p.clone().count();
+        assert_eq!(p.size_hint(), (n, Some(n)));
+        assert_eq!(p.remaining_bytes(), 100);
+        let first = p.next().unwrap();
+        assert_eq!(p.remaining_bytes(), 100 - first.len());
+        assert_eq!(p.size_hint(), (n - 1, Some(n - 1)));
+        p.stop();
+        assert_eq!((p.remaining_bytes(), p.size_hint()), (0, (0, Some(0))));
+    }
+
+    #[test]
     fn chunks_cover_the_range_once_in_order() {
         for (range, size) in [
             (0..10, 3),
