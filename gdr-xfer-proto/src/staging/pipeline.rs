@@ -88,6 +88,25 @@ struct Slot<C> {
     len: usize,
 }
 
+impl<C> Slot<C> {
+    /// Lends the slot (slot `index` of stager `stager`) for its ticket's chunk: a new lending,
+    /// so a chunk of an earlier one no longer names it.
+    fn lend(&mut self, stager: u64, index: usize, chunk_size: usize) -> Chunk {
+        self.state = SlotState::Lent;
+        self.seq += 1;
+        Chunk {
+            stager,
+            slot: index,
+            seq: self.seq,
+            ticket: self.ticket,
+            direction: self.direction,
+            device_offset: self.device_offset,
+            bounce_offset: index * chunk_size,
+            len: self.len,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Job<D, X> {
     ticket: Ticket,
@@ -382,19 +401,12 @@ impl<E: CopyEngine> Pipeline<E> {
                 if job.stopped() {
                     return; // nobody wants these bytes any more: the slot is free again
                 }
-                slot.state = SlotState::Lent;
-                slot.seq += 1;
                 job.lent += 1;
-                out.push(StagingEvent::Ready(Chunk {
-                    stager: self.id,
-                    slot: i,
-                    seq: slot.seq,
-                    ticket,
-                    direction: Direction::DeviceToHost,
-                    device_offset: slot.device_offset,
-                    bounce_offset: i * self.config.chunk_size,
-                    len,
-                }));
+                out.push(StagingEvent::Ready(slot.lend(
+                    self.id,
+                    i,
+                    self.config.chunk_size,
+                )));
             }
             SlotState::ToDevice(copy) => {
                 drop(copy);
@@ -453,19 +465,12 @@ impl<E: CopyEngine> Pipeline<E> {
                     }
                 }
                 Direction::HostToDevice => {
-                    slot.state = SlotState::Lent;
-                    slot.seq += 1;
                     job.lent += 1;
-                    out.push(StagingEvent::Fill(Chunk {
-                        stager: self.id,
-                        slot: i,
-                        seq: slot.seq,
-                        ticket: job.ticket,
-                        direction: Direction::HostToDevice,
-                        device_offset: range.start,
-                        bounce_offset,
-                        len: range.len(),
-                    }));
+                    out.push(StagingEvent::Fill(slot.lend(
+                        self.id,
+                        i,
+                        self.config.chunk_size,
+                    )));
                 }
             }
         }

@@ -159,11 +159,18 @@ fn a_started_ticket_is_work_before_any_buffer_is_used_and_an_empty_one_ends_at_o
     let mut p = pipeline(8, 1);
     assert!(p.is_idle() && p.broken_slots() == 0 && p.cuts_kept() == 0);
     let t = p.start(Direction::DeviceToHost, Dev(8), 4..4).unwrap();
-    assert!(!p.is_idle(), "a ticket is active though no buffer is used yet");
+    assert!(
+        !p.is_idle(),
+        "a ticket is active though no buffer is used yet"
+    );
     match poll(&mut p).remove(0) {
         StagingEvent::Finished {
             ticket,
-            outcome: Outcome::Completed { bytes: 0, chunks: 0 },
+            outcome:
+                Outcome::Completed {
+                    bytes: 0,
+                    chunks: 0,
+                },
         } => assert_eq!(ticket, t),
         e => panic!("{e:?}"),
     }
