@@ -89,12 +89,13 @@ fn main() -> ExitCode {
         total.routed, total.routed_nowhere, total.conns_gone, total.reconnections, total.table_messages, total.stale_plans, total.foreign_refused
     );
     println!(
-        "faults: {} stalls, {} lane faults, {} link cuts, {} kills, {} deregistrations; fences {}, renewals {}, rail pauses {}; events {}, virtual time {:.1} s",
+        "faults: {} stalls, {} lane faults, {} link cuts, {} kills, {} deregistrations, {} copies failed; fences {}, renewals {}, rail pauses {}; events {}, virtual time {:.1} s",
         total.stalls,
         total.lane_faults,
         total.link_faults,
         total.kills,
         total.deregistrations,
+        total.copy_failures,
         total.fences,
         total.renewals,
         total.rail_pauses,

@@ -3,13 +3,15 @@
 //! Agents with real memory connect over simulated RC queue pairs (requests executed one at a
 //! time and in order per queue pair, packets that take time on the wire, remote keys checked,
 //! receives needed for SENDs, errors that flush a queue pair), driven by [`crate::Connection`]
-//! cores exactly as `gdr-xfer` drives them. Everything random (sizes, timings, which faults,
+//! cores exactly as `gdr-xfer` drives them, and stagers that are the core's bounce-slot machine
+//! ([`crate::staging::Pipeline`]) over simulated copies. Everything random (sizes, timings, which faults,
 //! when) comes from one seed, with a virtual clock, so a seed replays exactly.
 //!
 //! Faults drawn (by the seed's class, `seed % 4`): slow paths that hold a queue pair's requests
 //! past the quiesce time, peers deregistering segments under transfers (request errors),
 //! misuse (local memory of another agent, notifications longer than the peer takes), tight
-//! deadlines in every phase, cancellations, slow notification consumers; then lane failures
+//! deadlines in every phase, cancellations, slow notification consumers, a stager's copy that
+//! fails (before the faults heal; its bounce buffer is broken for good); then lane failures
 //! and failing queue pair creation (`Lanes`), links down and up (`Links`), or an agent killed
 //! (`Kill`).
 //!
@@ -140,6 +142,8 @@ pub struct Report {
     pub deregistrations: u64,
     /// DMAs checked.
     pub dmas: u64,
+    /// Stager copies that failed (injected; each leaves its bounce buffer broken for good).
+    pub copy_failures: u64,
     /// Staged transfers (through simulated bounce buffers).
     pub staged: u64,
     /// Messages (a notification without data).
@@ -191,6 +195,7 @@ impl Report {
         self.kills += o.kills;
         self.deregistrations += o.deregistrations;
         self.dmas += o.dmas;
+        self.copy_failures += o.copy_failures;
         self.staged += o.staged;
         self.messages += o.messages;
         self.routed += o.routed;

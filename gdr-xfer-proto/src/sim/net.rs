@@ -120,6 +120,8 @@ pub(crate) struct Net {
     /// Posts the core made beyond a queue's depth (its room model was wrong).
     pub(crate) overposts: u64,
     pub(crate) dmas: u64,
+    /// Stager copies that failed (injected).
+    pub(crate) copy_failures: u64,
     /// Per agent, when its completion queue last handed a completion to the driver:
     /// completions are polled in the order they were queued.
     pub(crate) cq_at: Vec<Duration>,
@@ -149,6 +151,7 @@ impl Net {
             create_fail: 0,
             overposts: 0,
             dmas: 0,
+            copy_failures: 0,
             cq_at: vec![Duration::ZERO; agents],
             trace: None,
         }

@@ -72,6 +72,8 @@ pub(crate) struct SimCopies {
     timed: usize,
     /// Every copy numbered below this is complete.
     complete_below: u64,
+    /// The copy that fails, if one does (injected).
+    fail: Option<u64>,
 }
 
 impl SimCopies {
@@ -124,7 +126,11 @@ impl CopyEngine for SimCopies {
         Ok(self.issue(true, dev, dev_offset, bounce_offset, len))
     }
     fn is_complete(&mut self, copy: &mut SimCopy) -> Result<bool, TextError> {
-        Ok(copy.0 < self.complete_below)
+        let complete = copy.0 < self.complete_below;
+        if complete && self.fail == Some(copy.0) {
+            return Err(TextError(format!("copy {} failed (injected)", copy.0)));
+        }
+        Ok(complete)
     }
     fn wait(&mut self, _copy: &mut SimCopy) -> Result<(), TextError> {
         Err(TextError(
@@ -149,18 +155,30 @@ pub(crate) struct SimStager {
 }
 
 impl SimStager {
-    /// A stager of incarnation `incarnation` (see [`SimCopies`]).
-    pub(crate) fn new(config: PipelineConfig, incarnation: u64) -> SimStager {
+    /// A stager of incarnation `incarnation` (see [`SimCopies`]) whose copy number `fail`
+    /// (counted from 1) fails, if given.
+    pub(crate) fn new(config: PipelineConfig, incarnation: u64, fail: Option<u64>) -> SimStager {
+        let base = incarnation << 40;
         let engine = SimCopies {
-            base: incarnation << 40,
+            base,
             next: 1,
-            complete_below: incarnation << 40,
+            complete_below: base,
+            fail: fail.map(|n| base | n),
             ..SimCopies::default()
         };
         SimStager {
             pipe: Pipeline::new(engine, config).expect("the world draws valid stager settings"),
             last_copy: Duration::ZERO,
             events: VecDeque::new(),
+        }
+    }
+
+    /// The faults heal: a copy not issued yet does not fail any more (one issued already still
+    /// does, for a transfer submitted before the heal).
+    pub(crate) fn no_more_failures(&mut self) {
+        let engine = self.pipe.engine_mut();
+        if engine.fail.is_some_and(|f| f >= engine.base | engine.next) {
+            engine.fail = None;
         }
     }
 
@@ -251,6 +269,16 @@ impl SimStager {
         engine.issued.pop_front();
         engine.timed -= 1;
         engine.complete_below = c.id + 1;
+        if engine.fail == Some(c.id) {
+            // Nothing moves, the pipeline learns of the failure at its next poll, and the
+            // staged transfer it belonged to may fail: it is no innocent one.
+            net.copy_failures += 1;
+            if let Some(x) = net.xfers.list.get_mut(c.dev.parent) {
+                x.innocent = false;
+            }
+            self.pump(net, agent);
+            return;
+        }
         let (dev, bounce) = (
             c.dev.start + c.dev_offset,
             Self::bounce_addr(c.bounce_offset),

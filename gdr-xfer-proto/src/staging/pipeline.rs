@@ -221,14 +221,14 @@ impl<E: CopyEngine> Pipeline<E> {
         self.cuts.len()
     }
 
-    /// Whether every bounce buffer is free (none copying, lent or broken) and no ticket is
-    /// active.
+    /// Whether nothing is going on: no ticket active, no copy in flight, no chunk lent (a
+    /// broken buffer stays broken, and does not count).
     pub fn is_idle(&self) -> bool {
         self.jobs.is_empty()
             && self
                 .slots
                 .iter()
-                .all(|s| matches!(s.state, SlotState::Free))
+                .all(|s| matches!(s.state, SlotState::Free | SlotState::Broken(_)))
     }
 
     /// Tickets started and not yet reported finished.

@@ -368,6 +368,7 @@ fn a_failed_copy_fails_its_ticket_and_its_buffer_is_never_used_again() {
         "{finished:?}"
     );
     assert!(ev.is_empty());
+    assert!(p.is_idle(), "a broken buffer is not work in progress");
     // A new ticket runs in the one buffer left.
     p.start(Direction::DeviceToHost, Dev(16), 0..16).unwrap();
     poll(&mut p);

@@ -197,6 +197,9 @@ impl World {
         if class == FaultClass::Lanes {
             net.create_fail = 8;
         }
+        let failing: Vec<Option<u64>> = (0..agents)
+            .map(|_| failing_copy(&mut rng, &p.stager))
+            .collect();
         let mut w = World {
             rng,
             base: Instant::now(),
@@ -214,7 +217,10 @@ impl World {
             inc: vec![vec![0; agents]; agents],
             parted: vec![vec![false; agents]; agents],
             tables: vec![vec![PeerTable::new(); agents]; agents],
-            stagers: (0..agents).map(|_| SimStager::new(p.stager, 0)).collect(),
+            stagers: failing
+                .into_iter()
+                .map(|f| SimStager::new(p.stager, 0, f))
+                .collect(),
             incarnations: vec![0; agents],
             stage_at: vec![None; agents],
             control_at: vec![vec![Duration::ZERO; agents]; agents],
@@ -1173,6 +1179,9 @@ impl World {
     fn heal(&mut self) {
         self.log(|| "heal".to_string());
         self.healed = true;
+        for s in &mut self.stagers {
+            s.no_more_failures();
+        }
         let mut net = self.net.borrow_mut();
         net.create_fail = 0;
         for q in &mut net.qps {
@@ -1200,7 +1209,7 @@ impl World {
             }
         }
         self.incarnations[agent] += 1;
-        self.stagers[agent] = SimStager::new(self.p.stager, self.incarnations[agent]);
+        self.stagers[agent] = SimStager::new(self.p.stager, self.incarnations[agent], None);
         for p in 0..self.p.agents {
             self.conns[agent][p] = None;
             if p != agent && self.conns[p][agent].is_some() {
@@ -1294,6 +1303,7 @@ impl World {
         self.tables_converged()?;
         let net = self.net.borrow();
         self.report.dmas = net.dmas;
+        self.report.copy_failures = net.copy_failures;
         if net.overposts > 0 {
             return Err(format!(
                 "the core posted beyond a send queue's depth {} times",
@@ -1334,4 +1344,11 @@ fn stager_config(rng: &mut Rng) -> PipelineConfig {
         },
         nic_rate: if rng.percent(33) { 25_000_000_000 } else { 0 },
     }
+}
+
+/// Which copy of a stager fails, if one does: in a quarter of the seeds whose stagers have two
+/// bounce buffers or more (a failed copy breaks its buffer for good, and the stager goes on
+/// with the others), one of its first 30 copies.
+fn failing_copy(rng: &mut Rng, stager: &PipelineConfig) -> Option<u64> {
+    (stager.chunks >= 2 && rng.percent(25)).then(|| rng.range(1, 31))
 }
