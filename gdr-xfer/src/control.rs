@@ -2,14 +2,14 @@
 //! connected, segment tables sent, both sides ready; then a reader thread per peer applies the
 //! peer's segment announcements and notices when it goes away.
 
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use gdr::connect::TcpLink;
 use gdr::qp::QueuePair;
 
-use crate::agent::AgentShared;
 use crate::config::AgentConfig;
 use gdr_xfer_proto::handshake::{self, HandshakeError, Offer, Settings, Shape};
 use gdr_xfer_proto::{DriverError, Failure, Lost, TableError};
@@ -17,11 +17,73 @@ use gdr_xfer_proto::{DriverError, Failure, Lost, TableError};
 use crate::connection::{Connection, Parts};
 use crate::error::{Error, Result};
 use crate::notify::NotifyPool;
+use crate::peer::Peer;
+use crate::shared::AgentShared;
 use crate::wire::{segment_messages, Hello, Message};
 
 /// How long a rail renewal waits for the peer's answer (the control link normally answers
 /// within milliseconds; an offer lost with a stalled link is made again after the cool-down).
 const RENEW_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connects `shared`'s agent to the agent at `addr`, all of it (dialling and the handshake)
+/// within `timeout`; dialling gives up when the agent closes.
+pub(crate) fn connect(shared: &Arc<AgentShared>, addr: &str, timeout: Duration) -> Result<Peer> {
+    shared.check_open()?;
+    let end = Instant::now().checked_add(timeout);
+    let stream = dial(addr, timeout, &|| shared.intake.is_closing())?;
+    let left = end.map_or(timeout, |e| e.saturating_duration_since(Instant::now()));
+    let conn = establish(shared, stream, true, left)?;
+    Ok(Peer::new(conn, shared))
+}
+
+/// Accepts connections on `listener` until the agent shuts down, each handshake on its own
+/// thread.
+pub(crate) fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
+    while !shared.shutdown.load(Ordering::Acquire) {
+        match listener.accept() {
+            Ok((stream, from)) => {
+                if let Err(e) = stream.set_nonblocking(false) {
+                    log::warn!("{}: connection from {from}: {e}", shared.config.name);
+                    continue;
+                }
+                // A bounded number of handshakes at once: connections that send nothing cannot
+                // pile up threads, queue pairs and descriptors. (Refused handshakes linger
+                // half a second to deliver their reason, hence the margin over max_peers.)
+                let cap = shared.config.max_peers.saturating_mul(2).saturating_add(8);
+                if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= cap {
+                    shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+                    log::warn!(
+                        "{}: connection from {from} dropped: {cap} handshakes in progress already",
+                        shared.config.name
+                    );
+                    continue;
+                }
+                // Each handshake on its own thread: a slow or hostile peer cannot hold up
+                // the others.
+                let s = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("xfer-accept-{}", shared.config.name))
+                    .spawn(move || {
+                        if let Err(e) = establish(&s, stream, false, s.config.connect_timeout) {
+                            log::warn!("{}: connection from {from} refused: {e}", s.config.name);
+                        }
+                        s.handshakes.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if let Err(e) = spawned {
+                    shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+                    log::warn!("{}: no thread for a handshake: {e}", shared.config.name);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                log::warn!("{}: accept failed: {e}", shared.config.name);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
 
 /// Opens a TCP connection to `addr`, retrying refused attempts until `timeout` (the peer may
 /// not listen yet) or until `stop` says so ([`Error::AgentClosed`]).
@@ -155,7 +217,7 @@ pub(crate) fn establish(
     } = links;
     let conn = Connection::new(Parts {
         name: theirs.name.clone(),
-        agent_id: agent.id,
+        agent_id: agent.id(),
         rails: agent.rails.clone(),
         endpoint: Arc::downgrade(&agent.endpoint),
         notes: agent.notes.clone(),

@@ -23,22 +23,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::agent::{Agent, AgentShared};
+use crate::agent::Agent;
 use crate::connection::Connection;
-use crate::directory::{Claim, EtcdDirectory, WatchEvent};
+use crate::directory::{endpoint_key, EtcdDirectory, Published, WatchEvent};
 use crate::error::{Error, Result};
 use crate::peer::Peer;
 use crate::segment::Segment;
+use crate::shared::AgentShared;
 use crate::wire::{AgentRecord, Message};
 use gdr_xfer_proto::{Failure, Lost, SegmentId};
-
-fn endpoint_key(agent: &str) -> String {
-    format!("{agent}/endpoint")
-}
-
-fn segment_key(agent: &str, id: SegmentId) -> String {
-    format!("{agent}/segments/{id}")
-}
 
 /// An address a peer can connect to: a specific IP and a port.
 fn check_advertised(addr: SocketAddr) -> Result<()> {
@@ -59,39 +52,6 @@ fn check_publishable(name: &str) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// The directory an agent published itself in, and its claim of its name there.
-pub(crate) struct Published {
-    pub(crate) dir: Arc<EtcdDirectory>,
-    claim: Claim,
-}
-
-impl Published {
-    pub(crate) fn put_segment(&self, agent: &str, seg: &Segment) {
-        let value = Message::Segments(vec![seg.info().clone()])
-            .encode()
-            .map_err(Error::from);
-        let r = value.and_then(|v| {
-            self.dir
-                .put_claimed(&self.claim, &segment_key(agent, seg.id()), &v)
-        });
-        if let Err(e) = r {
-            log::warn!(
-                "{agent}: publishing segment {} in the directory: {e}",
-                seg.id()
-            );
-        }
-    }
-
-    pub(crate) fn delete_segment(&self, agent: &str, id: SegmentId) {
-        if let Err(e) = self
-            .dir
-            .delete_claimed(&self.claim, &segment_key(agent, id))
-        {
-            log::warn!("{agent}: withdrawing segment {id} from the directory: {e}");
-        }
-    }
 }
 
 impl Agent {
@@ -238,7 +198,7 @@ fn connect_named(
             .transpose()?;
         if let Some(record) = record {
             let budget = left().min(shared.config.connect_timeout);
-            match crate::agent::connect_shared(shared, &record.addr, budget) {
+            match crate::control::connect(shared, &record.addr, budget) {
                 Ok(peer) => break (peer, watch, record.addr),
                 Err(e @ (Error::Io { .. } | Error::Timeout { .. })) => {
                     stale = Some((record.addr, e));
@@ -259,7 +219,7 @@ fn connect_named(
         std::thread::sleep(left().min(Duration::from_millis(50)));
     };
     if peer.name() != name {
-        shared.disconnect(&peer);
+        shared.disconnect(&peer.conn);
         return Err(Error::protocol(
             name,
             format!(
@@ -370,9 +330,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_and_names() {
-        assert_eq!(endpoint_key("a"), "a/endpoint");
-        assert_eq!(segment_key("a", SegmentId::new(7)), "a/segments/7");
+    fn names_with_a_slash_cannot_be_published() {
         assert!(check_publishable("prefill-0").is_ok());
         assert!(matches!(
             check_publishable("a/b"),

@@ -21,10 +21,11 @@ use std::task::{Context, Poll, Waker};
 
 use futures_core::Stream;
 
-use crate::agent::{Agent, AgentShared};
+use crate::agent::Agent;
 use crate::error::{Error, Result};
 use crate::notify::Notification;
 use crate::peer::Peer;
+use crate::shared::AgentShared;
 use crate::wakers::Waiter;
 use crate::wire::SegmentInfo;
 
@@ -91,7 +92,7 @@ impl Agent {
         let addr = addr.to_string();
         Connecting::spawn(&self.shared.config.name, move || {
             let timeout = shared.config.connect_timeout;
-            crate::agent::connect_shared(&shared, &addr, timeout)
+            crate::control::connect(&shared, &addr, timeout)
         })
     }
 }
@@ -249,7 +250,7 @@ impl Future for WaitPeer {
             if let Err(e) = shared.check_open() {
                 return Some(Err(e));
             }
-            shared.ready_peer(name).map(Ok)
+            Peer::ready(shared, name).map(Ok)
         })
     }
 }

@@ -208,6 +208,7 @@ pub mod directory;
 mod discovery;
 pub mod error;
 pub mod futures;
+mod intake;
 mod lanes;
 #[cfg(feature = "metrics")]
 pub mod metrics;
@@ -218,6 +219,7 @@ mod pools;
 mod progress;
 mod rail;
 mod segment;
+mod shared;
 mod shutdown;
 mod side;
 mod staged;

@@ -1,13 +1,14 @@
 //! The handle of a connected peer: its segment table, and the transfers to it.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::agent::AgentShared;
 use crate::config::TransferOptions;
 use crate::connection::Connection;
 use crate::descriptor::{BlockTable, Desc, LocalList, Op, RemoteList};
 use crate::error::{Error, Foreign, Result};
+use crate::intake::Intake;
+use crate::shared::AgentShared;
 use crate::side::Side;
 use gdr_xfer_proto::{Failure, Lost, SegmentId, Spec};
 
@@ -22,8 +23,10 @@ use crate::wire::SegmentInfo;
 #[derive(Clone)]
 pub struct Peer {
     pub(crate) conn: Arc<Connection>,
-    /// Its agent (held weakly: a peer handle does not keep a dropped agent's threads alive).
-    pub(crate) agent: Weak<AgentShared>,
+    /// What a submission passes first: its agent open, the transfer counted as pending, and
+    /// the agent's staging driver. Nothing else of the agent: a peer handle does not keep a
+    /// dropped agent's threads alive, and holds no pointer back to it.
+    pub(crate) intake: Arc<Intake>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -42,8 +45,14 @@ impl Peer {
     pub(crate) fn new(conn: Arc<Connection>, agent: &Arc<AgentShared>) -> Peer {
         Peer {
             conn,
-            agent: Arc::downgrade(agent),
+            intake: agent.intake.clone(),
         }
+    }
+
+    /// `agent`'s connected (handshake done) peer with this name.
+    pub(crate) fn ready(agent: &Arc<AgentShared>, name: &str) -> Option<Peer> {
+        let endpoint = agent.lock_endpoint();
+        endpoint.peer(name).map(|c| Peer::new(c.clone(), agent))
     }
 
     /// The peer agent's name.
@@ -136,10 +145,7 @@ impl Peer {
 
     /// [`Error::AgentClosed`] once this peer's agent is shut down (or dropped).
     pub(crate) fn check_agent(&self) -> Result<()> {
-        match self.agent.upgrade() {
-            Some(a) => a.check_open(),
-            None => Err(Error::AgentClosed),
-        }
+        self.intake.check_open()
     }
 
     pub(crate) fn check_connected(&self) -> Result<()> {
@@ -332,8 +338,8 @@ impl Peer {
                 "send at least one byte, and leave TransferOptions::notify unset: the message is the notification",
             ));
         }
-        let (agent, pending) = self.begin(Some(&data))?;
-        let timeout = opts.timeout.unwrap_or(agent.config.default_timeout);
+        let pending = self.begin(Some(&data))?;
+        let timeout = opts.timeout.unwrap_or(self.intake.default_timeout);
         let cell = Arc::new(TransferCell::new(
             Op::Write,
             self.conn.name.clone(),
@@ -360,13 +366,9 @@ impl Peer {
     }
 
     /// What every submission checks first: the agent open, the peer connected, the
-    /// notification within what the peer takes. Returns the agent and the transfer counted as
-    /// pending in it.
-    fn begin(&self, notify: Option<&[u8]>) -> Result<(Arc<AgentShared>, Pending)> {
-        let agent = self.agent.upgrade().ok_or(Error::AgentClosed)?;
-        // Counted before the check, so that a shutdown either sees this transfer or refuses it.
-        let pending = Pending::new(&agent.pending);
-        agent.check_open()?;
+    /// notification within what the peer takes. Returns the transfer counted as pending.
+    fn begin(&self, notify: Option<&[u8]>) -> Result<Pending> {
+        let pending = self.intake.admit()?;
         self.check_connected()?;
         if let Some(n) = notify {
             if n.len() > self.conn.notify_max as usize {
@@ -381,7 +383,7 @@ impl Peer {
                 });
             }
         }
-        Ok((agent, pending))
+        Ok(pending)
     }
 
     fn submit(
@@ -392,7 +394,8 @@ impl Peer {
         plan: impl FnOnce(&mut Planner<'_>) -> Result<()>,
     ) -> Result<Transfer> {
         let started = Instant::now();
-        let (agent, pending) = self.begin(opts.notify.as_deref())?;
+        let pending = self.begin(opts.notify.as_deref())?;
+        let intake = &self.intake;
         let plan = {
             let table = self.conn.remote.read().unwrap_or_else(|p| p.into_inner());
             let mut planner = Planner::new(
@@ -400,13 +403,13 @@ impl Peer {
                 &table,
                 self.conn.nrails,
                 capacity,
-                agent.id,
+                intake.agent,
             );
             plan(&mut planner)?;
             planner.finish()?
         };
         let plan_time = started.elapsed();
-        let timeout = opts.timeout.unwrap_or(agent.config.default_timeout);
+        let timeout = opts.timeout.unwrap_or(intake.default_timeout);
         let rail_mask = plan.locals.first().map_or(u32::MAX, |l| l.rail_mask);
         let bytes = plan.runs.iter().fold(0u64, |b, r| b.saturating_add(r.len));
         let cell = Arc::new(TransferCell::new(
@@ -427,7 +430,7 @@ impl Peer {
                 rail_mask,
                 opts.notify.clone(),
             );
-            agent.staging.submit(job).map_err(|f| cell.error(&f))?;
+            intake.staging.submit(job).map_err(|f| cell.error(&f))?;
         } else {
             let spec = Spec {
                 op,

@@ -18,8 +18,8 @@ use std::time::Instant;
 use gdr::Completion;
 use gdr_xfer_proto::{Failure, Lost};
 
-use crate::agent::AgentShared;
 use crate::config::TICK;
+use crate::shared::AgentShared;
 
 pub(crate) fn run(agent: Arc<AgentShared>, rail: usize) {
     let cq = agent.rails[rail].cq.clone();

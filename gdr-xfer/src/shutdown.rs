@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use gdr_xfer_proto::Failure;
 
 use crate::agent::Agent;
-use crate::error::{Error, Result};
+
 use crate::wire::Message;
 
 /// What [`Agent::shutdown`] did.
@@ -18,7 +18,7 @@ pub struct ShutdownReport {
     /// The caller's transfers pending when the shutdown began.
     pub pending: usize,
     /// Those still pending when the grace time ended: they stopped with
-    /// [`Error::AgentClosed`] (or succeeded, if all their bytes had landed), reported, as every
+    /// [`Error::AgentClosed`](crate::Error::AgentClosed) (or succeeded, if all their bytes had landed), reported, as every
     /// outcome, only once neither side's memory can be touched by them.
     pub failed: usize,
 }
@@ -27,12 +27,12 @@ impl Agent {
     /// Ends the agent in order:
     ///
     /// 1. New work is refused at once: transfers, registrations, connections (both ways),
-    ///    `listen` and `publish` fail with [`Error::AgentClosed`].
+    ///    `listen` and `publish` fail with [`Error::AgentClosed`](crate::Error::AgentClosed).
     /// 2. Pending transfers get up to `grace` to end (`Duration::ZERO`: none;
     ///    `Duration::MAX`: as long as they take, each still bounded by its own deadline).
     /// 3. The agent's directory records (feature `etcd`) are deleted, so that peers looking it
     ///    up find nothing and peers watching it let it go, without waiting for its lease to end.
-    /// 4. Transfers still pending stop: each reports [`Error::AgentClosed`] (success if all
+    /// 4. Transfers still pending stop: each reports [`Error::AgentClosed`](crate::Error::AgentClosed) (success if all
     ///    its bytes had landed) once neither side's memory can be touched by it: its requests
     ///    in flight completed, or were fenced (within about twice
     ///    [`AgentConfig::quiesce`](crate::AgentConfig::quiesce)). Then every connection is
@@ -45,7 +45,7 @@ impl Agent {
     /// grace time.
     ///
     /// A [`Transfer`](crate::Transfer) handle whose outcome is
-    /// [`Error::AgentClosed`] may be dropped, and its memory reused, at once: as with every
+    /// [`Error::AgentClosed`](crate::Error::AgentClosed) may be dropped, and its memory reused, at once: as with every
     /// outcome, none of its requests will touch its memory again.
     pub fn shutdown(&self, grace: Duration) -> ShutdownReport {
         let shared = &self.shared;
@@ -54,8 +54,8 @@ impl Agent {
             // after this.
             let mut endpoint = shared.lock_endpoint();
             endpoint.close();
-            shared.closing.store(true, Ordering::SeqCst);
-            shared.pending.load(Ordering::SeqCst)
+            shared.intake.close();
+            shared.intake.pending()
         };
         // Waits see the agent closed now, not after the grace time.
         shared.notes.close();
@@ -64,10 +64,10 @@ impl Agent {
             c.table_wakers.wake_all();
         }
         let end = Instant::now().checked_add(grace);
-        while shared.pending.load(Ordering::SeqCst) > 0 && end.is_none_or(|e| Instant::now() < e) {
+        while shared.intake.pending() > 0 && end.is_none_or(|e| Instant::now() < e) {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let failed = shared.pending.load(Ordering::SeqCst);
+        let failed = shared.intake.pending();
         if failed > 0 {
             log::warn!(
                 "{}: shutting down with {failed} transfers pending after {grace:?}: they fail with AgentClosed",
@@ -84,7 +84,7 @@ impl Agent {
         {
             let mut endpoint = shared.lock_endpoint();
             endpoint.close();
-            shared.closing.store(true, Ordering::SeqCst);
+            shared.intake.close();
         }
         shared.notes.close();
         shared.notify_peers_changed();
@@ -126,7 +126,7 @@ impl Agent {
         }
         // Staged transfers fail (their children did, with the connections), and the staging
         // thread ends.
-        shared.staging.stop();
+        shared.intake.staging.stop();
         let progress: Vec<_> = self
             .progress
             .lock()
@@ -144,16 +144,6 @@ impl Agent {
         // Async waits see the agent closed.
         shared.peer_wakers.wake_all();
         shared.notes.close();
-    }
-}
-
-impl crate::agent::AgentShared {
-    /// [`Error::AgentClosed`] once [`Agent::shutdown`] began (or the agent is being dropped).
-    pub(crate) fn check_open(&self) -> Result<()> {
-        if self.closing.load(Ordering::SeqCst) {
-            return Err(Error::AgentClosed);
-        }
-        Ok(())
     }
 }
 

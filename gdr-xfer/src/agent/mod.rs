@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::ops::RangeBounds;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -16,17 +16,18 @@ use gdr::mr::{AccessFlags, AlignedBuffer, HostMemory, MemoryRegion};
 use gdr::pd::ProtectionDomain;
 use gdr::CompletionQueue;
 
-use gdr_xfer_proto::{Endpoint, Failure, LaneRef, LocalError, Lost, Refusal};
+use gdr_xfer_proto::{Endpoint, LocalError};
 
 use crate::cache::{CacheStats, RegistrationCache};
 use crate::config::AgentConfig;
-use crate::connection::{lock_endpoint, Connection, SharedEndpoint};
 use crate::control;
 use crate::error::{Error, Foreign, Result};
+use crate::intake::Intake;
 use crate::notify::{NoteQueue, Notification};
 use crate::peer::Peer;
 use crate::rail::{AgentRail, QpShape, Rails};
 use crate::segment::{Backing, Segment};
+use crate::shared::{connections, AgentShared};
 use crate::staged::driver::Driver as StagingDriver;
 use crate::staged_memory::{StagedDevice, StagedMemory};
 use crate::wakers::Wakers;
@@ -39,14 +40,9 @@ const SEGMENT_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ);
 
-/// What the agent's threads share.
 mod registration;
-mod shared;
 #[cfg(test)]
 mod tests;
-
-use shared::*;
-pub(crate) use shared::{connect_shared, AgentShared};
 
 /// A transfer agent. See the [crate documentation](crate) for an example.
 ///
@@ -123,21 +119,18 @@ impl Agent {
                     gid_index: config.gid_index,
                 },
             )),
+            intake: Arc::new(Intake::new(id, config.default_timeout, staging)),
             config,
-            id,
             cache: Mutex::new(RegistrationCache::default()),
             endpoint: Arc::new(Mutex::new(Endpoint::new(id, nrails, max_peers))),
             notes,
             peer_wakers: Wakers::default(),
             peers_changed: Condvar::new(),
             shutdown: AtomicBool::new(false),
-            closing: AtomicBool::new(false),
-            pending: Arc::new(AtomicUsize::new(0)),
             threads: Mutex::new(Vec::new()),
             handshakes: AtomicU32::new(0),
             #[cfg(feature = "etcd")]
             published: Mutex::new(None),
-            staging,
         });
         let agent = Agent {
             shared,
@@ -206,7 +199,7 @@ impl Agent {
         let shared = self.shared.clone();
         let handle = std::thread::Builder::new()
             .name(format!("xfer-listen-{}", self.name()))
-            .spawn(move || accept_loop(shared, listener))
+            .spawn(move || control::accept_loop(shared, listener))
             .map_err(|e| Error::io("starting the listener thread", e))?;
         self.listeners
             .lock()
@@ -230,12 +223,12 @@ impl Agent {
 
     /// [`Agent::connect`], all of it (dialling and the handshake) within `timeout`.
     pub(crate) fn connect_within(&self, addr: &str, timeout: Duration) -> Result<Peer> {
-        connect_shared(&self.shared, addr, timeout)
+        control::connect(&self.shared, addr, timeout)
     }
 
     /// The connected peer with this name.
     pub fn peer(&self, name: &str) -> Option<Peer> {
-        self.shared.ready_peer(name)
+        Peer::ready(&self.shared, name)
     }
 
     /// The connected peers.
@@ -294,14 +287,14 @@ impl Agent {
     /// [`Error::ForeignObject`] for another agent's peer handle (its connection is left as it
     /// is).
     pub fn disconnect(&self, peer: &Peer) -> Result<()> {
-        if peer.conn.agent_id != self.shared.id {
+        if peer.conn.agent_id != self.shared.id() {
             return Err(Error::ForeignObject {
                 call: "Agent::disconnect",
                 object: Foreign::Peer(peer.name().to_string()),
                 hint: "disconnect a peer through the agent that connected it".into(),
             });
         }
-        self.shared.disconnect(peer);
+        self.shared.disconnect(&peer.conn);
         Ok(())
     }
 

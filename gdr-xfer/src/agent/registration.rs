@@ -221,7 +221,11 @@ impl Agent {
         len: usize,
         why: &str,
     ) -> Result<Segment> {
-        let (bounce, how) = self.shared.staging.bounce_for(&device, self.name())?;
+        let (bounce, how) = self
+            .shared
+            .intake
+            .staging
+            .bounce_for(&device, self.name())?;
         log::warn!("segment {name:?} ({len} bytes of GPU memory) is staged: {why}; {how}");
         let describe = format!("{how}; staged because {why}");
         let memory = Arc::new(StagedMemory {
@@ -303,7 +307,7 @@ impl Agent {
         };
         // Ranked now, once: no transfer from this memory pays for it.
         let rail_mask = self.shared.rail_mask(location);
-        let seg = Segment::new(info.clone(), backing, base, self.shared.id, rail_mask)?;
+        let seg = Segment::new(info.clone(), backing, base, self.shared.id(), rail_mask)?;
         let peers = {
             let mut endpoint = self.shared.lock_endpoint();
             let table = endpoint.segments_mut();
@@ -335,7 +339,7 @@ impl Agent {
     /// What staging holds and did: the GPUs with bounce buffers, staged transfers, chunks moved,
     /// and chunks whose buffer waited for the NIC to let go ([`crate::staging`]).
     pub fn staging_stats(&self) -> crate::StagingStats {
-        self.shared.staging.stats()
+        self.shared.intake.staging.stats()
     }
 
     /// Removes a segment from the table peers see (they are told at once; their new transfers

@@ -11,6 +11,8 @@ mod keys;
 #[cfg(feature = "etcd")]
 mod lease;
 #[cfg(feature = "etcd")]
+mod published;
+#[cfg(feature = "etcd")]
 mod runtime;
 #[cfg(feature = "etcd")]
 mod watch;
@@ -19,6 +21,8 @@ mod watch;
 pub use etcd::{Claim, EtcdConfig, EtcdDirectory, Listing};
 #[cfg(feature = "etcd")]
 pub use keys::{MAX_KEY_LEN, MAX_LIST_ENTRIES, MAX_VALUE_LEN};
+#[cfg(feature = "etcd")]
+pub(crate) use published::{endpoint_key, Published};
 #[cfg(feature = "etcd")]
 pub use watch::{Watch, WatchEvent, MAX_QUEUED_BYTES, MAX_QUEUED_EVENTS};
 

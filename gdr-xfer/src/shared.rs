@@ -1,19 +1,33 @@
 //! What an agent's threads share: its settings, its rails, its endpoint (peers, routes, its own
-//! segments), its notifications, its staging driver and its lifecycle; the accept loop and
-//! connecting to a peer. A connection holds none of this: it is given the rails, the endpoint
-//! (weakly) and the notification queue, the parts it needs, and nothing leads from it back to
-//! the agent.
+//! segments), its notifications, its staging driver and its lifecycle. The agent, its control
+//! readers, its progress threads and its async waits hold it; it refers to none of them, so the
+//! modules that drive it (`agent`, `control`, `progress`, `discovery`, `futures`) depend on it
+//! and not on each other's back. A connection holds none of it: it is given the rails, the
+//! endpoint (weakly) and the notification queue, the parts it needs.
 
-use super::*;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use gdr_xfer_proto::{Endpoint, Failure, LaneRef, Location, Lost, Refusal};
+
+use crate::cache::RegistrationCache;
+use crate::config::AgentConfig;
+use crate::connection::{lock_endpoint, Connection, SharedEndpoint};
+use crate::error::{Error, Result};
+use crate::intake::Intake;
+use crate::notify::NoteQueue;
+use crate::rail::Rails;
+use crate::segment::Segment;
+use crate::wakers::Wakers;
+use crate::wire::Message;
 
 pub(crate) struct AgentShared {
     pub(crate) config: AgentConfig,
-    /// This agent's number in the process (segments carry it: another agent's segment is
-    /// refused before anything is posted).
-    pub(crate) id: u64,
     /// The rails, shared with the connections (which make their queue pairs on them).
     pub(crate) rails: Arc<Rails>,
-    pub(super) cache: Mutex<RegistrationCache>,
+    pub(crate) cache: Mutex<RegistrationCache>,
     /// The core's [`Endpoint`]: the connected peers, by name and number, and whether each is
     /// ready (tables exchanged); where each completion belongs (by rail and queue pair
     /// number); the connections let go but still draining; this agent's own segments, the ids
@@ -33,86 +47,18 @@ pub(crate) struct AgentShared {
     pub(crate) notes: Arc<NoteQueue>,
     /// The async waits for peers.
     pub(crate) peer_wakers: Wakers,
-    pub(super) peers_changed: Condvar,
+    pub(crate) peers_changed: Condvar,
     pub(crate) shutdown: AtomicBool,
-    /// Set by [`Agent::shutdown`] (and drop): new transfers, registrations and connections are
-    /// refused with [`Error::AgentClosed`].
-    pub(crate) closing: AtomicBool,
-    /// The callers' transfers without an outcome yet ([`crate::transfer::Pending`]).
-    pub(crate) pending: Arc<AtomicUsize>,
+    /// Whether the agent takes new work, its pending transfers and its staging driver:
+    /// what its peer handles need of it.
+    pub(crate) intake: Arc<Intake>,
     /// Threads to join at drop (control readers, directory watches).
-    pub(super) threads: Mutex<Vec<JoinHandle<()>>>,
+    pub(crate) threads: Mutex<Vec<JoinHandle<()>>>,
     /// Handshakes of accepted connections in progress (at most `max_peers`).
-    pub(super) handshakes: AtomicU32,
+    pub(crate) handshakes: AtomicU32,
     /// The directory this agent published itself in (feature `etcd`).
     #[cfg(feature = "etcd")]
-    pub(super) published: Mutex<Option<crate::discovery::Published>>,
-    /// Transfers of staged GPU segments ([`crate::staging`]).
-    pub(crate) staging: Arc<StagingDriver>,
-}
-
-/// Connects `shared`'s agent to the agent at `addr`, all of it (dialling and the handshake)
-/// within `timeout`; dialling gives up when the agent closes.
-pub(crate) fn connect_shared(
-    shared: &Arc<AgentShared>,
-    addr: &str,
-    timeout: Duration,
-) -> Result<Peer> {
-    shared.check_open()?;
-    let end = Instant::now().checked_add(timeout);
-    let stream = control::dial(addr, timeout, &|| shared.closing.load(Ordering::SeqCst))?;
-    let left = end.map_or(timeout, |e| e.saturating_duration_since(Instant::now()));
-    let conn = control::establish(shared, stream, true, left)?;
-    Ok(Peer::new(conn, shared))
-}
-
-pub(super) fn accept_loop(shared: Arc<AgentShared>, listener: TcpListener) {
-    while !shared.shutdown.load(Ordering::Acquire) {
-        match listener.accept() {
-            Ok((stream, from)) => {
-                if let Err(e) = stream.set_nonblocking(false) {
-                    log::warn!("{}: connection from {from}: {e}", shared.config.name);
-                    continue;
-                }
-                // A bounded number of handshakes at once: connections that send nothing cannot
-                // pile up threads, queue pairs and descriptors. (Refused handshakes linger
-                // half a second to deliver their reason, hence the margin over max_peers.)
-                let cap = shared.config.max_peers.saturating_mul(2).saturating_add(8);
-                if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= cap {
-                    shared.handshakes.fetch_sub(1, Ordering::AcqRel);
-                    log::warn!(
-                        "{}: connection from {from} dropped: {cap} handshakes in progress already",
-                        shared.config.name
-                    );
-                    continue;
-                }
-                // Each handshake on its own thread: a slow or hostile peer cannot hold up
-                // the others.
-                let s = shared.clone();
-                let spawned = std::thread::Builder::new()
-                    .name(format!("xfer-accept-{}", shared.config.name))
-                    .spawn(move || {
-                        if let Err(e) =
-                            control::establish(&s, stream, false, s.config.connect_timeout)
-                        {
-                            log::warn!("{}: connection from {from} refused: {e}", s.config.name);
-                        }
-                        s.handshakes.fetch_sub(1, Ordering::AcqRel);
-                    });
-                if let Err(e) = spawned {
-                    shared.handshakes.fetch_sub(1, Ordering::AcqRel);
-                    log::warn!("{}: no thread for a handshake: {e}", shared.config.name);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => {
-                log::warn!("{}: accept failed: {e}", shared.config.name);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
+    pub(crate) published: Mutex<Option<crate::directory::Published>>,
 }
 
 /// Every connection of `endpoint` admitted and not let go (ready or still exchanging tables).
@@ -122,7 +68,7 @@ pub(crate) fn connections(endpoint: &Endpoint<Arc<Connection>, Segment>) -> Vec<
 
 impl AgentShared {
     #[cfg(feature = "etcd")]
-    pub(crate) fn lock_published(&self) -> MutexGuard<'_, Option<crate::discovery::Published>> {
+    pub(crate) fn lock_published(&self) -> MutexGuard<'_, Option<crate::directory::Published>> {
         self.published.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -202,7 +148,8 @@ impl AgentShared {
     }
 
     /// The connection exchanged its segment tables with the peer: the application sees it
-    /// from now on ([`Agent::peer`], [`Agent::wait_peer`]).
+    /// from now on ([`Agent::peer`](crate::Agent::peer),
+    /// [`Agent::wait_peer`](crate::Agent::wait_peer)).
     pub(crate) fn set_ready(&self, conn: &Connection) {
         if let Some(id) = conn.id() {
             self.lock_endpoint().ready(id);
@@ -222,7 +169,7 @@ impl AgentShared {
         self.retire(conn, Some(failure));
     }
 
-    pub(super) fn retire(&self, conn: &Arc<Connection>, failure: Option<Failure>) {
+    fn retire(&self, conn: &Arc<Connection>, failure: Option<Failure>) {
         let now = match conn.id() {
             Some(id) => self.lock_endpoint().let_go(id, failure),
             // Never admitted: nothing of it is routed, nothing to drain.
@@ -248,14 +195,13 @@ impl AgentShared {
         }
     }
 
-    /// [`Agent::disconnect`].
-    pub(crate) fn disconnect(&self, peer: &Peer) {
+    /// [`Agent::disconnect`](crate::Agent::disconnect) of the connection `conn`.
+    pub(crate) fn disconnect(&self, conn: &Arc<Connection>) {
         let failure = Failure::PeerLost {
             why: Lost::Disconnected,
         };
         // Transfers in flight report first, once quiet on both sides: closing at once would
         // report them while requests already on the wire may still land in the peer's memory.
-        let conn = &peer.conn;
         conn.start_leaving(failure.clone());
         conn.wait_left(Instant::now() + conn.leave_bound());
         conn.send_control(&Message::Bye(format!(
@@ -278,12 +224,6 @@ impl AgentShared {
         Some((c.clone(), lane))
     }
 
-    /// The connected (handshake done) peer with this name.
-    pub(crate) fn ready_peer(self: &Arc<Self>, name: &str) -> Option<Peer> {
-        let endpoint = self.lock_endpoint();
-        endpoint.peer(name).map(|c| Peer::new(c.clone(), self))
-    }
-
     /// Runs every connection's timers when [`crate::config::TICK`] has passed since they
     /// last ran; any progress thread (or a waiter past its deadline) may do it, one at a time.
     pub(crate) fn run_timers(&self, now: Instant) {
@@ -303,5 +243,17 @@ impl AgentShared {
         for conn in conns {
             conn.tick(now);
         }
+    }
+
+    /// [`Error::AgentClosed`] once [`Agent::shutdown`](crate::Agent::shutdown) began (or the
+    /// agent is being dropped).
+    pub(crate) fn check_open(&self) -> Result<()> {
+        self.intake.check_open()
+    }
+
+    /// This agent's number in the process (segments carry it: another agent's segment is
+    /// refused before anything is posted).
+    pub(crate) fn id(&self) -> u64 {
+        self.intake.agent
     }
 }
