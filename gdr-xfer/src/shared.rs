@@ -3,7 +3,13 @@
 //! readers, its progress threads and its async waits hold it; it refers to none of them, so the
 //! modules that drive it (`agent`, `control`, `progress`, `discovery`, `futures`) depend on it
 //! and not on each other's back. A connection holds none of it: it is given the rails, the
-//! endpoint (weakly) and the notification queue, the parts it needs.
+//! endpoint (weakly) and the notification queue, the parts it needs; a peer handle holds only
+//! the agent's [`Intake`].
+//!
+//! Locks, in order: [`AgentShared::published`] (held across a publish, which reads the
+//! endpoint under it), then a connection's core and writer (`connection.rs`), then
+//! [`AgentShared::endpoint`], a leaf. [`AgentShared::cache`] and [`AgentShared::threads`] are
+//! leaves taken with nothing else held. Nothing is taken the other way round.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -23,10 +29,14 @@ use crate::segment::Segment;
 use crate::wakers::Wakers;
 use crate::wire::Message;
 
+/// The agent's state, shared by its threads (quinn's `EndpointInner`: the core's endpoint
+/// under one lock, beside what the driver itself needs).
 pub(crate) struct AgentShared {
     pub(crate) config: AgentConfig,
     /// The rails, shared with the connections (which make their queue pairs on them).
     pub(crate) rails: Arc<Rails>,
+    /// The registration cache of GPU memory; held across a registration's verbs calls, so
+    /// that two registrations of one buffer make one region. A leaf taken alone.
     pub(crate) cache: Mutex<RegistrationCache>,
     /// The core's [`Endpoint`]: the connected peers, by name and number, and whether each is
     /// ready (tables exchanged); where each completion belongs (by rail and queue pair
@@ -47,16 +57,21 @@ pub(crate) struct AgentShared {
     pub(crate) notes: Arc<NoteQueue>,
     /// The async waits for peers.
     pub(crate) peer_wakers: Wakers,
+    /// The blocking waits for peers ([`Agent::wait_peer`](crate::Agent::wait_peer)), on the
+    /// endpoint's lock.
     pub(crate) peers_changed: Condvar,
+    /// Set at a shutdown once the transfers in flight have left, just before the connections
+    /// close: the listener stops, and no handshake is admitted after it.
     pub(crate) shutdown: AtomicBool,
     /// Whether the agent takes new work, its pending transfers and its staging driver:
     /// what its peer handles need of it.
     pub(crate) intake: Arc<Intake>,
-    /// Threads to join at drop (control readers, directory watches).
+    /// Threads to join at drop (control readers, directory watches). A leaf taken alone.
     pub(crate) threads: Mutex<Vec<JoinHandle<()>>>,
     /// Handshakes of accepted connections in progress (at most `max_peers`).
     pub(crate) handshakes: AtomicU32,
-    /// The directory this agent published itself in (feature `etcd`).
+    /// The directory this agent published itself in (feature `etcd`). Taken before the
+    /// endpoint, never after it.
     #[cfg(feature = "etcd")]
     pub(crate) published: Mutex<Option<crate::directory::Published>>,
 }
