@@ -41,7 +41,7 @@ pub(crate) struct AgentShared {
     /// The core's [`Endpoint`]: the connected peers, by name and number, and whether each is
     /// ready (tables exchanged); where each completion belongs (by rail and queue pair
     /// number); the connections let go but still draining; this agent's own segments, the ids
-    /// it gives and the admission of a segment handed to its calls ([`LocalTable`]); the rails
+    /// it gives and the admission of a segment handed to its calls ([`LocalTable`](gdr_xfer_proto::LocalTable)); the rails
     /// each memory location's transfers stripe over; when the timers are due. A connection
     /// stays routed (and alive) after it was let go until the progress threads drained every
     /// completion queue past that moment, so that completions already queued, a notification
