@@ -724,6 +724,74 @@ fn dropping_the_agent_fails_its_transfers_and_releases_their_memory_afterwards()
     println!("released {:?} after the agent was dropped", start.elapsed());
 }
 
+/// A peer handle kept after its agent was dropped holds only the agent's intake (no pointer back
+/// to the agent): every call refuses with `AgentClosed`, and it keeps no registration alive.
+#[test]
+#[ignore = "needs an RDMA device named by GDR_TEST_DEVICE (run in the VM: cargo xtask test)"]
+fn a_peer_handle_that_outlives_its_agent_refuses_work_and_holds_no_memory() {
+    let (a, _b, pb, src, _dst, rid, weak) = big_pair("oa", "ob");
+    let small = a.alloc_host(4096, "small").unwrap();
+    let small_weak = small.registration_weak();
+    // A transfer while the agent lives lands: the handle is a working one.
+    pb.write(
+        &[Desc::new(&small, 0, rid, 0, 4096)],
+        &TransferOptions::new(),
+    )
+    .unwrap()
+    .wait(WAIT)
+    .unwrap();
+    drop(src);
+    drop(a);
+    let closed = |what: &str, e: Error| {
+        assert!(matches!(e, Error::AgentClosed), "{what}: {e}");
+    };
+    let e = pb
+        .write(
+            &[Desc::new(&small, 0, rid, 0, 4096)],
+            &TransferOptions::new(),
+        )
+        .unwrap_err();
+    closed("write", e);
+    let e = pb
+        .read(
+            &[Desc::new(&small, 0, rid, 0, 4096)],
+            &TransferOptions::new(),
+        )
+        .unwrap_err();
+    closed("read", e);
+    let e = pb
+        .send_notification(b"late".to_vec(), &TransferOptions::new())
+        .unwrap_err();
+    closed("send_notification", e);
+    closed(
+        "prepare_remote",
+        pb.prepare_remote(&[(rid, 0, 1)]).unwrap_err(),
+    );
+    closed(
+        "wait_segment_named",
+        pb.wait_segment_named("dst", Duration::from_secs(1))
+            .unwrap_err(),
+    );
+    assert!(
+        !pb.is_connected(),
+        "the dropped agent's connection is closed"
+    );
+    // The handle (still held) keeps neither the dropped segment's memory nor, once the segment
+    // handle goes, the one the refused calls named.
+    wait_released(&weak);
+    assert!(
+        !weak.is_alive(),
+        "a peer handle kept a dropped agent's memory"
+    );
+    drop(small);
+    wait_released(&small_weak);
+    assert!(
+        !small_weak.is_alive(),
+        "a refused call kept its segment's memory"
+    );
+    drop(pb);
+}
+
 /// A peer that lies about rails: renewals of a rail it does not share, with the wrong number of
 /// queue pairs, answers and refusals nobody asked for. Each is dropped without an answer and
 /// changes nothing; an honest renewal afterwards is answered; a renewal inside the handshake
