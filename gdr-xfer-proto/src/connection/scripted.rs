@@ -214,9 +214,17 @@ impl T {
         self.t0 + Duration::from_millis(ms)
     }
 
-    /// Takes what the core left to carry out, in order, into the mock's records.
+    /// Takes what the core left to carry out, in order, into the mock's records, checking
+    /// that [`Connection::has_actions`] (the driver's way to skip an empty queue) agrees with
+    /// what [`Connection::poll_action`] gives, each time.
     pub(super) fn drain(&mut self) {
-        while let Some(a) = self.c.poll_action() {
+        loop {
+            let waiting = self.c.has_actions();
+            let Some(a) = self.c.poll_action() else {
+                assert!(!waiting, "has_actions said an action waits, and none came");
+                break;
+            };
+            assert!(waiting, "an action came, and has_actions said none waited");
             match a {
                 Action::DestroyLanes(l) => self.io.destroyed.extend(l),
                 Action::SendControl(m) => self.io.control.push(m),
