@@ -29,6 +29,9 @@ pub struct Metadata {
     pub target_dir: PathBuf,
     /// Package name by manifest directory.
     pub packages: HashMap<PathBuf, String>,
+    /// Every target of every workspace package: (package, kind, name), e.g.
+    /// `("gdr-xfer", "example", "kv_transfer")`.
+    pub targets: Vec<(String, String, String)>,
 }
 
 /// `cargo metadata --no-deps`.
@@ -60,10 +63,22 @@ pub fn metadata() -> Result<Metadata> {
             Some((dir, p["name"].as_str()?.to_string()))
         })
         .collect();
+    let mut targets = Vec::new();
+    for p in v["packages"].as_array().into_iter().flatten() {
+        let package = p["name"].as_str().unwrap_or_default();
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let name = t["name"].as_str().unwrap_or_default();
+            for kind in t["kind"].as_array().into_iter().flatten() {
+                let kind = kind.as_str().unwrap_or_default();
+                targets.push((package.to_string(), kind.to_string(), name.to_string()));
+            }
+        }
+    }
     Ok(Metadata {
         root: path("workspace_root")?,
         target_dir: path("target_directory")?,
         packages,
+        targets,
     })
 }
 

@@ -1,120 +1,137 @@
-//! `cargo xtask downstream`: builds new crates from README.md alone, the way a user would start:
-//! for each section of [`SECTIONS`] ("## Using the library" for gdr, "## Transfers between
-//! machines: gdr-xfer" for gdr-xfer, "### gdr-xfer on tokio" for its async forms, "### The whole
-//! hand-over, in one program" for a whole prefill-to-decode program), the dependency line (the
-//! first `toml` block) and the example (the first `rust` block) become
-//! `target/downstream/<crate>/{Cargo.toml,src/main.rs}`, and the crate is compiled. The crates
-//! of [`RUN_IN_VM`] are also run, by the VM tier of `cargo xtask test` (the others need a peer
-//! on another host).
+//! `cargo xtask downstream`: builds new crates from the guide alone, the way a user would start.
+//! Every ```` ```rust ```` block of README.md, of the book (`docs/src/`) and of the crates' own
+//! READMEs is a whole `main.rs`; the nearest ```` ```toml ```` block above it in the same file is
+//! its `[dependencies]`. Each pair becomes `target/downstream/<name>/{Cargo.toml,src/main.rs}`
+//! (the name is the file's stem and the block's number in it: `readme-1`, `xfer-tokio-2`), and
+//! the crate is compiled with warnings denied. A block marked `no_run` (it needs a peer on
+//! another host or a real NIC) is only compiled; the others also run, in the VM tier of `cargo
+//! xtask test`, with `GDR_DEVICE` set to the VM's device. A `toml` block that no program uses is
+//! an error: every block of the guide is checked by something.
 //!
-//! The README's line is used verbatim. It names a checkout called `gdr` next to the user's
-//! crate (`../gdr/gdr`); `target/downstream/gdr` is a link to this checkout, so the path resolves
-//! the same way. The crate shares the workspace's target directory and `Cargo.lock`, so a warm
-//! run only compiles `gdr`, `gdr-sys` (seen from the new path) and the example.
+//! The dependency lines are used verbatim. They name a checkout called `gdr` next to the
+//! user's crate (`../gdr/gdr`); `target/downstream/gdr` is a link to this checkout, so the path
+//! resolves the same way. The crates share the workspace's target directory and `Cargo.lock`,
+//! so a warm run only compiles the workspace crates (seen from the new path) and the examples.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Instant;
 
+use crate::docs::blocks::{self, Block};
 use crate::{cargo, say, Result};
 
-/// The sections of README.md a user reads to start, and the crate each becomes.
-pub const SECTIONS: &[(&str, &str)] = &[
-    ("## Using the library", "hello"),
-    ("## Transfers between machines: gdr-xfer", "hello-xfer"),
-    ("### gdr-xfer on tokio", "hello-xfer-tokio"),
-    ("### The whole hand-over, in one program", "kv-handover"),
-];
-
-/// The crates of [`SECTIONS`] that also run: whole programs on one host, run in the VM tier
-/// (`crate::test`) with `GDR_DEVICE` set to the VM's device.
-pub const RUN_IN_VM: &[&str] = &["kv-handover"];
-
-/// The first section (the tests use it).
-#[cfg(test)]
-const SECTION: &str = SECTIONS[0].0;
-
-/// The two code blocks a downstream crate is made of.
-#[derive(Debug, PartialEq)]
-pub struct Example {
-    /// The `toml` block: the `[dependencies]` a user adds.
-    pub toml: String,
-    /// The `rust` block: a whole `main.rs`.
-    pub rust: String,
+/// A program of the guide: a `rust` block and the `toml` block it is built with.
+#[derive(Debug, Clone)]
+pub struct Program {
+    /// The crate's (and the binary's) name: `<file stem>-<n>`.
+    pub name: String,
+    /// The dependency block.
+    pub toml: Block,
+    /// The program.
+    pub rust: Block,
 }
 
-/// The first ```` ```toml ```` and the first ```` ```rust ```` block (any info string that starts
-/// with `rust`, e.g. `rust,no_run`) of the README's section `section`, up to the next `## `
-/// heading.
-pub fn extract_section(readme: &str, section: &str) -> Result<Example> {
-    let start = readme
-        .lines()
-        .position(|l| l.trim_end() == section)
-        .ok_or_else(|| format!("README.md has no `{section}` section"))?;
-    let mut toml = None;
-    let mut rust = None;
-    let mut open: Option<(String, Vec<&str>)> = None;
-    for line in readme.lines().skip(start + 1) {
-        if open.is_none() && line.starts_with("## ") {
-            break;
-        }
-        match open.take() {
-            None => {
-                if let Some(info) = line.strip_prefix("```") {
-                    open = Some((info.trim().to_string(), Vec::new()));
-                }
-            }
-            Some((info, body)) if line.trim_end() == "```" => {
-                let text = body.join("\n") + "\n";
-                let lang = info.split([',', ' ']).next().unwrap_or("");
-                if lang == "toml" && toml.is_none() {
-                    toml = Some(text);
-                } else if lang == "rust" && rust.is_none() {
-                    rust = Some(text);
-                }
-            }
-            Some((info, mut body)) => {
-                body.push(line);
-                open = Some((info, body));
-            }
-        }
+impl Program {
+    /// Whether it runs in the VM tier (not marked `no_run`).
+    pub fn runs(&self) -> bool {
+        !self.rust.has("no_run")
     }
-    if open.is_some() {
-        return Err(format!(
-            "README.md: a code block in `{section}` is not closed"
-        ));
-    }
-    Ok(Example {
-        toml: toml.ok_or_else(|| format!("README.md: no ```toml block in `{section}`"))?,
-        rust: rust.ok_or_else(|| format!("README.md: no ```rust block in `{section}`"))?,
-    })
 }
 
-/// The first section's blocks.
-#[cfg(test)]
-pub fn extract(readme: &str) -> Result<Example> {
-    extract_section(readme, SECTION)
+/// The stem a file's programs are named after: `readme` for README.md, the file's stem in the
+/// book (`xfer-tokio`), `<crate>-readme` for a crate's README.
+fn stem(file: &str) -> String {
+    let path = Path::new(file);
+    let base = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    match path.parent().and_then(|p| p.file_name()) {
+        Some(dir) if base == "readme" => format!("{}-readme", dir.to_string_lossy()),
+        _ => base,
+    }
+}
+
+/// The programs of `blocks` (in order), each `rust` block with the nearest `toml` block above
+/// it in its file. Errors: a `rust` block with no `toml` block above it, a `toml` block no
+/// program uses, two programs of one name.
+pub fn programs(blocks: &[Block]) -> Result<Vec<Program>> {
+    let mut out: Vec<Program> = Vec::new();
+    let mut toml: Option<(Block, bool)> = None;
+    let mut file = "";
+    let mut n = 0;
+    let unused = |t: &Option<(Block, bool)>| match t {
+        Some((b, false)) => Err(format!(
+            "{}: no ```rust block below this ```toml block uses it",
+            b.place()
+        )),
+        _ => Ok(()),
+    };
+    for b in blocks {
+        if b.file != file {
+            unused(&toml)?;
+            toml = None;
+            file = &b.file;
+            n = 0;
+        }
+        match b.lang() {
+            "toml" => {
+                unused(&toml)?;
+                toml = Some((b.clone(), false));
+            }
+            "rust" => {
+                let Some((t, used)) = toml.as_mut() else {
+                    return Err(format!(
+                        "{}: a ```rust block with no ```toml block (its dependencies) above it",
+                        b.place()
+                    ));
+                };
+                *used = true;
+                n += 1;
+                let name = format!("{}-{n}", stem(&b.file));
+                if let Some(other) = out.iter().find(|p| p.name == name) {
+                    return Err(format!(
+                        "{} and {} both make the crate {name}",
+                        other.rust.place(),
+                        b.place()
+                    ));
+                }
+                out.push(Program {
+                    name,
+                    toml: t.clone(),
+                    rust: b.clone(),
+                });
+            }
+            _ => {}
+        }
+    }
+    unused(&toml)?;
+    Ok(out)
+}
+
+/// The guide's programs, read from the checkout.
+pub fn guide_programs() -> Result<Vec<Program>> {
+    programs(&blocks::all(&cargo::workspace_root())?)
 }
 
 /// The generated crate's manifest: a package header, an empty `[workspace]` (the crate lies
-/// below the gdr workspace but is not one of its members), then the README's block unchanged.
-#[cfg(test)]
-fn manifest(readme_toml: &str) -> String {
-    manifest_of(readme_toml, SECTIONS[0].0, SECTIONS[0].1)
-}
-
-fn manifest_of(readme_toml: &str, section: &str, name: &str) -> String {
+/// below the gdr workspace but is not one of its members), then the guide's block unchanged.
+fn manifest(p: &Program) -> String {
     format!(
-        "# Generated by `cargo xtask downstream` from README.md (\"{section}\").\n\
+        "# Generated by `cargo xtask downstream` from {} (the program at line {}).\n\
          [package]\n\
-         name = \"{name}\"\n\
+         name = \"{}\"\n\
          version = \"0.0.0\"\n\
          edition = \"2021\"\n\
          publish = false\n\
          \n\
          [workspace]\n\
          \n\
-         {readme_toml}"
+         {}",
+        p.toml.place(),
+        p.rust.line,
+        p.name,
+        p.toml.text
     )
 }
 
@@ -148,68 +165,70 @@ fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-/// Writes each section's crate and builds it; `Ok(true)` when all compiled without warnings.
+/// Writes every program's crate and builds it; `Ok(true)` when all compiled without warnings.
 pub fn check() -> Result<bool> {
     let mut ok = true;
-    for (section, name) in SECTIONS {
-        ok &= check_one(section, name)?;
+    for p in guide_programs()? {
+        ok &= check_one(&p)?;
     }
     Ok(ok)
 }
 
-fn check_one(section: &str, name: &str) -> Result<bool> {
+fn check_one(p: &Program) -> Result<bool> {
     let start = Instant::now();
     let meta = cargo::metadata()?;
-    let readme_path = meta.root.join("README.md");
-    let readme = std::fs::read_to_string(&readme_path)
-        .map_err(|e| format!("reading {}: {e}", readme_path.display()))?;
-    let example = extract_section(&readme, section)?;
     let base = meta.target_dir.join("downstream");
-    let dir: PathBuf = base.join(name);
+    let dir: PathBuf = base.join(&p.name);
     std::fs::create_dir_all(&base).map_err(|e| format!("creating {}: {e}", base.display()))?;
     link_checkout(&base, &meta.root)?;
-    write(
-        &dir.join("Cargo.toml"),
-        &manifest_of(&example.toml, section, name),
-    )?;
-    write(&dir.join("src/main.rs"), &example.rust)?;
+    write(&dir.join("Cargo.toml"), &manifest(p))?;
+    write(&dir.join("src/main.rs"), &p.rust.text)?;
     // The workspace's lock file: the same dependency versions, and no index update.
     std::fs::copy(meta.root.join("Cargo.lock"), dir.join("Cargo.lock"))
         .map_err(|e| format!("copying Cargo.lock: {e}"))?;
     say!(
-        "downstream: building {} (README.md's dependency line and example in {section:?})",
-        dir.display()
+        "downstream: building {} ({}'s program, with the dependencies at {})",
+        dir.display(),
+        p.rust.place(),
+        p.toml.place()
     );
     let status = cargo::cargo()
         .current_dir(&dir)
         .env("CARGO_TARGET_DIR", &meta.target_dir)
-        .args(["rustc", "--quiet", "--bin", name, "--", "-D", "warnings"])
+        .args(["rustc", "--quiet", "--bin", &p.name, "--", "-D", "warnings"])
         .stdout(Stdio::inherit())
         .status()
         .map_err(|e| format!("cannot run cargo: {e}"))?;
     let ok = status.success();
     let verdict = if ok {
-        "the README's crate builds"
+        "the guide's crate builds"
     } else {
-        "FAILED: the README's crate does not build"
+        "FAILED: the guide's crate does not build"
     };
     say!(
-        "downstream: {verdict} ({:.0} s)",
+        "downstream: {verdict}: {} ({:.0} s)",
+        p.name,
         start.elapsed().as_secs_f64()
     );
     Ok(ok)
 }
 
-/// Builds the crate `name` of [`SECTIONS`] (if it is not built yet) and returns its binary.
-pub fn binary(name: &str) -> Result<PathBuf> {
-    let (section, _) = SECTIONS
-        .iter()
-        .find(|(_, n)| *n == name)
-        .ok_or_else(|| format!("no README section makes the crate {name}"))?;
-    if !check_one(section, name)? {
-        return Err(format!("the README's crate {name} does not build"));
+/// The programs that run in the VM tier, each built (if it is not yet), with its binary.
+pub fn runnable() -> Result<Vec<(Program, PathBuf)>> {
+    let target = cargo::metadata()?.target_dir;
+    let mut out = Vec::new();
+    for p in guide_programs()?.into_iter().filter(Program::runs) {
+        if !check_one(&p)? {
+            return Err(format!(
+                "the guide's program {} ({}) does not build",
+                p.name,
+                p.rust.place()
+            ));
+        }
+        let exe = target.join("debug").join(&p.name);
+        out.push((p, exe));
     }
-    Ok(cargo::metadata()?.target_dir.join("debug").join(name))
+    Ok(out)
 }
 
 /// `cargo xtask downstream`.
@@ -221,31 +240,40 @@ pub fn downstream() -> Result<i32> {
 mod tests {
     use super::*;
 
-    const README: &str = "# x\n\n## Using the library\n\ntext\n\n```toml\n[dependencies]\ngdr = { path = \"../gdr/gdr\" }\n```\n\n```rust,no_run\nfn main() {\n    let s = \"```\";\n}\n```\n\n```rust\nfn other() {}\n```\n\n## Next\n\n```toml\nnot = \"this\"\n```\n";
-
-    #[test]
-    fn takes_the_first_blocks_of_the_section() {
-        let e = extract(README).unwrap();
-        assert_eq!(e.toml, "[dependencies]\ngdr = { path = \"../gdr/gdr\" }\n");
-        assert_eq!(e.rust, "fn main() {\n    let s = \"```\";\n}\n");
+    fn guide(md: &str) -> Vec<Block> {
+        blocks::parse("docs/src/guide/xfer.md", md).unwrap()
     }
 
-    #[test]
-    fn a_missing_section_or_block_is_an_error() {
-        assert!(extract("# x\n")
-            .unwrap_err()
-            .contains("no `## Using the library`"));
-        let no_rust =
-            "## Using the library\n```toml\na = 1\n```\n## Next\n```rust\nfn f() {}\n```\n";
-        assert!(extract(no_rust).unwrap_err().contains("no ```rust block"));
-        let open = "## Using the library\n```toml\na = 1\n";
-        assert!(extract(open).unwrap_err().contains("not closed"));
-    }
+    const MD: &str = "## A\n```toml\n[dependencies]\ngdr = { path = \"../gdr/gdr\" }\n```\n\n```rust,no_run\nfn main() {}\n```\n\n```rust\nfn main() { println!(); }\n```\n\n```sh\ncargo run\n```\n";
 
     #[test]
-    fn the_manifest_keeps_the_readme_block_verbatim() {
-        let m = manifest("[dependencies]\ngdr = { path = \"../gdr/gdr\" }\n");
-        assert!(m.contains("name = \"hello\"") && m.contains("\n[workspace]\n"));
+    fn each_rust_block_is_a_program_with_the_toml_block_above_it() {
+        let p = programs(&guide(MD)).unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!((p[0].name.as_str(), p[0].runs()), ("xfer-1", false));
+        assert_eq!((p[1].name.as_str(), p[1].runs()), ("xfer-2", true));
+        assert_eq!(p[1].toml.text, p[0].toml.text);
+        let m = manifest(&p[0]);
+        assert!(m.contains("name = \"xfer-1\"") && m.contains("\n[workspace]\n"));
         assert!(m.ends_with("\n[dependencies]\ngdr = { path = \"../gdr/gdr\" }\n"));
+    }
+
+    #[test]
+    fn a_block_nothing_checks_is_an_error() {
+        let lone_rust = programs(&guide("```rust\nfn main() {}\n```\n")).unwrap_err();
+        assert!(lone_rust.contains("xfer.md:1") && lone_rust.contains("no ```toml"));
+        let lone_toml = programs(&guide("```toml\na = 1\n```\n")).unwrap_err();
+        assert!(lone_toml.contains("no ```rust block below"), "{lone_toml}");
+        // A file's dependency block does not carry over into the next file.
+        let mut two = guide("```toml\na = 1\n```\n```rust\nfn main() {}\n```\n");
+        two.extend(blocks::parse("docs/src/guide/b.md", "```rust\nfn main() {}\n```\n").unwrap());
+        assert!(programs(&two).unwrap_err().contains("b.md:1"));
+    }
+
+    #[test]
+    fn names_come_from_the_file() {
+        assert_eq!(stem("README.md"), "readme");
+        assert_eq!(stem("gdr-xfer/README.md"), "gdr-xfer-readme");
+        assert_eq!(stem("docs/src/guide/xfer-tokio.md"), "xfer-tokio");
     }
 }

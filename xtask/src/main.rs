@@ -11,7 +11,8 @@
 //! * `compare-rails`: gdr-xfer on one rail, on two, and ib_write_bw on both, on a cluster.
 //! * `bench`: `cargo bench` (benches/perf.rs) inside the VM.
 //! * `post-cost`: gdr-xfer's instructions per posted block, under callgrind in the VM.
-//! * `downstream`: build a new crate from README.md's dependency line and example.
+//! * `downstream`: build a new crate from each program of the guide (README.md, docs/, READMEs).
+//! * `docs`: account for every code block of the guide, check its commands, build the book.
 //! * `fuzz [--minutes N] [TARGET...]`: the cargo-fuzz targets in fuzz/, executions and crashes.
 //! * `mutants`: cargo-mutants over gdr-xfer-proto's decision code (`.cargo/mutants.toml`).
 //! * `coverage`: line coverage of gdr-xfer-proto under the simulation and its unit tests.
@@ -24,6 +25,7 @@ mod compare_rails;
 mod compare_xfer;
 mod coverage;
 mod demo;
+mod docs;
 mod downstream;
 mod fuzz;
 mod mutants;
@@ -86,8 +88,12 @@ enum Command {
     Bench(bench::BenchOpts),
     /// gdr-xfer's own instructions per posted block (callgrind, benches/xfer_post_cost.rs).
     PostCost(post_cost::PostCostOpts),
-    /// Build a new crate from README.md alone (its dependency line and example), not run.
+    /// Build a new crate from each program of the guide (README.md, the book, the crates'
+    /// READMEs) alone: its dependency block and its code; not run.
     Downstream,
+    /// Account for every code block of the guide, check its shell commands, build the book
+    /// (mdBook, installed into target/tools on first use) into target/book.
+    Docs(docs::DocsOpts),
     /// Fuzz every decoder (fuzz/, cargo-fuzz on nightly), one target after another.
     Fuzz(fuzz::FuzzOpts),
     /// The deterministic simulation of gdr-xfer's core over many seeds (or one, or a mutant).
@@ -119,6 +125,7 @@ fn main() -> ExitCode {
         Command::CompareRails(opts) => compare_rails::compare(&opts),
         Command::Bench(opts) => bench::bench(&opts),
         Command::Downstream => downstream::downstream(),
+        Command::Docs(opts) => docs::docs(&opts),
         Command::Fuzz(opts) => fuzz::fuzz(&opts),
         Command::Sim(opts) => sim::sim(&opts),
         Command::Mutants(opts) => mutants::mutants(&opts),
@@ -133,6 +140,15 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Parses `cargo xtask`'s arguments (those after `xtask`) without running anything: the
+/// guide's `cargo xtask` lines are checked with it.
+pub(crate) fn parse_args(args: &[String]) -> Result<()> {
+    let argv = std::iter::once("cargo xtask".to_string()).chain(args.iter().cloned());
+    Cli::try_parse_from(argv)
+        .map(|_| ())
+        .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())
 }
 
 /// Errors are plain messages: xtask prints them and exits 1.

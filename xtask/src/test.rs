@@ -88,12 +88,15 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
         say!("host: {counts}");
         ok &= host_ok;
         total.add(counts);
-        let built = crate::downstream::check()?;
-        ok &= built;
-        total.add(Counts {
-            passed: u64::from(built),
-            failed: u64::from(!built),
-        });
+        // The guide's programs built, and every code block of the guide accounted for: one
+        // test each.
+        for passed in [crate::downstream::check()?, crate::docs::check_blocks()?] {
+            ok &= passed;
+            total.add(Counts {
+                passed: u64::from(passed),
+                failed: u64::from(!passed),
+            });
+        }
         // Each fuzz target's few seconds count as one test; skipped without nightly or
         // cargo-fuzz, and said so again at the end.
         match crate::fuzz::smoke()? {
@@ -190,18 +193,23 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
         return Ok((true, Counts::default()));
     }
     let mut script = tier_script(&tests, &shell_words(&opts.test_args), "");
-    // The README's whole programs (built from the README alone, `cargo xtask downstream`), each
+    let runnable = if opts.test_args.is_empty() {
+        crate::downstream::runnable()?
+    } else {
+        Vec::new()
+    };
+    // The guide's whole programs (built from the guide alone, `cargo xtask downstream`), each
     // counted as one test: it passes when it exits with 0.
     if opts.test_args.is_empty() {
         let end = script
             .rfind("[ \"$failed\" -eq 0 ]")
             .unwrap_or(script.len());
         let mut programs = String::from("export GDR_DEVICE=\"$GDR_TEST_DEVICE\"\n");
-        for name in crate::downstream::RUN_IN_VM {
-            let exe = crate::downstream::binary(name)?;
+        for (p, exe) in &runnable {
+            let name = &p.name;
             programs.push_str(&format!(
-                "run_one {} {} {}\n[ \"$rc\" -eq 0 ] && echo 'test result: ok. 1 passed; 0 failed; (the README program {name})'\n",
-                shell_quote(&format!("README program {name} ({})", exe.display())),
+                "run_one {} {} {}\n[ \"$rc\" -eq 0 ] && echo 'test result: ok. 1 passed; 0 failed; (the guide program {name})'\n",
+                shell_quote(&format!("guide program {name} ({}, {})", p.rust.place(), exe.display())),
                 shell_quote(&cargo::workspace_root().to_string_lossy()),
                 shell_quote(&exe.to_string_lossy()),
             ));
@@ -242,9 +250,9 @@ fn vm_tests(opts: &TestOpts) -> Result<(bool, Counts)> {
         script.insert_str(end, &more);
     }
     say!(
-        "device tests: {} test binaries in one VM boot (--ignored --test-threads=1; xfer_engine, two of xfer_staged and one of xfer_outcomes also on two rails), and the README's programs {:?}",
+        "device tests: {} test binaries in one VM boot (--ignored --test-threads=1; xfer_engine, two of xfer_staged and one of xfer_outcomes also on two rails), and the guide's programs {:?}",
         tests.len(),
-        crate::downstream::RUN_IN_VM
+        runnable.iter().map(|(p, _)| p.name.as_str()).collect::<Vec<_>>()
     );
     let outcome = vm::boot(&opts.vm, &script)?;
     let (counts, failed_bins) = summarize(&outcome.output);
