@@ -300,49 +300,6 @@ def test_asyncio_an_agent_found_by_name_moves_bytes_and_a_cancelled_lookup_loses
         directory.close()
 
 
-def readme_block(path: Path, heading: str, index: int = 0) -> str:
-    """The ``index``-th python code block after ``heading`` in a README."""
-    text = path.read_text()
-    after = text[text.index(heading):]
-    blocks = after.split("```python\n")[1:]
-    return blocks[index].split("```")[0]
-
-
-@device
-def test_the_readme_etcd_examples_run(etcd_server):
-    """gdr-py/README.md's etcd example, its asyncio example of the waits and the top-level
-    README's snippet, run as written but for the machine's names: this VM's device and
-    loopback instead of mlx5_0 and the 10.0.0.x hosts, and other agent names where one process
-    plays several."""
-    root = Path(__file__).resolve().parents[2]
-    dev = device_under_test()
-
-    def local(code: str) -> str:
-        return (code.replace("10.0.0.9:2379", etcd_server.endpoint)
-                .replace('"mlx5_0"', repr(dev))
-                .replace("0.0.0.0:7100", "127.0.0.1:0")
-                .replace("10.0.0.1:", "127.0.0.1:"))
-
-    env: dict = {}
-    exec(local(readme_block(root / "gdr-py/README.md", "## Peers found by name: etcd")), env)
-    assert env["peer"].name == "decode-0" and env["remote"].name == "kv-pool"
-
-    aio: dict = {}
-    exec(readme_block(root / "gdr-py/README.md", "## asyncio"), aio)
-    other = gdr.Agent("prefill-1", device=dev)
-    peer, remote = asyncio.run(aio["find"](other, env["directory"]))
-    assert (peer.name, remote.name) == ("decode-0", "kv-pool")
-
-    top: dict = {}
-    exec(local(readme_block(root / "README.md", "## Python")).replace("prefill-0", "prefill-2"),
-         top)
-    assert top["peer"].name == "decode-0"
-    for a in (top["agent"], other, env["agent"], env["target"]):
-        a.shutdown(1.0)
-    env["directory"].close()
-    top["directory"].close()
-
-
 @device
 def test_a_published_name_is_not_taken_over(etcd_server):
     # Before: a second agent could publish the name of a live agent; when it left, the live
