@@ -8,6 +8,27 @@
 //!   functions without libcuda present panics inside cudarc: check [`cuda::is_culib_present`] first
 //!   (the safe crate does).
 //!
+//! ```no_run
+//! use std::ffi::CStr;
+//! use gdr_sys::ibv;
+//!
+//! let mut n = 0;
+//! // SAFETY: ibv_get_device_list writes the count into `n` and returns a NULL-terminated
+//! // array of `n` devices (or NULL), freed below with ibv_free_device_list.
+//! unsafe {
+//!     let list = ibv::ibv_get_device_list(&mut n);
+//!     if !list.is_null() {
+//!         for i in 0..usize::try_from(n).unwrap_or(0) {
+//!             let name = CStr::from_ptr(ibv::ibv_get_device_name(*list.add(i)));
+//!             println!("{}", name.to_string_lossy());
+//!         }
+//!         ibv::ibv_free_device_list(list);
+//!     }
+//! }
+//! ```
+//!
+//! The safe API over these is the `gdr` crate; `gdr::device::DeviceList` is the loop above.
+//!
 //! Linking needs `libibverbs` and `librdmacm` (Debian: `libibverbs-dev`, `librdmacm-dev`), and
 //! rdma-sys runs bindgen, which needs libclang <= 15 (Debian 12's clang 14 works; clang >= 16
 //! makes its bindgen 0.59 panic).

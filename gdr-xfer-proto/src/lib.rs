@@ -25,6 +25,20 @@
 //! deterministic simulation (feature `sim`, module `sim`) drives it with simulated RC queue pairs
 //! and faults drawn from a seed, and checks the engine's promises after every step.
 //!
+//! ```
+//! use std::time::Duration;
+//! use gdr_xfer_proto::Config;
+//!
+//! // A connection of two rails with four queue pairs each, the engine's defaults otherwise.
+//! let mut cfg = Config::new(2, 4);
+//! cfg.quiesce = Duration::from_millis(200);
+//! // However a transfer ends, its outcome comes at most this long after its deadline.
+//! assert_eq!(cfg.outcome_bound(), Duration::from_millis(400));
+//! ```
+//!
+//! A [`Connection`] is made from such a configuration and the time, and driven by its
+//! driver's events; the simulation's driver (module `sim`) is the smallest whole one.
+//!
 //! ## The promises
 //!
 //! - A transfer's outcome is final and means what it says: when it is reported, none of the

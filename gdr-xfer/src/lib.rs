@@ -8,6 +8,42 @@
 //! both sides are merged, long runs are cut into slices spread over the peer's queue pairs, and an
 //! optional notification reaches the target only after every byte landed there.
 //!
+//! ## Finding a peer directly (no server)
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use gdr_xfer::{Agent, AgentConfig, BlockTable, Op, TransferOptions};
+//!
+//! // The target (the decode side): a pool of KV blocks that prefill writes into.
+//! let target = Agent::new(AgentConfig::new("decode-0").device("mlx5_0"))?;
+//! let _pool = target.alloc_host(1024 * 65536, "kv-pool")?;
+//! target.listen("0.0.0.0:7100")?;
+//!
+//! // The initiator (the prefill side), in another process: connect, find the pool, write
+//! // blocks 0..128 of its KV cache into blocks 512.. of the target's pool, with a notification
+//! // after the data.
+//! let agent = Agent::new(AgentConfig::new("prefill-0").device("mlx5_0"))?;
+//! let local = agent.alloc_host(128 * 65536, "kv-cache")?;
+//! let peer = agent.connect("10.0.0.1:7100")?;
+//! let pool = peer.wait_segment_named("kv-pool", Duration::from_secs(5))?;
+//! let local_blocks: Vec<u32> = (0..128).collect();
+//! let remote_blocks: Vec<u32> = (512..640).collect();
+//! let table = BlockTable::new(&local, &local_blocks, pool.id, &remote_blocks, 65536);
+//! let opts = TransferOptions::new().timeout(Duration::from_secs(5)).notify("req-42");
+//! let stats = peer.transfer_blocks(Op::Write, &table, &opts)?.wait(Duration::from_secs(5))?;
+//! println!("{} bytes in {} requests, {:?}", stats.bytes, stats.slices, stats.time_to_complete);
+//!
+//! // Back on the target: the notification comes after the data.
+//! if let Some(n) = target.wait_notification(Duration::from_secs(5))? {
+//!     println!("{} says {:?}: its blocks are in the pool", n.peer, n.data);
+//! }
+//! # Ok::<(), gdr_xfer::Error>(())
+//! ```
+//!
+//! A [`Transfer`] is also a [`Future`](std::future::Future): `.await` it on any executor. So
+//! are the async forms of the blocking calls (connecting, waiting for a peer, a segment or a
+//! notification), and [`Agent::notifications`] is a stream: see [`futures`].
+//!
 //! ## Memory safety without a caller's promise
 //!
 //! The engines this field uses leave buffer lifetimes to the caller ("keep this operation and
@@ -51,42 +87,6 @@
 //! handshake and segment tables between connections), driven here by gdr's queue
 //! pairs and threads, and checked there by a deterministic simulation of agents over simulated
 //! RC queue pairs with faults drawn from a seed (`cargo xtask sim`).
-//!
-//! ## Finding a peer directly (no server)
-//!
-//! ```no_run
-//! use std::time::Duration;
-//! use gdr_xfer::{Agent, AgentConfig, BlockTable, Op, TransferOptions};
-//!
-//! // The target (the decode side): a pool of KV blocks that prefill writes into.
-//! let target = Agent::new(AgentConfig::new("decode-0").device("mlx5_0"))?;
-//! let _pool = target.alloc_host(1024 * 65536, "kv-pool")?;
-//! target.listen("0.0.0.0:7100")?;
-//!
-//! // The initiator (the prefill side), in another process: connect, find the pool, write
-//! // blocks 0..128 of its KV cache into blocks 512.. of the target's pool, with a notification
-//! // after the data.
-//! let agent = Agent::new(AgentConfig::new("prefill-0").device("mlx5_0"))?;
-//! let local = agent.alloc_host(128 * 65536, "kv-cache")?;
-//! let peer = agent.connect("10.0.0.1:7100")?;
-//! let pool = peer.wait_segment_named("kv-pool", Duration::from_secs(5))?;
-//! let local_blocks: Vec<u32> = (0..128).collect();
-//! let remote_blocks: Vec<u32> = (512..640).collect();
-//! let table = BlockTable::new(&local, &local_blocks, pool.id, &remote_blocks, 65536);
-//! let opts = TransferOptions::new().timeout(Duration::from_secs(5)).notify("req-42");
-//! let stats = peer.transfer_blocks(Op::Write, &table, &opts)?.wait(Duration::from_secs(5))?;
-//! println!("{} bytes in {} requests, {:?}", stats.bytes, stats.slices, stats.time_to_complete);
-//!
-//! // Back on the target: the notification comes after the data.
-//! if let Some(n) = target.wait_notification(Duration::from_secs(5))? {
-//!     println!("{} says {:?}: its blocks are in the pool", n.peer, n.data);
-//! }
-//! # Ok::<(), gdr_xfer::Error>(())
-//! ```
-//!
-//! A [`Transfer`] is also a [`Future`](std::future::Future): `.await` it on any executor. So
-//! are the async forms of the blocking calls (connecting, waiting for a peer, a segment or a
-//! notification), and [`Agent::notifications`] is a stream: see [`futures`].
 //!
 //! ## Finding a peer through etcd (feature `etcd`)
 //!

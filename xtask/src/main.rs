@@ -12,7 +12,8 @@
 //! * `bench`: `cargo bench` (benches/perf.rs) inside the VM.
 //! * `post-cost`: gdr-xfer's instructions per posted block, under callgrind in the VM.
 //! * `downstream`: build a new crate from each program of the guide (README.md, docs/, READMEs).
-//! * `docs`: account for every code block of the guide, check its commands, build the book.
+//! * `docs`: account for every code block and link of the guide, check its commands, run
+//!   `cargo doc` with warnings as errors, build the book.
 //! * `fuzz [--minutes N] [TARGET...]`: the cargo-fuzz targets in fuzz/, executions and crashes.
 //! * `mutants`: cargo-mutants over gdr-xfer-proto's decision code (`.cargo/mutants.toml`).
 //! * `coverage`: line coverage of gdr-xfer-proto under the simulation and its unit tests.

@@ -88,9 +88,14 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
         say!("host: {counts}");
         ok &= host_ok;
         total.add(counts);
-        // The guide's programs built, and every code block of the guide accounted for: one
-        // test each.
-        for passed in [crate::downstream::check()?, crate::docs::check_blocks()?] {
+        // The guide's programs built, every code block and link of the guide accounted for,
+        // the API documentation without warnings, and the book built: one test each.
+        for passed in [
+            crate::downstream::check()?,
+            crate::docs::check_blocks()?,
+            crate::docs::check_api_docs()?,
+            crate::docs::build_book()?,
+        ] {
             ok &= passed;
             total.add(Counts {
                 passed: u64::from(passed),

@@ -107,8 +107,7 @@ pub const CRATE_READMES: &[&str] = &[
 ];
 
 fn collect_md(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
     for entry in entries {
         let path = entry
             .map_err(|e| format!("reading {}: {e}", dir.display()))?
@@ -144,7 +143,10 @@ mod tests {
     fn blocks_keep_their_place_heading_and_info() {
         let b = parse("a.md", MD).unwrap();
         assert_eq!(b.len(), 3);
-        assert_eq!((b[0].line, b[0].lang(), b[0].heading.as_str()), (7, "toml", "## Using"));
+        assert_eq!(
+            (b[0].line, b[0].lang(), b[0].heading.as_str()),
+            (7, "toml", "## Using")
+        );
         assert_eq!(b[0].text, "[dependencies]\n");
         assert!(b[1].has("no_run") && !b[1].has("rust") && b[1].lang() == "rust");
         assert_eq!(b[1].text, "fn main() {\n    let s = \"```\";\n}\n");

@@ -101,7 +101,9 @@ pub fn words(line: &str) -> Vec<String> {
 
 fn is_assignment(w: &str) -> bool {
     w.split_once('=').is_some_and(|(k, _)| {
-        !k.is_empty() && k.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
     })
 }
 
@@ -157,11 +159,15 @@ fn check_cargo_targets(
             return Err(format!("`{line}`: no workspace package {p:?}"));
         }
     }
-    for (flag, kind) in [("--example", "example"), ("--test", "test"), ("--bench", "bench")] {
+    for (flag, kind) in [
+        ("--example", "example"),
+        ("--test", "test"),
+        ("--bench", "bench"),
+    ] {
         if let Some(name) = value(flag) {
-            let found = targets.iter().any(|(pkg, k, n)| {
-                k == kind && n == name && package.is_none_or(|p| p == pkg)
-            });
+            let found = targets
+                .iter()
+                .any(|(pkg, k, n)| k == kind && n == name && package.is_none_or(|p| p == pkg));
             if !found {
                 return Err(format!(
                     "`{line}`: cargo {sub}: no {kind} {name:?}{}",
@@ -190,22 +196,35 @@ mod tests {
     #[test]
     fn lines_join_continuations_and_drop_comments() {
         let b = block("# a comment\ncargo xtask test   # every test\nGDR_X=1 \\\n    cargo test -p gdr # x\n\n");
-        assert_eq!(lines(&b), ["cargo xtask test", "GDR_X=1      cargo test -p gdr"]);
+        assert_eq!(
+            lines(&b),
+            ["cargo xtask test", "GDR_X=1      cargo test -p gdr"]
+        );
         assert_eq!(strip_comment("echo '#not' x # yes"), "echo '#not' x ");
     }
 
     #[test]
     fn words_stop_at_pipes_and_skip_assignments() {
-        assert_eq!(words("A=1 B_2=x sudo gdr doctor --json > a.json"), ["gdr", "doctor", "--json"]);
-        assert_eq!(words("etcd --data-dir \"$(mktemp -d)\" &"), ["etcd", "--data-dir", "$(mktemp -d)"]);
+        assert_eq!(
+            words("A=1 B_2=x sudo gdr doctor --json > a.json"),
+            ["gdr", "doctor", "--json"]
+        );
+        assert_eq!(
+            words("etcd --data-dir \"$(mktemp -d)\" &"),
+            ["etcd", "--data-dir", "$(mktemp -d)"]
+        );
         assert_eq!(words("NCCL_DEBUG=INFO ./job 2>&1 | tee job.log"), ["./job"]);
     }
 
     fn targets() -> Vec<(String, String, String)> {
-        [("gdr-xfer", "example", "kv_transfer"), ("gdr", "test", "hw_gpudirect"), ("gdr-tools", "example", "rdma_write")]
-            .iter()
-            .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
-            .collect()
+        [
+            ("gdr-xfer", "example", "kv_transfer"),
+            ("gdr", "test", "hw_gpudirect"),
+            ("gdr-tools", "example", "rdma_write"),
+        ]
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect()
     }
 
     #[test]
@@ -221,12 +240,28 @@ mod tests {
         let ok = |l: &str| check(l, &xtask, &t);
         assert_eq!(ok("cargo xtask test --vm-only").unwrap(), Verdict::Checked);
         assert!(ok("cargo xtask tset").unwrap_err().contains("unknown"));
-        assert_eq!(ok("cargo run -p gdr-xfer --example kv_transfer -- --serve").unwrap(), Verdict::Checked);
-        assert!(ok("cargo run -p gdr-xfer --example kv").unwrap_err().contains("no example \"kv\" in gdr-xfer"));
+        assert_eq!(
+            ok("cargo run -p gdr-xfer --example kv_transfer -- --serve").unwrap(),
+            Verdict::Checked
+        );
+        assert!(ok("cargo run -p gdr-xfer --example kv")
+            .unwrap_err()
+            .contains("no example \"kv\" in gdr-xfer"));
         assert!(ok("cargo run -p gdr --example kv_transfer").is_err());
-        assert_eq!(ok("cargo run --example rdma_write -- --gpu").unwrap(), Verdict::Checked);
-        assert!(ok("cargo test -p nope").unwrap_err().contains("no workspace package"));
-        assert_eq!(ok("GDR_TEST_GPU=0 cargo test -p gdr --test hw_gpudirect -- --ignored").unwrap(), Verdict::Checked);
-        assert_eq!(ok("pip install ./gdr-py").unwrap(), Verdict::NotChecked("pip".into()));
+        assert_eq!(
+            ok("cargo run --example rdma_write -- --gpu").unwrap(),
+            Verdict::Checked
+        );
+        assert!(ok("cargo test -p nope")
+            .unwrap_err()
+            .contains("no workspace package"));
+        assert_eq!(
+            ok("GDR_TEST_GPU=0 cargo test -p gdr --test hw_gpudirect -- --ignored").unwrap(),
+            Verdict::Checked
+        );
+        assert_eq!(
+            ok("pip install ./gdr-py").unwrap(),
+            Verdict::NotChecked("pip".into())
+        );
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod blocks;
 pub mod commands;
+pub mod links;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,7 +24,8 @@ pub const MDBOOK_VERSION: &str = "0.5.4";
 /// `cargo xtask docs` options.
 #[derive(clap::Args)]
 pub struct DocsOpts {
-    /// Only account for the code blocks and check the commands; do not build the book.
+    /// Only account for the code blocks and check the commands and links; no `cargo doc`,
+    /// no book.
     #[arg(long)]
     pub no_build: bool,
 }
@@ -47,7 +49,9 @@ pub fn inventory(all: &[Block], targets: &[(String, String, String)]) -> Result<
     let mut problems = Vec::new();
     for b in all {
         let kind = match b.lang() {
-            "rust" if programs.iter().any(|p| p.rust == *b && p.runs()) => "rust (built and run in the VM)",
+            "rust" if programs.iter().any(|p| p.rust == *b && p.runs()) => {
+                "rust (built and run in the VM)"
+            }
             "rust" => "rust (built; no_run)",
             "toml" => "toml (the programs' dependencies)",
             "python" => "python (run by gdr-py/tests/test_docs.py)",
@@ -87,10 +91,21 @@ pub fn check_blocks() -> Result<bool> {
     let root = cargo::workspace_root();
     let all = blocks::all(&root)?;
     let meta = cargo::metadata()?;
+    let (mut broken, mut links) = (Vec::new(), 0);
+    for file in blocks::guide_files(&root)? {
+        let text = std::fs::read_to_string(root.join(&file))
+            .map_err(|e| format!("reading {file}: {e}"))?;
+        links += links::targets(&text).len();
+        broken.extend(links::broken(&root, &file, &text));
+    }
+    if !broken.is_empty() {
+        say!("docs: FAILED: broken links:\n{}", broken.join("\n"));
+        return Ok(false);
+    }
     match inventory(&all, &meta.targets) {
         Ok(inv) => {
             say!(
-                "docs: {} code blocks in {} files",
+                "docs: {} code blocks in {} files; {links} links, the relative ones checked",
                 all.len(),
                 blocks::guide_files(&root)?.len()
             );
@@ -126,7 +141,10 @@ fn mdbook(target: &Path) -> Result<std::path::PathBuf> {
         .ok()
         .is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains(MDBOOK_VERSION));
     if !current {
-        say!("docs: installing mdbook {MDBOOK_VERSION} into {}", root.display());
+        say!(
+            "docs: installing mdbook {MDBOOK_VERSION} into {}",
+            root.display()
+        );
         let status = cargo::cargo()
             .args(["install", "mdbook", "--locked", "--version", MDBOOK_VERSION])
             .args(["--no-default-features", "--features", "search", "--root"])
@@ -134,7 +152,9 @@ fn mdbook(target: &Path) -> Result<std::path::PathBuf> {
             .status()
             .map_err(|e| format!("cannot run cargo install: {e}"))?;
         if !status.success() {
-            return Err(format!("cargo install mdbook {MDBOOK_VERSION} failed ({status})"));
+            return Err(format!(
+                "cargo install mdbook {MDBOOK_VERSION} failed ({status})"
+            ));
         }
     }
     Ok(exe)
@@ -158,10 +178,33 @@ pub fn build_book() -> Result<bool> {
     Ok(status.success())
 }
 
+/// The crates' API documentation: `cargo doc` of the workspace (every feature, xtask left out)
+/// with rustdoc's warnings as errors (broken intra-doc links, bare URLs, unclosed HTML).
+pub fn check_api_docs() -> Result<bool> {
+    say!("docs: cargo doc --workspace --no-deps --all-features --exclude xtask (RUSTDOCFLAGS=-D warnings)");
+    let status = cargo::cargo()
+        .args([
+            "doc",
+            "--workspace",
+            "--no-deps",
+            "--all-features",
+            "--exclude",
+            "xtask",
+        ])
+        .env("RUSTDOCFLAGS", "-D warnings")
+        .status()
+        .map_err(|e| format!("cannot run cargo doc: {e}"))?;
+    if !status.success() {
+        say!("docs: FAILED: cargo doc has warnings or errors ({status})");
+    }
+    Ok(status.success())
+}
+
 /// `cargo xtask docs`.
 pub fn docs(opts: &DocsOpts) -> Result<i32> {
     let mut ok = check_blocks()?;
     if !opts.no_build {
+        ok &= check_api_docs()?;
         ok &= build_book()?;
     }
     Ok(if ok { 0 } else { 1 })
