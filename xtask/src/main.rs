@@ -14,6 +14,7 @@
 //! * `downstream`: build a new crate from each program of the guide (README.md, docs/, READMEs).
 //! * `docs`: account for every code block and link of the guide, check its commands, run
 //!   `cargo doc` with warnings as errors, build the book.
+//! * `package`: `cargo publish --dry-run` of the five library crates.
 //! * `fuzz [--minutes N] [TARGET...]`: the cargo-fuzz targets in fuzz/, executions and crashes.
 //! * `mutants`: cargo-mutants over gdr-xfer-proto's decision code (`.cargo/mutants.toml`).
 //! * `coverage`: line coverage of gdr-xfer-proto under the simulation and its unit tests.
@@ -30,6 +31,7 @@ mod docs;
 mod downstream;
 mod fuzz;
 mod mutants;
+mod package;
 mod perftest;
 mod post_cost;
 mod py_cost;
@@ -92,6 +94,8 @@ enum Command {
     /// Build a new crate from each program of the guide (README.md, the book, the crates'
     /// READMEs) alone: its dependency block and its code; not run.
     Downstream,
+    /// `cargo publish --dry-run` of the five library crates (nothing is uploaded).
+    Package,
     /// Account for every code block of the guide, check its shell commands, build the book
     /// (mdBook, installed into target/tools on first use) into target/book.
     Docs(docs::DocsOpts),
@@ -127,6 +131,7 @@ fn main() -> ExitCode {
         Command::Bench(opts) => bench::bench(&opts),
         Command::Downstream => downstream::downstream(),
         Command::Docs(opts) => docs::docs(&opts),
+        Command::Package => package::package(),
         Command::Fuzz(opts) => fuzz::fuzz(&opts),
         Command::Sim(opts) => sim::sim(&opts),
         Command::Mutants(opts) => mutants::mutants(&opts),

@@ -89,12 +89,14 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
         ok &= host_ok;
         total.add(counts);
         // The guide's programs built, every code block and link of the guide accounted for,
-        // the API documentation without warnings, and the book built: one test each.
+        // the API documentation without warnings, the book built, and the library crates
+        // packaged and built from their packages: one test each.
         for passed in [
             crate::downstream::check()?,
             crate::docs::check_blocks()?,
             crate::docs::check_api_docs()?,
             crate::docs::build_book()?,
+            crate::package::check()?,
         ] {
             ok &= passed;
             total.add(Counts {
