@@ -107,17 +107,44 @@ fn is_assignment(w: &str) -> bool {
     })
 }
 
-/// Checks one command line. `parse_xtask` parses `cargo xtask`'s arguments (after `xtask`);
-/// `targets` are the workspace's (package, kind, name) triples.
+/// How the arguments of the workspace's own programs are parsed: `cargo xtask`'s (after
+/// `xtask`) and the `gdr` tool's (after `gdr`, or after `--` of `cargo run --bin gdr`).
+pub struct Parsers<'a> {
+    /// `cargo xtask` (this tool's own parser).
+    pub xtask: &'a dyn Fn(&[String]) -> Result<()>,
+    /// `gdr` (the built tool, asked for its help after the arguments).
+    pub gdr: &'a dyn Fn(&[String]) -> Result<()>,
+}
+
+/// Checks one command line with `parsers`; `targets` are the workspace's (package, kind,
+/// name) triples.
 pub fn check(
     line: &str,
-    parse_xtask: &dyn Fn(&[String]) -> Result<()>,
+    parsers: &Parsers<'_>,
     targets: &[(String, String, String)],
 ) -> Result<Verdict> {
     let w = words(line);
     let Some(program) = w.first() else {
         return Ok(Verdict::NotChecked(String::new()));
     };
+    if program == "gdr" {
+        (parsers.gdr)(&w[1..]).map_err(|e| format!("`{line}`: {e}"))?;
+        return Ok(Verdict::Checked);
+    }
+    if program == "apt-get" && w.get(1).is_some_and(|s| s == "install") {
+        // The packages a guide asks a user to install are the ones `cargo xtask setup`
+        // installs and the tests run with.
+        let unknown: Vec<&String> = w[2..]
+            .iter()
+            .filter(|p| !p.starts_with('-') && !crate::setup::PACKAGES.contains(&p.as_str()))
+            .collect();
+        if !unknown.is_empty() {
+            return Err(format!(
+                "`{line}`: cargo xtask setup does not install {unknown:?}"
+            ));
+        }
+        return Ok(Verdict::Checked);
+    }
     if program != "cargo" {
         return Ok(Verdict::NotChecked(program.clone()));
     }
@@ -125,11 +152,22 @@ pub fn check(
     match args.next().map(String::as_str) {
         Some("xtask") => {
             let rest: Vec<String> = args.cloned().collect();
-            parse_xtask(&rest).map_err(|e| format!("`{line}`: {e}"))?;
+            (parsers.xtask)(&rest).map_err(|e| format!("`{line}`: {e}"))?;
             Ok(Verdict::Checked)
         }
         Some(sub @ ("run" | "test" | "bench" | "build")) => {
-            check_cargo_targets(line, sub, &args.cloned().collect::<Vec<_>>(), targets)?;
+            let args: Vec<String> = args.cloned().collect();
+            check_cargo_targets(line, sub, &args, targets)?;
+            // `cargo run --bin gdr -- ARGS`: the tool's arguments too.
+            let bin = args
+                .iter()
+                .position(|a| a == "--bin")
+                .and_then(|i| args.get(i + 1));
+            if let (Some("gdr"), Some(dash)) =
+                (bin.map(String::as_str), args.iter().position(|a| a == "--"))
+            {
+                (parsers.gdr)(&args[dash + 1..]).map_err(|e| format!("`{line}`: {e}"))?;
+            }
             Ok(Verdict::Checked)
         }
         Some(other) => Ok(Verdict::NotChecked(format!("cargo {other}"))),
@@ -236,8 +274,32 @@ mod tests {
                 Err("unknown".to_string())
             }
         };
+        let gdr = |a: &[String]| {
+            if a.first().is_some_and(|s| s == "doctor") {
+                Ok(())
+            } else {
+                Err("no such subcommand".to_string())
+            }
+        };
         let t = targets();
-        let ok = |l: &str| check(l, &xtask, &t);
+        let parsers = Parsers {
+            xtask: &xtask,
+            gdr: &gdr,
+        };
+        let ok = |l: &str| check(l, &parsers, &t);
+        assert_eq!(
+            ok("sudo gdr doctor --json > a.json").unwrap(),
+            Verdict::Checked
+        );
+        assert!(ok("gdr doctr").unwrap_err().contains("no such subcommand"));
+        assert_eq!(
+            ok("sudo apt-get install -y libibverbs-dev").unwrap(),
+            Verdict::Checked
+        );
+        assert!(ok("apt-get install libfoo").unwrap_err().contains("libfoo"));
+        assert!(ok("cargo run --bin gdr -- doctr")
+            .unwrap_err()
+            .contains("no such subcommand"));
         assert_eq!(ok("cargo xtask test --vm-only").unwrap(), Verdict::Checked);
         assert!(ok("cargo xtask tset").unwrap_err().contains("unknown"));
         assert_eq!(

@@ -46,6 +46,11 @@ pub fn inventory(all: &[Block], targets: &[(String, String, String)]) -> Result<
     let programs = crate::downstream::programs(all)?;
     let mut inv = Inventory::default();
     let parse = |args: &[String]| crate::parse_args(args);
+    let gdr = gdr_parser()?;
+    let parsers = commands::Parsers {
+        xtask: &parse,
+        gdr: &gdr,
+    };
     let mut problems = Vec::new();
     for b in all {
         let kind = match b.lang() {
@@ -58,7 +63,7 @@ pub fn inventory(all: &[Block], targets: &[(String, String, String)]) -> Result<
             "text" => "text (output shown to the reader)",
             "sh" => {
                 for line in commands::lines(b) {
-                    match commands::check(&line, &parse, targets) {
+                    match commands::check(&line, &parsers, targets) {
                         Ok(Verdict::Checked) => inv.commands_checked += 1,
                         Ok(Verdict::NotChecked(p)) => {
                             *inv.commands_not_checked.entry(p).or_default() += 1
@@ -83,6 +88,44 @@ pub fn inventory(all: &[Block], targets: &[(String, String, String)]) -> Result<
     } else {
         Err(problems.join("\n"))
     }
+}
+
+/// The `gdr` tool's parser: the tool built as the tests build it, run with the line's
+/// arguments and `--help` after them. clap parses the arguments in order and prints the help
+/// only when every one before it is known and its value valid (required arguments aside), so
+/// a line passes when that exits with 0.
+fn gdr_parser() -> Result<impl Fn(&[String]) -> Result<()>> {
+    let status = cargo::cargo()
+        .args([
+            "build",
+            "--workspace",
+            "--all-features",
+            "--bin",
+            "gdr",
+            "--quiet",
+        ])
+        .status()
+        .map_err(|e| format!("cannot run cargo build: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo build --bin gdr failed ({status})"));
+    }
+    let exe = cargo::metadata()?.target_dir.join("debug/gdr");
+    Ok(move |args: &[String]| {
+        let out = Command::new(&exe)
+            .args(args)
+            .arg("--help")
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            Err(format!(
+                "gdr refuses it: {}",
+                err.lines().next().unwrap_or("").trim()
+            ))
+        }
+    })
 }
 
 /// The inventory of this checkout's guide, printed; `Ok(false)` when a block is unchecked or
@@ -118,7 +161,7 @@ pub fn check_blocks() -> Result<bool> {
                 .map(|(p, n)| format!("{p} {n}"))
                 .collect();
             say!(
-                "docs: shell commands: {} checked (cargo xtask lines parse, cargo targets exist); not checked: {}",
+                "docs: shell commands: {} checked (cargo xtask and gdr lines parse, cargo targets exist, apt-get packages are setup's); not checked: {}",
                 inv.commands_checked,
                 not.join(", ")
             );
