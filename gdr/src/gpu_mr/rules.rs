@@ -182,7 +182,8 @@ pub fn no_peer_memory_text() -> String {
 pub enum NicDmaBuf {
     /// The NIC imports dma-bufs (the probe with fd -1 failed with `EBADF`).
     Supported,
-    /// The user-space provider or rdma-core lacks dma-buf (`EOPNOTSUPP`).
+    /// The user-space provider or rdma-core lacks dma-buf (`EOPNOTSUPP`; also where libibverbs
+    /// is older than rdma-core 34 and has no `ibv_reg_dmabuf_mr`).
     NoProviderSupport,
     /// The kernel lacks dma-buf import for RDMA (`EPROTONOSUPPORT`, Linux < 5.12).
     NoKernelSupport,
