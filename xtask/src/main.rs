@@ -108,8 +108,12 @@ enum Command {
     /// Line coverage of gdr-xfer's core under the simulation and its unit tests
     /// (cargo-llvm-cov, installed by hand; not in CI).
     Coverage(coverage::CoverageOpts),
-    /// The Python binding: build the abi3 wheel (maturin), host pytest, then VM pytest.
+    /// The Python binding: build the abi3 wheel (maturin), host pytest, VM pytest, then the wheel
+    /// installed into a fresh virtual environment in the VM runs the README's Python example.
     PyTest(py_test::PyTestOpts),
+    /// The Python wheel users install: abi3 (CPython >= 3.11), manylinux_2_28, linking the
+    /// system's libibverbs; written to target/py/wheels.
+    Wheel,
     /// The Python binding's own instructions per call of Peer.transfer_blocks against the Rust
     /// API (callgrind in the VM).
     PyCost(py_cost::PyCostOpts),
@@ -137,6 +141,7 @@ fn main() -> ExitCode {
         Command::Mutants(opts) => mutants::mutants(&opts),
         Command::Coverage(opts) => coverage::coverage(&opts),
         Command::PyTest(opts) => py_test::py_test(&opts),
+        Command::Wheel => py_test::wheel().map(|()| 0),
         Command::PyCost(opts) => py_cost::py_cost(&opts),
     };
     match result {
