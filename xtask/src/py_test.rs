@@ -105,7 +105,7 @@ pub struct Wheel {
     pub path: PathBuf,
     /// Its size in bytes.
     pub size: u64,
-    /// How long `maturin build --release` took.
+    /// How long `maturin build --release --zig ...` took (auditwheel not counted).
     pub build_time: std::time::Duration,
 }
 
@@ -493,7 +493,7 @@ pub fn tier(opts: &PyTestOpts) -> Result<(bool, u64, u64)> {
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     say!(
-        "wheel {name}: {size} bytes ({:.2} MiB), built in {:.1} s (maturin build --release)",
+        "wheel {name}: {size} bytes ({:.2} MiB), built in {:.1} s (maturin build --release --zig)",
         *size as f64 / (1024.0 * 1024.0),
         build_time.as_secs_f64()
     );
