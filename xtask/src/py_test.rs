@@ -361,10 +361,15 @@ fn check_wheel(python: &Path, wheel: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Installs the wheel into a new virtual environment inside the Soft-RoCE VM, with nothing but
-/// numpy beside it (no index: pip finds both in local folders), then runs the README's Python
-/// example there with that environment's Python, from `/tmp`, so that nothing of the
-/// repository is importable. Prints what pip installed and what the module links.
+/// The two ways the README installs the package, each checked by running the README's Python
+/// example in the Soft-RoCE VM with the environment it made, from `/tmp`, so that nothing of the
+/// repository is importable:
+/// * the wheel, installed into a new virtual environment inside the VM with nothing but numpy
+///   beside it (no index: pip finds both in local folders); prints what pip installed and what
+///   the module links;
+/// * the README's own `pip install ./gdr-py` line, run on the host with a new virtual
+///   environment's pip (maturin comes from PyPI, as for a user), numpy added from the same
+///   local folder.
 pub fn fresh_install(vm_opts: &VmOpts, wheel: &Wheel) -> Result<bool> {
     let meta = cargo::metadata()?;
     let dir = meta.target_dir.join("py");
@@ -400,6 +405,43 @@ pub fn fresh_install(vm_opts: &VmOpts, wheel: &Wheel) -> Result<bool> {
     let script = dir.join("readme_example.py");
     std::fs::write(&script, &example.text).map_err(|e| format!("{}: {e}", script.display()))?;
 
+    // The README's source install, as written, with a new environment's pip.
+    let install = crate::docs::blocks::parse("README.md", &readme)?
+        .into_iter()
+        .filter(|b| b.lang() == "sh")
+        .flat_map(|b| {
+            b.text
+                .lines()
+                .map(str::trim)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .find(|l| l.starts_with("pip install ./gdr-py"))
+        .ok_or("README.md has no `pip install ./gdr-py` line")?;
+    let from_source = dir.join("from-source");
+    let _ = std::fs::remove_dir_all(&from_source);
+    run(
+        "python3 -m venv",
+        Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&from_source),
+    )?;
+    say!("README.md: {install} (a new virtual environment's pip, on the host)");
+    let words: Vec<&str> = install.split_whitespace().collect();
+    run(
+        &install,
+        Command::new(from_source.join("bin/pip"))
+            .args(&words[1..])
+            .current_dir(&meta.root),
+    )?;
+    run(
+        "pip install numpy",
+        Command::new(from_source.join("bin/pip"))
+            .args(["install", "--quiet", "--no-index", "--find-links"])
+            .arg(&deps)
+            .arg("numpy"),
+    )?;
+
     let q = |p: &Path| shell_quote(&p.to_string_lossy());
     let wheels = wheel.path.parent().unwrap_or(&dir);
     let vm_script = format!(
@@ -413,10 +455,13 @@ echo "module: $module"
 ldd "$module" | grep -E 'libibverbs|librdmacm' || true
 GDR_DEVICE=rxe0 /tmp/fresh/bin/python {script}
 echo "fresh venv: the README's Python example ({place}) ran"
+PYTHONDONTWRITEBYTECODE=1 GDR_DEVICE=rxe0 {from_source}/bin/python {script} >/dev/null
+echo "pip install ./gdr-py: the README's Python example ({place}) ran"
 "#,
         wheels = q(wheels),
         deps = q(&deps),
         script = q(&script),
+        from_source = q(&from_source),
         place = example.place(),
     );
     say!("installing the wheel into a fresh virtual environment in the Soft-RoCE VM");
