@@ -59,6 +59,125 @@ pub struct BenchParams {
     pub slice_size: u64,
     /// Where blocks land.
     pub layout: Layout,
+    /// Fill both sides with patterns first, and compare a digest of the last block size's
+    /// blocks on both sides at the end (see [`Verify`]).
+    #[serde(default)]
+    pub verify: bool,
+}
+
+/// The data check of `--verify`: both sides fill their buffers with a pattern of their own
+/// before the run (every 8-byte word differs), and after it each side hashes the blocks of the
+/// last block size's batches in the initiator's order: the initiator its local blocks, the
+/// target the remote blocks they map to. After WRITEs the target's blocks must hold the
+/// initiator's bytes, after READs the other way round; either way the two digests are equal
+/// only if every block landed where it belongs, whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verify {
+    /// Threads of the run.
+    pub threads: usize,
+    /// Batches in flight per thread.
+    pub depth: usize,
+    /// Blocks per batch.
+    pub batch: usize,
+    /// The block size hashed (the run's last).
+    pub block_size: u64,
+    /// Where blocks landed.
+    pub layout: Layout,
+}
+
+impl Verify {
+    /// The message the initiator ends the run with (`done verify threads=1 depth=2 ...`).
+    pub fn message(&self) -> String {
+        format!(
+            "done verify threads={} depth={} batch={} block_size={} layout={}",
+            self.threads,
+            self.depth,
+            self.batch,
+            self.block_size,
+            format!("{:?}", self.layout).to_lowercase()
+        )
+    }
+
+    /// Reads [`Verify::message`] back; `None` for anything else.
+    pub fn parse(data: &[u8]) -> Option<Verify> {
+        let text = std::str::from_utf8(data).ok()?;
+        let rest = text.strip_prefix("done verify ")?;
+        let field = |k: &str| {
+            rest.split_whitespace()
+                .find_map(|w| w.strip_prefix(k)?.strip_prefix('='))
+        };
+        let layout = match field("layout")? {
+            "scattered" => Layout::Scattered,
+            "contiguous" => Layout::Contiguous,
+            "repeat" => Layout::Repeat,
+            _ => return None,
+        };
+        Some(Verify {
+            threads: field("threads")?.parse().ok()?,
+            depth: field("depth")?.parse().ok()?,
+            batch: field("batch")?.parse().ok()?,
+            block_size: field("block_size")?.parse().ok()?,
+            layout,
+        })
+    }
+
+    /// The blocks hashed, in order: the local ones (`remote` false) or the target's.
+    pub fn blocks(&self, remote: bool) -> Vec<u32> {
+        (0..self.threads * self.depth)
+            .flat_map(|range| {
+                let (lb, rb) = block_range(range * self.batch, self.batch, self.layout);
+                if remote {
+                    rb
+                } else {
+                    lb
+                }
+            })
+            .collect()
+    }
+
+    /// The digest of `blocks` of `seg` (FNV-1a, 64 bits, over the bytes in order).
+    ///
+    /// # Errors
+    /// [`gdr_xfer::Error::OutOfSegment`] for a block outside the segment.
+    pub fn digest(&self, seg: &Segment, remote: bool) -> gdr_xfer::Result<u64> {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut block = vec![0u8; self.block_size as usize];
+        for b in self.blocks(remote) {
+            seg.read(u64::from(b) * self.block_size, &mut block)?;
+            for &byte in &block {
+                h = (h ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        Ok(h)
+    }
+}
+
+/// Fills `seg` with a pattern of 8-byte words that differ from one another and from another
+/// seed's (splitmix64 of the word's index and `seed`).
+///
+/// # Errors
+/// The segment's copy errors.
+pub fn fill_pattern(seg: &Segment, seed: u64) -> gdr_xfer::Result<()> {
+    const CHUNK: usize = 1 << 20;
+    let len = seg.len() as usize;
+    let mut buf = Vec::with_capacity(CHUNK.min(len));
+    let mut at = 0usize;
+    while at < len {
+        let n = CHUNK.min(len - at);
+        buf.clear();
+        buf.extend((0..n.div_ceil(8)).flat_map(|w| {
+            let mut z = ((at / 8 + w) as u64)
+                .wrapping_add(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)).to_le_bytes()
+        }));
+        buf.truncate(n);
+        seg.write(at as u64, &buf)?;
+        at += n;
+    }
+    Ok(())
 }
 
 /// One block size's results.
@@ -124,13 +243,31 @@ pub struct BenchReport {
     pub device: String,
     /// One row per block size.
     pub rows: Vec<BenchRow>,
+    /// With `verify`: what was hashed, and the initiator's digest (the target prints its own).
+    #[serde(default)]
+    pub verify: Option<(Verify, u64)>,
 }
 
 /// Name of the target's buffer segment.
 pub const TARGET_SEGMENT: &str = "xfer-bench";
 
+/// The pattern seeds of `verify`: the initiator's local buffer, the target's.
+const INITIATOR_SEED: u64 = 1;
+const TARGET_SEED: u64 = 2;
+
+/// `WHO: digest 0x... over N blocks of S B`, as both sides print it.
+pub fn digest_line(who: &str, v: &Verify, digest: u64) -> String {
+    format!(
+        "{who}: digest {digest:#018x} over {} blocks of {} B",
+        v.threads * v.depth * v.batch,
+        v.block_size
+    )
+}
+
 /// Runs the target: registers `buffer_size` bytes, listens, and serves until an initiator sends
-/// the notification `done` or goes away (or forever with `forever`).
+/// the notification `done` or goes away (or forever with `forever`). With `verify`, the buffer
+/// is filled with a pattern first, and an initiator's `done verify ...` message is answered by
+/// printing the digest of the blocks it names (`xfer-bench target: digest ...`).
 ///
 /// # Errors
 /// The engine's errors.
@@ -139,9 +276,13 @@ pub fn run_target(
     listen: &str,
     buffer_size: usize,
     forever: bool,
+    verify: bool,
 ) -> gdr_xfer::Result<()> {
     let agent = Agent::new(cfg)?;
-    let _buf = agent.alloc_host(buffer_size, TARGET_SEGMENT)?;
+    let buf = agent.alloc_host(buffer_size, TARGET_SEGMENT)?;
+    if verify {
+        fill_pattern(&buf, TARGET_SEED)?;
+    }
     let addr = agent.listen(listen)?;
     println!(
         "xfer-bench target: listening on {addr} ({}), buffer {buffer_size} bytes",
@@ -150,7 +291,13 @@ pub fn run_target(
     let mut served = false;
     loop {
         if let Some(n) = agent.wait_notification(Duration::from_millis(200))? {
-            if n.data == b"done" && !forever {
+            if let Some(v) = Verify::parse(&n.data) {
+                println!(
+                    "{}",
+                    digest_line("xfer-bench target", &v, v.digest(&buf, true)?)
+                );
+            }
+            if n.data.starts_with(b"done") && !forever {
                 return Ok(());
             }
         }
@@ -238,6 +385,9 @@ pub fn run_initiator(
     let largest = params.block_sizes.iter().copied().max().unwrap_or(0);
     let need = largest as usize * params.batch * params.threads * params.depth.max(1);
     let local = agent.alloc_host(need.max(1), "xfer-bench-local")?;
+    if params.verify {
+        fill_pattern(&local, INITIATOR_SEED)?;
+    }
     let peer = agent.connect(addr)?;
     let remote = peer.wait_segment_named(TARGET_SEGMENT, Duration::from_secs(10))?;
     if (remote.len as usize) < need {
@@ -253,12 +403,31 @@ pub fn run_initiator(
     for &bs in &params.block_sizes {
         rows.push(run_size(&peer, &local, remote.id, op, bs, params)?);
     }
-    // Tell the target we are done (it exits unless it serves forever).
-    peer.write(
-        &[gdr_xfer::Desc::new(&local, 0, remote.id, 0, 1)],
-        &TransferOptions::new().notify("done"),
-    )?
-    .wait(Duration::from_secs(10))?;
+    // Tell the target we are done (it exits unless it serves forever); with `verify`, in a
+    // message (a write would change a verified byte) that names the blocks to hash.
+    let verify = match (params.verify, params.block_sizes.last()) {
+        (true, Some(&block_size)) => {
+            let v = Verify {
+                threads: params.threads.max(1),
+                depth: params.depth.max(1),
+                batch: params.batch.max(1),
+                block_size,
+                layout: params.layout,
+            };
+            let digest = v.digest(&local, false)?;
+            peer.send_notification(v.message(), &TransferOptions::new())?
+                .wait(Duration::from_secs(10))?;
+            Some((v, digest))
+        }
+        _ => {
+            peer.write(
+                &[gdr_xfer::Desc::new(&local, 0, remote.id, 0, 1)],
+                &TransferOptions::new().notify("done"),
+            )?
+            .wait(Duration::from_secs(10))?;
+            None
+        }
+    };
     Ok(BenchReport {
         params: params.clone(),
         device: agent
@@ -268,6 +437,7 @@ pub fn run_initiator(
             .collect::<Vec<_>>()
             .join(","),
         rows,
+        verify,
     })
 }
 
@@ -474,10 +644,14 @@ pub fn table(r: &BenchReport) -> String {
             }
         }
     }
+    if let Some((v, d)) = &r.verify {
+        s.push_str(&digest_line("xfer-bench", v, *d));
+        s.push('\n');
+    }
     s
 }
 
-/// CSV with a header line.
+/// CSV with a header line (and, with `verify`, the digest line after the rows).
 pub fn csv(r: &BenchReport) -> String {
     let mut s = String::from("block_size,batch_size,batches,gb_s,gbit_s,avg_lat_us,avg_prep_us,p99_prep_us,avg_post_us,p99_post_us,avg_tx_us,p99_tx_us,slices_per_batch,rail_bytes\n");
     for x in &r.rows {
@@ -504,6 +678,10 @@ pub fn csv(r: &BenchReport) -> String {
             x.slices_per_batch
         ));
     }
+    if let Some((v, d)) = &r.verify {
+        s.push_str(&digest_line("xfer-bench", v, *d));
+        s.push('\n');
+    }
     s
 }
 
@@ -524,6 +702,34 @@ mod tests {
                 seen[j] = true;
             }
         }
+    }
+
+    #[test]
+    fn the_verify_message_round_trips_and_names_matching_blocks() {
+        let v = Verify {
+            threads: 2,
+            depth: 2,
+            batch: 5,
+            block_size: 1024,
+            layout: Layout::Scattered,
+        };
+        assert_eq!(Verify::parse(v.message().as_bytes()), Some(v));
+        assert_eq!(Verify::parse(b"done"), None);
+        assert_eq!(Verify::parse(b"done verify threads=1"), None);
+        assert_eq!(
+            Verify::parse(b"done verify threads=x depth=1 batch=1 block_size=1 layout=repeat"),
+            None
+        );
+        let (l, r) = (v.blocks(false), v.blocks(true));
+        assert_eq!(l.len(), 20);
+        // Each range's remote blocks are a permutation of its local ones.
+        for (lc, rc) in l.chunks(5).zip(r.chunks(5)) {
+            let (mut a, mut b) = (lc.to_vec(), rc.to_vec());
+            a.sort_unstable();
+            b.sort_unstable();
+            assert_eq!(a, b);
+        }
+        assert_ne!(l, r);
     }
 
     #[test]

@@ -76,6 +76,11 @@ pub struct XferBenchArgs {
     /// the completion channel.
     #[arg(long, default_value_t = 200)]
     pub busy_poll_us: u64,
+    /// Check the data: both sides fill their buffers with patterns, and after the run both
+    /// print a digest of the last block size's blocks (`... digest 0x...`; give it to the
+    /// target too); equal digests mean every block landed where it belongs.
+    #[arg(long)]
+    pub verify: bool,
     /// Print one JSON document instead of the table.
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,
@@ -95,7 +100,14 @@ pub fn run(args: XferBenchArgs) -> u8 {
     cfg.gid_index = args.gid_index;
     cfg.busy_poll = std::time::Duration::from_micros(args.busy_poll_us);
     let result = if args.target {
-        xfer_bench::run_target(cfg, &args.listen, args.buffer_size, args.forever).map(|()| None)
+        xfer_bench::run_target(
+            cfg,
+            &args.listen,
+            args.buffer_size,
+            args.forever,
+            args.verify,
+        )
+        .map(|()| None)
     } else {
         let Some(addr) = &args.target_addr else {
             eprintln!("gdr xfer-bench: give --target or the target's HOST:PORT");
@@ -117,6 +129,7 @@ pub fn run(args: XferBenchArgs) -> u8 {
             qps: args.qps,
             slice_size: args.slice_size,
             layout: args.layout,
+            verify: args.verify,
         };
         xfer_bench::run_initiator(cfg, addr, &params).map(Some)
     };

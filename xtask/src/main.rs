@@ -23,6 +23,7 @@ mod bench;
 mod bundle;
 mod cargo;
 mod cluster;
+mod compare_peers;
 mod compare_rails;
 mod compare_xfer;
 mod coverage;
@@ -85,6 +86,8 @@ enum Command {
     ComparePerftest(perftest::CompareOpts),
     /// gdr xfer-bench (gdr-xfer) against ib_write_bw, alternately, in one VM boot.
     CompareXfer(compare_xfer::CompareXferOpts),
+    /// gdr xfer-bench against Mooncake TE (Python and C++) and NIXL, same workload, one VM boot.
+    ComparePeers(compare_peers::ComparePeersOpts),
     /// gdr-xfer on one rail and on two against ib_write_bw on both rails, on a 2-host cluster.
     CompareRails(compare_rails::CompareRailsOpts),
     /// Run `cargo bench` (write bandwidth and latency, benches/perf.rs) inside the VM.
@@ -130,6 +133,7 @@ fn main() -> ExitCode {
         Command::GpuBundle => bundle::gpu_bundle().map(|()| 0),
         Command::ComparePerftest(opts) => perftest::compare(&opts),
         Command::CompareXfer(opts) => compare_xfer::compare(&opts),
+        Command::ComparePeers(opts) => compare_peers::compare(&opts),
         Command::PostCost(opts) => post_cost::post_cost(&opts),
         Command::CompareRails(opts) => compare_rails::compare(&opts),
         Command::Bench(opts) => bench::bench(&opts),
