@@ -160,7 +160,7 @@ def initiate(a, make_initiator):
     keeps DEPTH batches in flight for SECONDS; then the data check."""
     mm, view, addr = alloc(blocks_needed(a) * a.block_size)
     fill(view, 1)
-    deadline = time.time() + 30
+    deadline = time.time() + 120
     while True:
         try:
             conn = socket.create_connection(("127.0.0.1", a.port))
