@@ -210,16 +210,7 @@ pub fn compare(opts: &ComparePeersOpts) -> Result<i32> {
 
 /// The output of each case: the lines after its marker.
 pub fn split_cases(text: &str) -> Vec<(Case, String)> {
-    let mut out: Vec<(Case, String)> = Vec::new();
-    for line in text.lines() {
-        if let Some(c) = Case::parse_marker(line) {
-            out.push((c, String::new()));
-        } else if let Some((_, t)) = out.last_mut() {
-            t.push_str(line);
-            t.push('\n');
-        }
-    }
-    out
+    crate::compare_xfer::split_sections(text, Case::parse_marker)
 }
 
 /// The data check of a run.

@@ -204,9 +204,15 @@ pub fn compare(opts: &CompareXferOpts) -> Result<i32> {
 
 /// The output of each case: the lines after its marker.
 pub fn split_cases(text: &str) -> Vec<(Case, String)> {
-    let mut out: Vec<(Case, String)> = Vec::new();
+    split_sections(text, Case::parse_marker)
+}
+
+/// A comparison's output split at its case markers: each case (`marker` reads it off its line)
+/// with the lines after it, up to the next marker; lines before the first are dropped.
+pub fn split_sections<C>(text: &str, marker: impl Fn(&str) -> Option<C>) -> Vec<(C, String)> {
+    let mut out: Vec<(C, String)> = Vec::new();
     for line in text.lines() {
-        if let Some(c) = Case::parse_marker(line) {
+        if let Some(c) = marker(line) {
             out.push((c, String::new()));
         } else if let Some((_, t)) = out.last_mut() {
             t.push_str(line);
