@@ -1,44 +1,63 @@
 #!/usr/bin/env bash
-# Runs one case of `cargo xtask compare-peers` on one RDMA device: gdr xfer-bench and the peers
+# Runs the cases of `cargo xtask compare-peers` on one RDMA device: gdr xfer-bench and the peers
 # (Mooncake TE's Python batch API, Mooncake's C++ transfer_engine_bench, NIXL's Python API over
 # UCX) with the same workload, target and initiator as two processes on this host, ROUNDS
-# rounds with the tools' order rotating, and prints each run between markers the xtask parses:
+# rounds with the tools' order rotating. Each run's section of the output, which the xtask
+# parses (a case's sections come from every round and tool; the xtask gathers them):
+#   ### case op=OP size=S batch=B qps=Q threads=T
 #   ### TOOL round=R
 #   (the initiator's output)
 #   target: (the target's output)
 #   ### pkts sent=N
 #   ### end rc=A server_rc=B
-# Every tool but Mooncake's C++ bench checks its data (both sides print a digest); the rxe
+# gdr and Mooncake's C++ bench start a target and an initiator for every case. The Python
+# drivers start one pair per round (and QP count) that runs every case, and print the sections
+# themselves (an interpreter's and an engine's start cost seconds under TCG).
+# Every tool but Mooncake's C++ bench checks its data (both sides compute a digest); the rxe
 # packet counter shows that the traffic crossed the device (a silent TCP fallback sends none).
 #
-# usage: compare-peers.sh DEVICE GID_INDEX ROUNDS SECONDS OP SIZE BATCH QPS THREADS DEPTH TOOLS
+# usage: compare-peers.sh DEVICE GID_INDEX ROUNDS SECONDS DEPTH TOOLS CASE...
 #   TOOLS: comma-separated, of gdr, mooncake, mooncake-cpp, nixl.
+#   CASE: OP:SIZE:BATCH:QPS:THREADS, e.g. write:65536:256:2:1.
 # Environment: GDR (the gdr binary), PEERS_VENV (the peers' virtual environment), PEERS_DIR
 # (the drivers' folder), PORT_BASE.
 set -u
-dev=$1 gid=$2 rounds=$3 secs=$4 op=$5 size=$6 batch=$7 qps=$8 threads=$9 depth=${10} tools=${11}
+dev=$1 gid=$2 rounds=$3 secs=$4 depth=$5 tools=$6
+shift 6
+cases=("$@")
+group= # the cases a Python driver pair runs
 port=${PORT_BASE:-19720}
 py="$PEERS_VENV/bin/python"
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-need=$((size * batch * threads * depth))
 counter=/sys/class/infiniband/$dev/ports/1/hw_counters/sent_pkts
 pkts() { cat "$counter" 2>/dev/null || echo 0; }
-common="--device $dev --gid-index $gid --op $op --block-size $size --batch $batch --threads $threads --depth $depth --qps $qps --seconds $secs"
+
+# Sets the case's variables (op size batch qps threads need) from OP:SIZE:BATCH:QPS:THREADS.
+use_case() {
+    IFS=: read -r op size batch qps threads <<<"$1"
+    need=$((size * batch * threads * depth))
+}
+marker() { echo "### case op=$op size=$size batch=$batch qps=$qps threads=$threads"; }
 
 # NIXL's wheel bundles a libibverbs that looks for providers in its own folder: preload it, and
 # point it at the system's providers. rc_verbs (not shared memory, though both ends are local).
 nixl_env=(env LD_PRELOAD="$(ls "$site"/nixl_cu12.libs/libibverbs-*.so* 2>/dev/null)"
     LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/libibverbs
     UCX_TLS=rc_verbs,ud_verbs UCX_NET_DEVICES="$dev:1" UCX_IB_GID_INDEX="$gid" UCX_LOG_LEVEL=error)
-mc_env=(env MC_GID_INDEX="$gid" MC_NUM_QP_PER_EP="$qps" MC_LOG_LEVEL=WARNING)
-# Mooncake's C++ bench at its own log level (INFO: its result is an INFO line).
-mc_bench=(env MC_GID_INDEX="$gid" MC_NUM_QP_PER_EP="$qps" "$PEERS_VENV/bin/transfer_engine_bench"
-    --metadata_server=P2PHANDSHAKE --protocol=rdma --device_name="$dev" --buffer_size="$need"
-    --batch_size="$batch" --block_size="$size" --threads="$threads")
+# Mooncake's settings depend on the case (its QPs per endpoint, the C++ bench's buffer).
+mooncake_env() {
+    mc_env=(env MC_GID_INDEX="$gid" MC_NUM_QP_PER_EP="$qps" MC_LOG_LEVEL=WARNING)
+    # Mooncake's C++ bench at its own log level (INFO: its result is an INFO line).
+    mc_bench=(env MC_GID_INDEX="$gid" MC_NUM_QP_PER_EP="$qps" "$PEERS_VENV/bin/transfer_engine_bench"
+        --metadata_server=P2PHANDSHAKE --protocol=rdma --device_name="$dev" --buffer_size="$need"
+        --batch_size="$batch" --block_size="$size" --threads="$threads")
+}
 
 # Sets cmd to the target's (side=target) or the initiator's command line of a tool.
 command_of() {
-    local tool=$1 side=$2
+    local tool=$1 side=$2 common
+    common="--device $dev --gid-index $gid --cases $group --depth $depth --seconds $secs --round $r"
+    mooncake_env
     case $tool,$side in
     gdr,target) cmd=("$GDR" xfer-bench --target -d "$dev" -x "$gid" --listen "127.0.0.1:$port"
         --buffer-size "$need" --verify) ;;
@@ -73,17 +92,33 @@ ready() {
     return 1
 }
 
-run_tool() {
-    local tool=$1 log spid rc src before after t cmd segment
+# Stops a target: Mooncake's C++ bench serves until it is stopped; the others end by
+# themselves after the initiator's last message (given 20 s). Sets src to its exit code.
+stop_target() {
+    local tool=$1 spid=$2 t=0
+    if [ "$tool" = mooncake-cpp ]; then
+        kill "$spid" 2>/dev/null
+        wait "$spid" 2>/dev/null
+        src=0
+    else
+        while kill -0 "$spid" 2>/dev/null && [ $t -lt 200 ]; do sleep 0.1; t=$((t + 1)); done
+        kill "$spid" 2>/dev/null
+        wait "$spid"
+        src=$?
+    fi
+}
+
+# One case of gdr or Mooncake's C++ bench: a target, then an initiator once it is ready.
+run_native() {
+    local tool=$1 log spid rc src before after cmd segment
     port=$((port + 1))
     log=$(mktemp)
     command_of "$tool" target
     "${cmd[@]}" >"$log" 2>&1 &
     spid=$!
+    marker
     echo "### $tool round=$r"
-    # The Python drivers' initiators wait for their target's control port themselves: they start
-    # together (an interpreter's start is seconds under TCG); the others wait for the target.
-    if [ "$tool" != mooncake ] && [ "$tool" != nixl ] && ! ready "$tool" "$log" $spid; then
+    if ! ready "$tool" "$log" $spid; then
         echo "compare-peers.sh: the $tool target did not come up"
         rc=125
     else
@@ -93,23 +128,47 @@ run_tool() {
         rc=$?
         after=$(pkts)
     fi
-    if [ "$tool" = mooncake-cpp ]; then
-        # Its target serves until it is stopped.
-        kill "$spid" 2>/dev/null
-        wait "$spid" 2>/dev/null
-        src=0
-    else
-        t=0
-        while kill -0 "$spid" 2>/dev/null && [ $t -lt 200 ]; do sleep 0.1; t=$((t + 1)); done
-        kill "$spid" 2>/dev/null
-        wait "$spid"
-        src=$?
-    fi
+    stop_target "$tool" "$spid"
     sed 's/^/target: /' "$log"
     rm -f "$log"
     echo "### pkts sent=$((${after:-0} - ${before:-0}))"
     echo "### end rc=$rc server_rc=$src"
 }
+
+# The cases of group (comma-separated, one QP count) with one Python driver pair, which prints
+# each case's section. A failed case ends the initiator with its section open: close it here.
+# A target that fails after the last case closed gets a failed run of its own in that case.
+run_python() {
+    local tool=$1 log spid rc src cmd n_cases
+    port=$((port + 1))
+    log=$(mktemp)
+    command_of "$tool" target
+    "${cmd[@]}" >"$log" 2>&1 &
+    spid=$!
+    # The initiator waits for its target's control port itself: they start together.
+    command_of "$tool" initiator
+    n_cases=$(($(tr -cd , <<<"$group" | wc -c) + 1))
+    timeout $((n_cases * (${secs%.*} + 60) + 180)) "${cmd[@]}" 2>&1
+    rc=$?
+    stop_target "$tool" "$spid"
+    sed 's/^/target: /' "$log"
+    rm -f "$log"
+    if [ $rc -ne 0 ]; then
+        echo "### end rc=$rc server_rc=$src"
+    elif [ "$src" -ne 0 ]; then
+        use_case "${group##*,}"
+        marker
+        echo "### $tool round=$r"
+        echo "### end rc=0 server_rc=$src"
+    fi
+}
+
+# The QP counts of the cases, in their order: a Python driver pair serves one.
+qp_counts=()
+for c in "${cases[@]}"; do
+    use_case "$c"
+    [[ " ${qp_counts[*]} " == *" $qps "* ]] || qp_counts+=("$qps")
+done
 
 IFS=, read -r -a list <<<"$tools"
 n=${#list[@]}
@@ -118,7 +177,26 @@ while [ "$r" -le "$rounds" ]; do
     # The order rotates by round, so that going first or last favours no tool.
     i=0
     while [ $i -lt "$n" ]; do
-        run_tool "${list[$(((i + r - 1) % n))]}"
+        tool=${list[$(((i + r - 1) % n))]}
+        case $tool in
+        mooncake | nixl)
+            for q in "${qp_counts[@]}"; do
+                group=
+                for c in "${cases[@]}"; do
+                    use_case "$c"
+                    [ "$qps" = "$q" ] && group=${group:+$group,}$c
+                done
+                qps=$q
+                run_python "$tool"
+            done
+            ;;
+        *)
+            for c in "${cases[@]}"; do
+                use_case "$c"
+                run_native "$tool"
+            done
+            ;;
+        esac
         i=$((i + 1))
     done
     r=$((r + 1))

@@ -71,9 +71,19 @@ pub struct Case {
 }
 
 impl Case {
+    /// The line that opens a run's section, as compare-peers.sh and the drivers print it.
+    #[cfg(test)]
     fn marker(&self) -> String {
         format!(
             "### case op={} size={} batch={} qps={} threads={}",
+            self.op, self.size, self.batch, self.qps, self.threads
+        )
+    }
+
+    /// The case as compare-peers.sh and the drivers take it: `OP:SIZE:BATCH:QPS:THREADS`.
+    fn spec(&self) -> String {
+        format!(
+            "{}:{}:{}:{}:{}",
             self.op, self.size, self.batch, self.qps, self.threads
         )
     }
@@ -169,30 +179,29 @@ pub fn compare(opts: &ComparePeersOpts) -> Result<i32> {
         q(&venv),
         q(&drivers)
     );
-    for (i, c) in cases.iter().enumerate() {
-        script.push_str(&format!(
-            "echo '{}'\nPORT_BASE={} bash {SCRIPT} \"$GDR_TEST_DEVICE\" \"$GDR_TEST_GID_INDEX\" {} {} {} {} {} {} {} {} {}\n",
-            c.marker(),
-            19720 + 200 * i,
-            opts.rounds,
-            opts.seconds,
-            c.op,
-            c.size,
-            c.batch,
-            c.qps,
-            c.threads,
-            opts.depth,
-            opts.tools.join(","),
-        ));
+    // One invocation runs every case: the Python drivers then start once per round, not once
+    // per case and round.
+    script.push_str(&format!(
+        "bash {SCRIPT} \"$GDR_TEST_DEVICE\" \"$GDR_TEST_GID_INDEX\" {} {} {} {}",
+        opts.rounds,
+        opts.seconds,
+        opts.depth,
+        opts.tools.join(","),
+    ));
+    for c in &cases {
+        script.push_str(&format!(" {}", c.spec()));
     }
+    script.push('\n');
     let outcome = vm::boot(&vm_opts, &script)?;
+    // The tables of what ran, even when the script failed or the VM timed out: a long run's
+    // finished cases are worth reading.
+    let mut failures = Vec::new();
     if outcome.code != 0 {
-        return Err(format!(
+        failures.push(format!(
             "the comparison script exited with {} in the VM",
             outcome.code
         ));
     }
-    let mut failures = Vec::new();
     let mut rows = Vec::new();
     for (case, text) in split_cases(&outcome.output) {
         let runs = parse(&text, &case);
@@ -208,9 +217,17 @@ pub fn compare(opts: &ComparePeersOpts) -> Result<i32> {
     Ok(i32::from(!failures.is_empty() || rows.len() != cases.len()))
 }
 
-/// The output of each case: the lines after its marker.
+/// The output of each case, in the order the cases first appear: the lines after each of its
+/// markers (every run of every round and tool opens a section with its case's marker).
 pub fn split_cases(text: &str) -> Vec<(Case, String)> {
-    crate::compare_xfer::split_sections(text, Case::parse_marker)
+    let mut out: Vec<(Case, String)> = Vec::new();
+    for (case, section) in crate::compare_xfer::split_sections(text, Case::parse_marker) {
+        match out.iter_mut().find(|(c, _)| *c == case) {
+            Some((_, t)) => t.push_str(&section),
+            None => out.push((case, section)),
+        }
+    }
+    out
 }
 
 /// The data check of a run.
@@ -393,7 +410,7 @@ fn f4(v: Option<f64>) -> String {
 }
 
 /// One case's table, its summary row and its failures (a run without a result, a nonzero
-/// exit, a failed data check, a run that sent no rxe packets).
+/// exit, a failed data check, a run that sent no rxe packets, a tool without one run a round).
 pub fn summarize(runs: &[Run], case: &Case, opts: &ComparePeersOpts) -> (String, Row, Vec<String>) {
     let mut failures = Vec::new();
     let mut by_round: BTreeMap<u32, BTreeMap<String, f64>> = BTreeMap::new();
@@ -447,6 +464,16 @@ pub fn summarize(runs: &[Run], case: &Case, opts: &ComparePeersOpts) -> (String,
                 .entry(r.round)
                 .or_default()
                 .insert(r.tool.clone(), g);
+        }
+    }
+    for t in &opts.tools {
+        let n = runs.iter().filter(|r| r.tool == *t).count();
+        if n != opts.rounds as usize {
+            failures.push(format!(
+                "{}: {t} has {n} runs, not one a round ({})",
+                name(case),
+                opts.rounds
+            ));
         }
     }
     let mut s = format!(
@@ -710,6 +737,44 @@ target: digest side=target value=dead blocks=512 block_size=65536
             Check::Failed("no digest from the initiator".into())
         );
         let (_, _, failures) = summarize(&runs, case, &o);
-        assert_eq!(failures.len(), 3, "{failures:?}");
+        assert_eq!(failures.len(), 5, "{failures:?}");
+        assert!(failures
+            .iter()
+            .any(|f| f.contains("mooncake-cpp has 0 runs, not one a round (1)")));
+    }
+
+    #[test]
+    fn a_case_gathers_its_sections_from_every_round_and_tool() {
+        let o = opts(&["--size", "1024", "--batch", "1", "--rounds", "2"]);
+        let all = cases(&o);
+        let (w, r) = (&all[0], &all[1]);
+        assert_eq!(w.spec(), "write:1024:1:2:1");
+        let run = |c: &Case, tool: &str, round: u32| {
+            format!(
+                "{}\n### {tool} round={round}\nresult gbit_s=0.{round}00000 bytes=1 seconds=1 batches=1\n\
+                 digest side=initiator value=ab blocks=1 block_size=1024\n\
+                 target: digest side=target value=ab blocks=1 block_size=1024\n\
+                 ### pkts sent=1\n### end rc=0 server_rc=0\n",
+                c.marker()
+            )
+        };
+        // Round-major, as compare-peers.sh prints it: a Python driver runs every case in turn.
+        let text = [
+            run(w, "nixl", 1),
+            run(r, "nixl", 1),
+            run(r, "gdr", 1),
+            run(w, "gdr", 2),
+            run(w, "nixl", 2),
+        ]
+        .concat()
+            + "### done\n";
+        let split = split_cases(&text);
+        assert_eq!(split.len(), 2);
+        assert_eq!(&split[0].0, w);
+        let runs = parse(&split[0].1, w);
+        let got: Vec<(&str, u32)> = runs.iter().map(|x| (x.tool.as_str(), x.round)).collect();
+        assert_eq!(got, [("nixl", 1), ("gdr", 2), ("nixl", 2)]);
+        assert!(runs.iter().all(|x| x.check == Check::Equal));
+        assert_eq!(parse(&split[1].1, r).len(), 2);
     }
 }

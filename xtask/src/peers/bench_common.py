@@ -2,14 +2,28 @@
 `gdr xfer-bench` (threads x DEPTH batches in flight, BATCH blocks of SIZE bytes per batch,
 each thread's batches on disjoint block ranges, remote blocks at scattered positions), a
 control connection between target and initiator on loopback, the pattern fill and the data
-check, and the result lines the xtask parses:
+check, and the lines the xtask parses.
 
+One target and one initiator process run every case of a round in order (`--cases`), with
+one engine each: an interpreter's and an engine's start cost seconds under TCG, and paying
+them once per case made a round of the default cases take half an hour under icount. Each
+case starts from fresh bytes on both sides. The initiator prints each case's section:
+
+    ### case op=OP size=S batch=B qps=Q threads=T
+    ### ENGINE round=R
     result gbit_s=G bytes=N seconds=S batches=B
-    digest side=initiator|target value=HEX blocks=N block_size=S
+    digest side=initiator value=HEX blocks=N block_size=S
+    target: digest side=target value=HEX blocks=N block_size=S   (the target's, sent back)
+    ### pkts sent=N
+    ### end rc=0 server_rc=0
+
+A case that fails leaves its section open and ends the process; compare-peers.sh closes it
+with the exit codes.
 
 An engine module gives `Target(buf, addr, args)` with `.info()` (what the initiator needs,
-JSON-able) and `Initiator(buf, addr, info, args)` with `.prepare(ranges)` (one handle per
-block range: lists of (local block, remote block)), `.submit(handle)` and `.wait(token)`.
+JSON-able) and `Initiator(buf, addr, info, args)` with `.prepare(blocks, case)` (one handle
+per block range: a list of (local block, remote block)), `.submit(handle)`, `.wait(token)`
+and `.release(handle)`.
 """
 
 import argparse
@@ -32,19 +46,50 @@ def parse_args(engine):
     p.add_argument("--port", type=int, required=True, help="control port on 127.0.0.1")
     p.add_argument("--device", default="rxe0")
     p.add_argument("--gid-index", type=int, default=1)
-    p.add_argument("--op", choices=["write", "read"], default="write")
-    p.add_argument("--block-size", type=int, default=65536)
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--cases",
+        required=True,
+        help="comma-separated OP:SIZE:BATCH:QPS:THREADS, run in this order (one QPS for all)",
+    )
     p.add_argument("--depth", type=int, default=2)
-    p.add_argument("--qps", type=int, default=2)
     p.add_argument("--seconds", type=float, default=4.0)
-    p.add_argument("--buffer-size", type=int, default=0, help="target: bytes (0: what the initiator needs)")
-    return p.parse_args()
+    p.add_argument("--round", type=int, default=1, help="the round the initiator reports")
+    a = p.parse_args()
+    a.cases = [Case(c) for c in a.cases.split(",") if c]
+    if not a.cases or len({c.qps for c in a.cases}) != 1:
+        p.error("--cases: at least one case, all with the same QPS (an engine's QPs are fixed)")
+    a.qps = a.cases[0].qps
+    return a
 
 
-def blocks_needed(a):
-    return a.threads * a.depth * a.batch
+class Case:
+    """One case of the workload: OP:SIZE:BATCH:QPS:THREADS, with the run's depth."""
+
+    def __init__(self, spec):
+        op, size, batch, qps, threads = spec.split(":")
+        if op not in ("write", "read"):
+            raise ValueError(f"case {spec}: the operation is write or read")
+        self.op, self.block_size, self.batch = op, int(size), int(batch)
+        self.qps, self.threads = int(qps), int(threads)
+
+    def marker(self):
+        """The line that opens this case's section of the output, as the xtask writes it."""
+        return (
+            f"### case op={self.op} size={self.block_size} batch={self.batch} "
+            f"qps={self.qps} threads={self.threads}"
+        )
+
+    def spec(self):
+        return f"{self.op}:{self.block_size}:{self.batch}:{self.qps}:{self.threads}"
+
+
+def blocks_needed(c, depth):
+    return c.threads * depth * c.batch
+
+
+def bytes_needed(a):
+    """The buffer each side registers once: the largest case's blocks."""
+    return max(blocks_needed(c, a.depth) * c.block_size for c in a.cases)
 
 
 def alloc(size):
@@ -60,20 +105,26 @@ def fill(view, seed):
     words[:] = np.random.default_rng(seed).integers(0, 2**63, size=len(words), dtype=np.uint64)
 
 
+def seeds(k):
+    """The initiator's and the target's fill seeds for the k-th case: fresh bytes on both
+    sides, so that a case's check cannot pass on what an earlier case left behind."""
+    return (1 + 2 * k, 2 + 2 * k)
+
+
 def scatter(i, n):
     """gdr xfer-bench's permutation of 0..n (a stride coprime with n)."""
     stride = next((s for s in (7919, 7907, 7901) if n % s != 0), 1)
     return (i * stride + n // 3) % n
 
 
-def ranges(a):
+def ranges(c, depth):
     """Per thread, DEPTH lists of (local block, remote block), as gdr xfer-bench lays them."""
     out = []
-    for t in range(a.threads):
+    for t in range(c.threads):
         mine = []
-        for d in range(a.depth):
-            first = (t * a.depth + d) * a.batch
-            mine.append([(first + i, first + scatter(i, a.batch)) for i in range(a.batch)])
+        for d in range(depth):
+            first = (t * depth + d) * c.batch
+            mine.append([(first + i, first + scatter(i, c.batch)) for i in range(c.batch)])
         out.append(mine)
     return out
 
@@ -89,11 +140,11 @@ def block_digests(view, blocks, bs):
     return [hashlib.blake2b(view[b * bs : (b + 1) * bs], digest_size=8).hexdigest() for b in blocks]
 
 
-def explain(view, lb, bs, mine, theirs):
+def explain(view, lb, bs, mine, theirs, own_seed, used):
     """Which blocks differ, and what each holds instead: the initiator's own pattern (the
     transfer never reached it, after a READ), zeros, another block's bytes (misplaced)."""
-    own = np.empty(len(view), dtype=np.uint8)
-    fill(own, 1)
+    own = np.empty(used, dtype=np.uint8)
+    fill(own, own_seed)
     where = {h: i for i, h in enumerate(theirs)}
     bad = [i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b]
     out = []
@@ -111,8 +162,8 @@ def explain(view, lb, bs, mine, theirs):
     return f"{len(bad)} of {len(mine)} blocks differ; " + "; ".join(out)
 
 
-def digest_line(side, value, n, bs):
-    print(f"digest side={side} value={value} blocks={n} block_size={bs}", flush=True)
+def digest_line(side, value, n, bs, prefix=""):
+    print(f"{prefix}digest side={side} value={value} blocks={n} block_size={bs}", flush=True)
 
 
 def send(sock, obj):
@@ -134,48 +185,52 @@ def recv(sock):
 
 
 def serve(a, make_target):
-    """The target: fill, set the engine up, hand its info to the initiator, then answer the
-    initiator's data check with the digest of the remote blocks it names."""
-    size = a.buffer_size or blocks_needed(a) * a.block_size
+    """The target: one buffer and one engine for every case. It hands its info to the
+    initiator, then answers its messages: `case` (fill the case's blocks with fresh bytes),
+    `check` (the digests of the case's remote blocks), `bye`."""
+    size = bytes_needed(a)
     mm, view, addr = alloc(size)
-    fill(view, 2)
     target = make_target(view, addr, a)
     ls = socket.create_server(("127.0.0.1", a.port))
     print(f"target: listening on 127.0.0.1:{a.port}, buffer {size} bytes", flush=True)
     conn, _ = ls.accept()
     send(conn, {"addr": addr, "len": size, "info": target.info()})
-    check = recv(conn)
-    rb = [r for rs in ranges(a) for rg in rs for (_, r) in rg]
-    value = digest(view, rb, a.block_size)
-    digest_line("target", value, len(rb), a.block_size)
-    send(conn, {"digest": value, "blocks": block_digests(view, rb, a.block_size)})
+    while True:
+        msg = recv(conn)
+        if "bye" in msg:
+            break
+        c = Case(msg["case"])
+        used = blocks_needed(c, a.depth) * c.block_size
+        if msg.get("check"):
+            rb = [r for rs in ranges(c, a.depth) for rg in rs for (_, r) in rg]
+            value = digest(view, rb, c.block_size)
+            send(conn, {"digest": value, "blocks": block_digests(view, rb, c.block_size)})
+        else:
+            fill(view[:used], seeds(msg["k"])[1])
+            send(conn, {"filled": used})
     conn.close()
-    del check, target, mm
+    del target, mm
     sys.stdout.flush()
     os._exit(0)
 
 
-def initiate(a, make_initiator):
-    """The initiator: connect, prepare one handle per block range, warm up, then each thread
-    keeps DEPTH batches in flight for SECONDS; then the data check."""
-    mm, view, addr = alloc(blocks_needed(a) * a.block_size)
-    fill(view, 1)
-    deadline = time.time() + 120
-    while True:
-        try:
-            conn = socket.create_connection(("127.0.0.1", a.port))
-            break
-        except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.1)
-    peer = recv(conn)
-    eng = make_initiator(view, addr, peer, a)
-    per_thread = [[eng.prepare(rg) for rg in rs] for rs in ranges(a)]
+def run_case(a, k, c, eng, view, conn):
+    """One case: fresh bytes on both sides, one handle per block range, a warm-up, then each
+    thread keeps DEPTH batches in flight for SECONDS; then the data check against the
+    target's digests. Prints the case's section; returns False when the case failed."""
+    print(c.marker(), flush=True)
+    print(f"### {a.engine} round={a.round}", flush=True)
+    before = sent_pkts(a.device)
+    used = blocks_needed(c, a.depth) * c.block_size
+    own_seed = seeds(k)[0]
+    fill(view[:used], own_seed)
+    send(conn, {"case": c.spec(), "k": k})
+    recv(conn)
+    per_thread = [[eng.prepare(rg, c) for rg in rs] for rs in ranges(c, a.depth)]
     stop = threading.Event()
-    start_line = threading.Barrier(a.threads + 1)
-    counts = [0] * a.threads
-    done_at = [0.0] * a.threads
+    start_line = threading.Barrier(c.threads + 1)
+    counts = [0] * c.threads
+    done_at = [0.0] * c.threads
     errors = []
 
     def worker(t):
@@ -203,7 +258,7 @@ def initiate(a, make_initiator):
             errors.append(e)
             stop.set()
 
-    ths = [threading.Thread(target=worker, args=(t,)) for t in range(a.threads)]
+    ths = [threading.Thread(target=worker, args=(t,)) for t in range(c.threads)]
     for th in ths:
         th.start()
     start_line.wait()
@@ -214,23 +269,61 @@ def initiate(a, make_initiator):
         th.join()
     if errors:
         print(f"initiator: {errors[0]!r}", file=sys.stderr, flush=True)
-        os._exit(1)
+        return False
     elapsed = max(max(done_at) - began, 1e-9)
     batches = sum(counts)
-    nbytes = batches * a.batch * a.block_size
+    nbytes = batches * c.batch * c.block_size
     print(
         f"result gbit_s={nbytes * 8 / elapsed / 1e9:.6f} bytes={nbytes} seconds={elapsed:.4f} batches={batches}",
         flush=True,
     )
-    lb = [lo for rs in ranges(a) for rg in rs for (lo, _) in rg]
-    value = digest(view, lb, a.block_size)
-    digest_line("initiator", value, len(lb), a.block_size)
-    send(conn, {"check": True})
+    lb = [lo for rs in ranges(c, a.depth) for rg in rs for (lo, _) in rg]
+    value = digest(view, lb, c.block_size)
+    digest_line("initiator", value, len(lb), c.block_size)
+    send(conn, {"case": c.spec(), "check": True})
     answer = recv(conn)
+    # The target's digest, computed in the target process and sent back over the control
+    # connection, on the line the xtask reads as the target's.
+    digest_line("target", answer["digest"], len(lb), c.block_size, prefix="target: ")
+    for h in (h for hs in per_thread for h in hs):
+        eng.release(h)
+    print(f"### pkts sent={sent_pkts(a.device) - before}", flush=True)
     if answer["digest"] != value:
-        why = explain(view, lb, a.block_size, block_digests(view, lb, a.block_size), answer["blocks"])
+        why = explain(view, lb, c.block_size, block_digests(view, lb, c.block_size), answer["blocks"], own_seed, used)
         print(f"initiator: data check failed: {why}", file=sys.stderr, flush=True)
-        os._exit(3)
+        return False
+    print("### end rc=0 server_rc=0", flush=True)
+    return True
+
+
+def sent_pkts(device):
+    """The device's sent-packet counter (0 where it has none)."""
+    try:
+        with open(f"/sys/class/infiniband/{device}/ports/1/hw_counters/sent_pkts") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def initiate(a, make_initiator):
+    """The initiator: connect, make the engine once, then run every case in order. A failed
+    case ends the process (nonzero) with its section open: the script closes it."""
+    mm, view, addr = alloc(bytes_needed(a))
+    deadline = time.time() + 120
+    while True:
+        try:
+            conn = socket.create_connection(("127.0.0.1", a.port))
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
+    peer = recv(conn)
+    eng = make_initiator(view, addr, peer, a)
+    for k, c in enumerate(a.cases):
+        if not run_case(a, k, c, eng, view, conn):
+            os._exit(3)
+    send(conn, {"bye": True})
     del eng, mm
     # NIXL's bundled libnl crashes at interpreter exit; nothing is left to flush.
     os._exit(0)
@@ -238,6 +331,7 @@ def initiate(a, make_initiator):
 
 def main(engine, make_target, make_initiator):
     a = parse_args(engine)
+    a.engine = engine
     if a.mode == "target":
         serve(a, make_target)
     else:

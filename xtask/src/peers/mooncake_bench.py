@@ -39,21 +39,20 @@ class Initiator:
         if self.te.register_memory(addr, len(view)) != 0:
             sys.exit("mooncake: register_memory failed on the initiator")
         self.session = peer["info"]["session"]
-        self.local, self.remote, self.bs = addr, peer["addr"], a.block_size
-        self.submit_fn = (
-            self.te.batch_transfer_async_write if a.op == "write" else self.te.batch_transfer_async_read
-        )
+        self.local, self.remote = addr, peer["addr"]
 
-    def prepare(self, blocks):
-        bs = self.bs
+    def prepare(self, blocks, c):
+        bs = c.block_size
+        post = self.te.batch_transfer_async_write if c.op == "write" else self.te.batch_transfer_async_read
         return (
+            post,
             [self.local + lo * bs for lo, _ in blocks],
             [self.remote + r * bs for _, r in blocks],
             [bs] * len(blocks),
         )
 
     def submit(self, h):
-        bid = self.submit_fn(self.session, h[0], h[1], h[2])
+        bid = h[0](self.session, h[1], h[2], h[3])
         if bid == 0:
             raise RuntimeError("mooncake: batch_transfer_async returned 0 (submission failed)")
         return bid
@@ -61,6 +60,9 @@ class Initiator:
     def wait(self, bid):
         if self.te.get_batch_transfer_status([bid]) != 0:
             raise RuntimeError(f"mooncake: batch {bid} failed")
+
+    def release(self, h):
+        """A handle is plain lists: nothing to release."""
 
 
 if __name__ == "__main__":
