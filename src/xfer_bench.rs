@@ -474,11 +474,19 @@ fn run_size(
                     .map(|(lb, rb)| BlockTable::new(&local, lb, remote, rb, bs))
                     .collect();
                 let opts = TransferOptions::new().timeout(Duration::from_secs(60));
-                // Warm-up batch, outside the measurement. Every thread reaches the start line, a
-                // failed one too (the others would wait for it forever).
-                let warm = peer
-                    .transfer_blocks(op, &tables[0], &opts)
-                    .and_then(|t| t.wait(Duration::from_secs(60)));
+                // Warm-up, outside the measurement: every block range once, all in flight
+                // together, so that the data check of `verify` covers only ranges that moved
+                // (a short run may stop before the loop below posts them all). Every thread
+                // reaches the start line, a failed one too (the others would wait for it forever).
+                let warm = tables
+                    .iter()
+                    .map(|table| peer.transfer_blocks(op, table, &opts))
+                    .collect::<gdr_xfer::Result<Vec<_>>>()
+                    .and_then(|posted| {
+                        posted
+                            .into_iter()
+                            .try_for_each(|t| t.wait(Duration::from_secs(60)).map(drop))
+                    });
                 start_line.wait();
                 warm?;
                 let mut samples = Vec::new();
