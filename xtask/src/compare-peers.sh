@@ -17,7 +17,8 @@
 # packet counter shows that the traffic crossed the device (a silent TCP fallback sends none).
 #
 # usage: compare-peers.sh DEVICE GID_INDEX ROUNDS SECONDS DEPTH TOOLS CASE...
-#   TOOLS: comma-separated, of gdr, mooncake, mooncake-cpp, nixl.
+#   TOOLS: comma-separated, of gdr, mooncake, mooncake-cpp, nixl, and gdr-NAME: a variant of
+#     gdr, xfer-bench with the extra arguments in GDR_ARGS_NAME (target and initiator).
 #   CASE: OP:SIZE:BATCH:QPS:THREADS, e.g. write:65536:256:2:1.
 # Environment: GDR (the gdr binary), PEERS_VENV (the peers' virtual environment), PEERS_DIR
 # (the drivers' folder), PORT_BASE.
@@ -55,15 +56,20 @@ mooncake_env() {
 
 # Sets cmd to the target's (side=target) or the initiator's command line of a tool.
 command_of() {
-    local tool=$1 side=$2 common
+    local tool=$1 side=$2 common extra=()
+    if [[ $tool == gdr-* ]]; then
+        local v=GDR_ARGS_${tool#gdr-}
+        read -r -a extra <<<"${!v-}"
+        tool=gdr
+    fi
     common="--device $dev --gid-index $gid --cases $group --depth $depth --seconds $secs --round $r"
     mooncake_env
     case $tool,$side in
     gdr,target) cmd=("$GDR" xfer-bench --target -d "$dev" -x "$gid" --listen "127.0.0.1:$port"
-        --buffer-size "$need" --verify) ;;
+        --buffer-size "$need" --verify "${extra[@]}") ;;
     gdr,initiator) cmd=("$GDR" xfer-bench "127.0.0.1:$port" -d "$dev" -x "$gid" --block-size "$size"
         --batch "$batch" -q "$qps" --duration "$secs" --threads "$threads" --depth "$depth" --op "$op"
-        --csv --verify) ;;
+        --csv --verify "${extra[@]}") ;;
     mooncake,*) cmd=("${mc_env[@]}" "$py" "$PEERS_DIR/mooncake_bench.py" --mode "$side" --port "$port" $common) ;;
     nixl,*) cmd=("${nixl_env[@]}" "$py" "$PEERS_DIR/nixl_bench.py" --mode "$side" --port "$port" $common) ;;
     mooncake-cpp,target) cmd=("${mc_bench[@]}" --mode=target --local_server_name="127.0.0.1:$port") ;;

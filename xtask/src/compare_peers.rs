@@ -58,6 +58,75 @@ pub struct ComparePeersOpts {
     /// Tools, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "gdr,mooncake,mooncake-cpp,nixl", value_parser = TOOLS)]
     pub tools: Vec<String>,
+    /// A variant of gdr-xfer run beside the others in every round, as `NAME=ARGS`: the tool
+    /// `gdr-NAME` is `gdr xfer-bench` with ARGS (whitespace-separated, given to the target and
+    /// the initiator), e.g. `poll0=--busy-poll-us 0` or `q4=-q 4`. Repeat for more. Each
+    /// variant gets its own paired ratio to the best peer; gdr's own column stays the default.
+    #[arg(long = "gdr-variant", value_parser = parse_variant)]
+    pub gdr_variants: Vec<GdrVariant>,
+}
+
+/// A variant of gdr-xfer: `gdr xfer-bench` with extra arguments (see `--gdr-variant`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GdrVariant {
+    /// Its name: the tool is `gdr-NAME`.
+    pub name: String,
+    /// Its extra arguments, whitespace-separated.
+    pub args: String,
+}
+
+impl GdrVariant {
+    /// The tool's name in the tables and in compare-peers.sh.
+    pub fn tool(&self) -> String {
+        format!("gdr-{}", self.name)
+    }
+}
+
+fn parse_variant(s: &str) -> std::result::Result<GdrVariant, String> {
+    let (name, args) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}`: give NAME=ARGS, e.g. poll0=--busy-poll-us 0"))?;
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(format!(
+            "`{name}`: a variant's name is lowercase letters, digits and `_` (it names a shell \
+             variable)"
+        ));
+    }
+    if args.contains(['\'', '"', '\\', '$', '`']) {
+        return Err(format!(
+            "`{args}`: a variant's arguments are split on whitespace, without quotes or `$`"
+        ));
+    }
+    Ok(GdrVariant {
+        name: name.to_string(),
+        args: args.to_string(),
+    })
+}
+
+/// Whether a tool is gdr-xfer or one of its variants (not a peer).
+fn is_gdr(tool: &str) -> bool {
+    tool == "gdr" || tool.starts_with("gdr-")
+}
+
+/// The tools of a run, in the order of the tables: the chosen ones of [`TOOLS`], gdr's
+/// variants right after gdr.
+pub fn columns(opts: &ComparePeersOpts) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in TOOLS.iter().filter(|t| opts.tools.iter().any(|x| x == *t)) {
+        out.push(t.to_string());
+        if *t == "gdr" {
+            out.extend(opts.gdr_variants.iter().map(GdrVariant::tool));
+        }
+    }
+    if !opts.tools.iter().any(|t| t == "gdr") {
+        let variants = opts.gdr_variants.iter().map(GdrVariant::tool);
+        out.splice(0..0, variants);
+    }
+    out
 }
 
 /// One case: operation, block size, blocks per batch, queue pairs, threads.
@@ -179,6 +248,13 @@ pub fn compare(opts: &ComparePeersOpts) -> Result<i32> {
         q(&venv),
         q(&drivers)
     );
+    for v in &opts.gdr_variants {
+        script.push_str(&format!(
+            "export GDR_ARGS_{}={}\n",
+            v.name,
+            shell_quote(&v.args)
+        ));
+    }
     // One invocation runs every case: the Python drivers then start once per round, not once
     // per case and round.
     script.push_str(&format!(
@@ -186,7 +262,7 @@ pub fn compare(opts: &ComparePeersOpts) -> Result<i32> {
         opts.rounds,
         opts.seconds,
         opts.depth,
-        opts.tools.join(","),
+        columns(opts).join(","),
     ));
     for c in &cases {
         script.push_str(&format!(" {}", c.spec()));
@@ -306,7 +382,7 @@ pub fn parse(text: &str, case: &Case) -> Vec<Run> {
             }
             let mut w = head.split_whitespace();
             let tool = w.next().unwrap_or_default();
-            if TOOLS.contains(&tool) {
+            if TOOLS.contains(&tool) || is_gdr(tool) {
                 (mine, theirs) = (None, None);
                 cur = Some(Run {
                     tool: tool.to_string(),
@@ -349,7 +425,7 @@ pub fn parse(text: &str, case: &Case) -> Vec<Run> {
             continue;
         }
         match r.tool.as_str() {
-            "gdr" => {
+            t if is_gdr(t) => {
                 // block_size,batch_size,batches,gb_s,gbit_s,...
                 let cols: Vec<&str> = l.split(',').collect();
                 if cols.first() == Some(&size.as_str()) && cols.len() > 4 {
@@ -387,13 +463,16 @@ pub fn parse(text: &str, case: &Case) -> Vec<Run> {
 }
 
 /// One case's summary: per tool, the median Gb/s, the median packets per MiB and its checks;
-/// the median over rounds of gdr-xfer / the best peer of that round, and that best peer.
+/// the median over rounds of gdr-xfer / the best peer of that round (and of each variant of
+/// gdr-xfer), and that best peer.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Row {
     pub gbps: BTreeMap<String, f64>,
     pub pkts_per_mib: BTreeMap<String, f64>,
     pub checks: BTreeMap<String, String>,
     pub vs_best: Option<f64>,
+    /// Per variant of gdr-xfer (`gdr-NAME`): its paired ratio to the best peer.
+    pub variants_vs_best: BTreeMap<String, f64>,
     pub best: Option<String>,
 }
 
@@ -466,7 +545,8 @@ pub fn summarize(runs: &[Run], case: &Case, opts: &ComparePeersOpts) -> (String,
                 .insert(r.tool.clone(), g);
         }
     }
-    for t in &opts.tools {
+    let tools = columns(opts);
+    for t in &tools {
         let n = runs.iter().filter(|r| r.tool == *t).count();
         if n != opts.rounds as usize {
             failures.push(format!(
@@ -484,46 +564,46 @@ pub fn summarize(runs: &[Run], case: &Case, opts: &ComparePeersOpts) -> (String,
         opts.depth,
         clock(opts)
     );
-    let tools: Vec<&str> = TOOLS
-        .iter()
-        .copied()
-        .filter(|t| opts.tools.iter().any(|x| x == t))
-        .collect();
     s.push_str("round");
     for t in &tools {
         s.push_str(&format!(" {t:>13}"));
     }
     s.push_str("   gdr/best peer\n");
-    let mut ratios = Vec::new();
+    // Per gdr tool (gdr and its variants), its ratio to the best peer of each round.
+    let mut ratios: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for (round, m) in &by_round {
         s.push_str(&format!("{round:>5}"));
         for t in &tools {
-            s.push_str(&format!(" {:>13}", f4(m.get(*t).copied())));
+            s.push_str(&format!(" {:>13}", f4(m.get(t).copied())));
         }
         let best = m
             .iter()
-            .filter(|(t, _)| t.as_str() != "gdr")
+            .filter(|(t, _)| !is_gdr(t))
             .map(|(_, v)| *v)
             .max_by(f64::total_cmp);
+        for t in tools.iter().filter(|t| is_gdr(t)) {
+            if let Some(r) = m.get(t).zip(best).map(|(g, b)| g / b) {
+                ratios.entry(t).or_default().push(r);
+            }
+        }
         let ratio = m.get("gdr").zip(best).map(|(g, b)| g / b);
-        ratios.extend(ratio);
         s.push_str(&format!("   {}\n", f4(ratio)));
     }
     for t in &tools {
         let v: Vec<f64> = by_round
             .values()
-            .filter_map(|m| m.get(*t).copied())
+            .filter_map(|m| m.get(t).copied())
             .collect();
         if let Some(m) = median(&v) {
             row.gbps.insert(t.to_string(), m);
         }
-        if let Some(p) = pkts.get(*t).and_then(|v| median(v)) {
+        if let Some(p) = pkts.get(t).and_then(|v| median(v)) {
             row.pkts_per_mib.insert(t.to_string(), p);
         }
-        let (eq, bad) = checked.get(*t).copied().unwrap_or_default();
+        let (eq, bad) = checked.get(t).copied().unwrap_or_default();
         row.checks.insert(
             t.to_string(),
-            if *t == "mooncake-cpp" {
+            if t == "mooncake-cpp" {
                 "none".to_string()
             } else if bad > 0 {
                 format!("FAILED {bad}")
@@ -532,26 +612,34 @@ pub fn summarize(runs: &[Run], case: &Case, opts: &ComparePeersOpts) -> (String,
             },
         );
     }
-    row.vs_best = median(&ratios);
+    row.vs_best = ratios.get("gdr").and_then(|v| median(v));
+    row.variants_vs_best = ratios
+        .iter()
+        .filter(|(t, _)| **t != "gdr")
+        .filter_map(|(t, v)| Some((t.to_string(), median(v)?)))
+        .collect();
     row.best = row
         .gbps
         .iter()
-        .filter(|(t, _)| t.as_str() != "gdr")
+        .filter(|(t, _)| !is_gdr(t))
         .max_by(|a, b| a.1.total_cmp(b.1))
         .map(|(t, _)| t.clone());
     s.push_str("median");
     for t in &tools {
-        s.push_str(&format!(" {:>12}", f4(row.gbps.get(*t).copied())));
+        s.push_str(&format!(" {:>12}", f4(row.gbps.get(t).copied())));
         s.push(' ');
     }
     s.push_str(&format!("  paired {}\n", f4(row.vs_best)));
+    for (t, r) in &row.variants_vs_best {
+        s.push_str(&format!("{t}/best peer, paired: {r:.4}\n"));
+    }
     s.push_str("data check (equal digests / runs) and rxe packets per MiB:");
     for t in &tools {
         s.push_str(&format!(
             " {t} {} {}",
-            row.checks.get(*t).map_or("-", String::as_str),
+            row.checks.get(t).map_or("-", String::as_str),
             row.pkts_per_mib
-                .get(*t)
+                .get(t)
                 .map_or("-".to_string(), |p| format!("{p:.0}"))
         ));
         s.push(';');
@@ -563,11 +651,8 @@ pub fn summarize(runs: &[Run], case: &Case, opts: &ComparePeersOpts) -> (String,
 
 /// The table of every case: Gb/s medians, the paired ratio to the best peer, the checks.
 pub fn summary_table(rows: &[(Case, Row)], opts: &ComparePeersOpts) -> String {
-    let tools: Vec<&str> = TOOLS
-        .iter()
-        .copied()
-        .filter(|t| opts.tools.iter().any(|x| x == t))
-        .collect();
+    let tools = columns(opts);
+    let variants: Vec<String> = opts.gdr_variants.iter().map(GdrVariant::tool).collect();
     let mut s = format!(
         "summary (Gb/s, medians of {} rounds of {} s; {} batch(es) in flight per thread; {})\n",
         opts.rounds,
@@ -579,7 +664,11 @@ pub fn summary_table(rows: &[(Case, Row)], opts: &ComparePeersOpts) -> String {
     for t in &tools {
         s.push_str(&format!(" {t:>12}"));
     }
-    s.push_str("  gdr/best  best peer     checks\n");
+    s.push_str("  gdr/best  best peer     checks");
+    for v in &variants {
+        s.push_str(&format!(" {:>12}", format!("{}/best", &v[4..])));
+    }
+    s.push('\n');
     for (c, r) in rows {
         s.push_str(&format!(
             "{:<6} {:>8} {:>5} {:>3} {:>3}",
@@ -590,15 +679,20 @@ pub fn summary_table(rows: &[(Case, Row)], opts: &ComparePeersOpts) -> String {
             c.threads
         ));
         for t in &tools {
-            s.push_str(&format!(" {:>12}", f4(r.gbps.get(*t).copied())));
+            s.push_str(&format!(" {:>12}", f4(r.gbps.get(t).copied())));
         }
         let failed = r.checks.values().any(|c| c.starts_with("FAILED"));
         s.push_str(&format!(
-            "  {:>8}  {:<12}  {}\n",
+            "  {:>8}  {:<12}  {:<6}",
             f4(r.vs_best),
             r.best.as_deref().unwrap_or("-"),
             if failed { "FAILED" } else { "ok" }
         ));
+        for v in &variants {
+            s.push_str(&format!(" {:>12}", f4(r.variants_vs_best.get(v).copied())));
+        }
+        s.truncate(s.trim_end().len());
+        s.push('\n');
     }
     let ratios: Vec<f64> = rows.iter().filter_map(|(_, r)| r.vs_best).collect();
     if let (Some(lo), Some(med)) = (
@@ -776,5 +870,81 @@ target: digest side=target value=dead blocks=512 block_size=65536
         assert_eq!(got, [("nixl", 1), ("gdr", 2), ("nixl", 2)]);
         assert!(runs.iter().all(|x| x.check == Check::Equal));
         assert_eq!(parse(&split[1].1, r).len(), 2);
+    }
+
+    #[test]
+    fn a_gdr_variant_runs_beside_gdr_with_its_own_ratio_and_a_bad_one_is_refused() {
+        let o = opts(&[
+            "--size",
+            "65536",
+            "--batch",
+            "256",
+            "--op",
+            "write",
+            "--rounds",
+            "1",
+            "--tools",
+            "gdr,mooncake",
+            "--gdr-variant",
+            "poll0=--busy-poll-us 0",
+            "--gdr-variant",
+            "q4=-q 4",
+        ]);
+        assert_eq!(columns(&o), ["gdr", "gdr-poll0", "gdr-q4", "mooncake"]);
+        assert_eq!(o.gdr_variants[0].args, "--busy-poll-us 0");
+        let case = &cases(&o)[0];
+        let gdr = |tool: &str, gbit: &str| {
+            format!(
+                "### {tool} round=1\n65536,256,10,0.05,{gbit},1\n\
+                 xfer-bench: digest 0xaa over 512 blocks of 65536 B\n\
+                 target: xfer-bench target: digest 0xaa over 512 blocks of 65536 B\n\
+                 ### pkts sent=10\n### end rc=0 server_rc=0\n"
+            )
+        };
+        let text = [
+            gdr("gdr", "0.4000"),
+            gdr("gdr-poll0", "0.5000"),
+            gdr("gdr-q4", "0.1000"),
+            "### mooncake round=1\nresult gbit_s=0.250000 bytes=83886080 seconds=4.0 batches=5\n\
+             digest side=initiator value=be blocks=512 block_size=65536\n\
+             target: digest side=target value=be blocks=512 block_size=65536\n\
+             ### pkts sent=10\n### end rc=0 server_rc=0\n"
+                .to_string(),
+        ]
+        .concat();
+        let runs = parse(&text, case);
+        assert_eq!(runs.len(), 4);
+        assert_eq!(runs[1].tool, "gdr-poll0");
+        assert_eq!(runs[1].gbps, Some(0.5));
+        assert_eq!(runs[2].check, Check::Equal);
+        let (table, row, failures) = summarize(&runs, case, &o);
+        assert!(failures.is_empty(), "{failures:?}");
+        // The best peer is a peer, never a variant of gdr.
+        assert_eq!(row.best.as_deref(), Some("mooncake"));
+        assert!((row.vs_best.unwrap() - 1.6).abs() < 1e-9);
+        assert!((row.variants_vs_best["gdr-poll0"] - 2.0).abs() < 1e-9);
+        assert!((row.variants_vs_best["gdr-q4"] - 0.4).abs() < 1e-9);
+        assert!(
+            table.contains("gdr-q4/best peer, paired: 0.4000"),
+            "{table}"
+        );
+        let sum = summary_table(&[(case.clone(), row)], &o);
+        assert!(sum.contains("poll0/best"), "{sum}");
+        assert!(
+            sum.contains("1.6000  mooncake      ok           2.0000       0.4000"),
+            "{sum}"
+        );
+        // A missing variant run is a failure, as a missing tool's is.
+        let (_, _, failures) = summarize(&runs[..2], case, &o);
+        assert!(
+            failures.iter().any(|f| f.contains("gdr-q4 has 0 runs")),
+            "{failures:?}"
+        );
+        for bad in ["noequals", "Poll=-q 4", "=x", "x=--a '1'", "x=$(id)"] {
+            assert!(
+                Cli::try_parse_from(["x", "--gdr-variant", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 }
