@@ -290,6 +290,11 @@ pub fn run_target(
     );
     let mut served = false;
     loop {
+        // Whether the initiator was connected is read before waiting: its last message is
+        // queued before it is forgotten, so a wait after seeing it gone still returns that
+        // message (read after the wait, the message could come and the initiator go between
+        // the two, and the message would never be read).
+        let connected = !agent.peers().is_empty();
         if let Some(n) = agent.wait_notification(Duration::from_millis(200))? {
             if let Some(v) = Verify::parse(&n.data) {
                 println!(
@@ -300,9 +305,7 @@ pub fn run_target(
             if n.data.starts_with(b"done") && !forever {
                 return Ok(());
             }
-        }
-        let connected = !agent.peers().is_empty();
-        if served && !connected && !forever {
+        } else if served && !connected && !forever {
             println!("xfer-bench target: the initiator left without saying done");
             return Ok(());
         }

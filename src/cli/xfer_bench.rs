@@ -21,7 +21,9 @@ Examples:
 
 /// Arguments of `gdr xfer-bench`.
 #[derive(Debug, Args)]
-#[command(after_help = AFTER_HELP)]
+// A later option overrides an earlier one (`-q 2 ... -q 4` means 4), as in perftest: a script can
+// append its variations to a common command line.
+#[command(after_help = AFTER_HELP, args_override_self = true)]
 pub struct XferBenchArgs {
     /// Run as the target (the side whose memory is written or read).
     #[arg(long, conflicts_with = "target_addr")]
