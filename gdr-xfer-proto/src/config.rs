@@ -54,7 +54,7 @@ impl Config {
             rails,
             lanes_per_rail,
             send_depth: 256,
-            slice_size: 64 * 1024,
+            slice_size: 256 * 1024,
             stripe_min: 256 * 1024,
             send_slots: 64,
             recv_slots: 64,

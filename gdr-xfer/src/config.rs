@@ -26,7 +26,12 @@ pub struct AgentConfig {
     /// Queue pairs per peer and rail (1..=16; default 2, as Mooncake). The peer that accepts
     /// a connection uses the connecting peer's count.
     pub qps_per_peer: u8,
-    /// Largest work request: longer runs are cut into slices of this size (default 64 KiB).
+    /// Largest work request: longer runs are cut into slices of this size (default 256 KiB,
+    /// the stripe minimum, so that every striped transfer has a slice for two rails at least).
+    /// Larger requests cost the NIC and the host less per byte: on Soft-RoCE with two CPUs a
+    /// WRITE of 1 MiB blocks moved 1.9 times the bytes in 256 KiB requests that it moved in
+    /// 64 KiB ones. Smaller ones spread one block over more queue pairs and retry less after a
+    /// rail fails.
     pub slice_size: u64,
     /// Transfers of at most this many bytes stay on one rail; larger ones are striped over
     /// every active rail (default 256 KiB).
@@ -119,7 +124,7 @@ impl AgentConfig {
             max_rails: MAX_RAILS as u8,
             gid_index: None,
             qps_per_peer: 2,
-            slice_size: 64 * 1024,
+            slice_size: 256 * 1024,
             stripe_min: 256 * 1024,
             ack_timeout: 14,
             retry_count: 6,

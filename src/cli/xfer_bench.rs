@@ -68,8 +68,8 @@ pub struct XferBenchArgs {
     /// Queue pairs per peer.
     #[arg(short = 'q', long, default_value_t = 2)]
     pub qps: u8,
-    /// Largest work request in bytes (longer runs are cut).
-    #[arg(long, default_value_t = 65536)]
+    /// Largest work request in bytes (longer runs are cut; the engine's default).
+    #[arg(long, default_value_t = 256 * 1024)]
     pub slice_size: u64,
     /// Where blocks land on the target.
     #[arg(long, value_enum, default_value_t = Layout::Scattered)]

@@ -30,8 +30,21 @@ group= # the cases a Python driver pair runs
 port=${PORT_BASE:-19720}
 py="$PEERS_VENV/bin/python"
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-counter=/sys/class/infiniband/$dev/ports/1/hw_counters/sent_pkts
-pkts() { cat "$counter" 2>/dev/null || echo 0; }
+counters_dir=/sys/class/infiniband/$dev/ports/1/hw_counters
+# Every counter of the device (rxe's hw_counters), a "name value" line each.
+counters() {
+    local f
+    for f in "$counters_dir"/*; do
+        [ -r "$f" ] && echo "${f##*/} $(cat "$f" 2>/dev/null || echo 0)"
+    done
+}
+# The line that closes a run's counters, from the counters before ($1) and after ($2): the
+# packets it sent, then every other counter that moved ("### pkts sent=N name=delta ...").
+pkts_line() {
+    awk 'NR == FNR { b[$1] = $2; next }
+        { d = $2 - b[$1]; if ($1 == "sent_pkts") s = d; else if (d) o = o " " $1 "=" d }
+        END { print "### pkts sent=" s + 0 o }' <(echo "$1") <(echo "$2")
+}
 
 # Sets the case's variables (op size batch qps threads need) from OP:SIZE:BATCH:QPS:THREADS.
 use_case() {
@@ -128,16 +141,16 @@ run_native() {
         echo "compare-peers.sh: the $tool target did not come up"
         rc=125
     else
-        before=$(pkts)
+        before=$(counters)
         command_of "$tool" initiator
         timeout $((${secs%.*} + 180)) "${cmd[@]}" 2>&1
         rc=$?
-        after=$(pkts)
+        after=$(counters)
     fi
     stop_target "$tool" "$spid"
     sed 's/^/target: /' "$log"
     rm -f "$log"
-    echo "### pkts sent=$((${after:-0} - ${before:-0}))"
+    pkts_line "${before:-}" "${after:-}"
     echo "### end rc=$rc server_rc=$src"
 }
 

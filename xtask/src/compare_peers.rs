@@ -327,6 +327,9 @@ pub struct Run {
     pub bytes: Option<f64>,
     /// rxe packets sent during the run (warm-up and data check included).
     pub pkts: Option<u64>,
+    /// rxe's other counters that moved during the run (`hw_counters`: retries, sequence
+    /// errors, duplicate requests, ...), by name.
+    pub counters: BTreeMap<String, u64>,
     pub check: Check,
     pub rc: (i32, i32),
 }
@@ -377,6 +380,13 @@ pub fn parse(text: &str, case: &Case) -> Vec<Run> {
             if let Some(rest) = head.strip_prefix("pkts ") {
                 if let Some(r) = cur.as_mut() {
                     r.pkts = kv(rest, "sent").and_then(|v| v.parse().ok());
+                    r.counters = rest
+                        .split_whitespace()
+                        .filter_map(|w| w.split_once('='))
+                        .filter(|(k, _)| *k != "sent")
+                        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+                        .filter(|(_, v)| *v != 0)
+                        .collect();
                 }
                 continue;
             }
@@ -393,6 +403,7 @@ pub fn parse(text: &str, case: &Case) -> Vec<Run> {
                     gbps: None,
                     bytes: None,
                     pkts: None,
+                    counters: BTreeMap::new(),
                     check: Check::None,
                     rc: (-1, -1),
                 });
@@ -646,6 +657,27 @@ pub fn summarize(runs: &[Run], case: &Case, opts: &ComparePeersOpts) -> (String,
     }
     s.pop();
     s.push('\n');
+    // What rxe counted besides packets (retransmissions, sequence errors, ...): a tool whose
+    // requests the device had to repeat pays for it in bandwidth.
+    let mut line = String::new();
+    for t in &tools {
+        let mut sum: BTreeMap<&str, u64> = BTreeMap::new();
+        for r in runs.iter().filter(|r| r.tool == *t) {
+            for (k, v) in &r.counters {
+                *sum.entry(k).or_default() += v;
+            }
+        }
+        if !sum.is_empty() {
+            let kv: Vec<String> = sum.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            line.push_str(&format!(" {t} {};", kv.join(" ")));
+        }
+    }
+    if !line.is_empty() {
+        line.pop();
+        s.push_str(&format!(
+            "rxe's other counters, summed over the runs:{line}\n"
+        ));
+    }
     (s, row, failures)
 }
 
@@ -766,7 +798,7 @@ block_size,batch_size,batches,gb_s,gbit_s,avg_lat_us
 xfer-bench: digest 0x00000000000000aa over 512 blocks of 65536 B
 target: xfer-bench target: listening on 127.0.0.1:1 (rxe0:1), buffer 1 bytes
 target: xfer-bench target: digest 0x00000000000000aa over 512 blocks of 65536 B
-### pkts sent=163840
+### pkts sent=163840 rcvd_pkts=163000 duplicate_request=3 ack_deferred=0
 ### end rc=0 server_rc=0
 ### mooncake round=1
 result gbit_s=0.200000 bytes=83886080 seconds=4.0 batches=5
@@ -800,6 +832,14 @@ target: digest side=target value=dead blocks=512 block_size=65536
         assert_eq!(runs[0].bytes, Some(10.0 * 256.0 * 65536.0));
         // 163840 packets over 160 MiB.
         assert_eq!(runs[0].pkts_per_mib(), Some(1024.0));
+        assert_eq!(
+            runs[0].counters.iter().collect::<Vec<_>>(),
+            [
+                (&"duplicate_request".to_string(), &3),
+                (&"rcvd_pkts".to_string(), &163000)
+            ],
+            "the counters that moved, besides sent packets"
+        );
         assert_eq!(runs[1].check, Check::Equal);
         // 12 batches of 16 MiB in 4 s (not the two-decimal throughput it prints).
         assert!((runs[2].gbps.unwrap() - 12.0 * 256.0 * 65536.0 * 8.0 / 4.0 / 1e9).abs() < 1e-12);
@@ -815,6 +855,10 @@ target: digest side=target value=dead blocks=512 block_size=65536
         assert!(failures.iter().any(|f| f.contains("data check failed")));
         assert!(failures.iter().any(|f| f.contains("no rxe packets")));
         assert!(table.contains("paired 0.9934"), "{table}");
+        assert!(
+            table.contains("summed over the runs: gdr duplicate_request=3 rcvd_pkts=163000\n"),
+            "{table}"
+        );
         let sum = summary_table(&[(case.clone(), row)], &o);
         assert!(sum.contains("WRITE     65536   256   2   1       0.4000       0.2000       0.4027       0.3000    0.9934  mooncake-cpp  FAILED"), "{sum}");
         assert!(sum.contains("1 of them below 1"), "{sum}");

@@ -220,7 +220,7 @@ def run_case(a, k, c, eng, view, conn):
     target's digests. Prints the case's section; returns False when the case failed."""
     print(c.marker(), flush=True)
     print(f"### {a.engine} round={a.round}", flush=True)
-    before = sent_pkts(a.device)
+    before = counters(a.device)
     used = blocks_needed(c, a.depth) * c.block_size
     own_seed = seeds(k)[0]
     fill(view[:used], own_seed)
@@ -291,7 +291,7 @@ def run_case(a, k, c, eng, view, conn):
     digest_line("target", answer["digest"], len(lb), c.block_size, prefix="target: ")
     for h in (h for hs in per_thread for h in hs):
         eng.release(h)
-    print(f"### pkts sent={sent_pkts(a.device) - before}", flush=True)
+    print(pkts_line(before, counters(a.device)), flush=True)
     if answer["digest"] != value:
         why = explain(view, lb, c.block_size, block_digests(view, lb, c.block_size), answer["blocks"], own_seed, used)
         print(f"initiator: data check failed: {why}", file=sys.stderr, flush=True)
@@ -300,13 +300,30 @@ def run_case(a, k, c, eng, view, conn):
     return True
 
 
-def sent_pkts(device):
-    """The device's sent-packet counter (0 where it has none)."""
+def counters(device):
+    """The device's counters (rxe's hw_counters: sent_pkts, retries, sequence errors, ...) by
+    name; none where it has none."""
+    folder = f"/sys/class/infiniband/{device}/ports/1/hw_counters"
+    out = {}
     try:
-        with open(f"/sys/class/infiniband/{device}/ports/1/hw_counters/sent_pkts") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 0
+        names = os.listdir(folder)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            with open(os.path.join(folder, name)) as f:
+                out[name] = int(f.read())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def pkts_line(before, after):
+    """The line that closes a run's counters: the packets it sent, then every other counter
+    that moved (`### pkts sent=N name=delta ...`)."""
+    moved = {k: v - before.get(k, 0) for k, v in after.items()}
+    others = " ".join(f"{k}={d}" for k, d in sorted(moved.items()) if d and k != "sent_pkts")
+    return f"### pkts sent={moved.get('sent_pkts', 0)}" + (f" {others}" if others else "")
 
 
 def initiate(a, make_initiator):
