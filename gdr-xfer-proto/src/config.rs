@@ -12,6 +12,18 @@ pub const CHUNK: usize = 64;
 /// transfer to it.
 pub const STRIPE_CHUNK: usize = 32;
 
+/// Most bytes per post on a connection of several rails, where fewer than [`STRIPE_CHUNK`]
+/// slices hold them: the striping grain stays 2 MiB whatever the slice size (32 requests of
+/// 64 KiB, 8 of the default 256 KiB), so a larger slice does not draw more of a transfer to
+/// one rail.
+pub const STRIPE_BYTES: u64 = 2 << 20;
+
+/// Requests per post on a connection of several rails with slices of `slice_size` bytes:
+/// [`STRIPE_BYTES`] worth, at least 1 and at most [`STRIPE_CHUNK`].
+pub fn stripe_chunk(slice_size: u64) -> u64 {
+    (STRIPE_BYTES / slice_size.max(1)).clamp(1, STRIPE_CHUNK as u64)
+}
+
 /// A connection's settings.
 #[derive(Debug, Clone)]
 pub struct Config {

@@ -75,7 +75,7 @@ pub mod staging;
 mod transfer;
 pub mod wire;
 
-pub use config::{Config, CHUNK, STRIPE_CHUNK};
+pub use config::{stripe_chunk, Config, CHUNK, STRIPE_BYTES, STRIPE_CHUNK};
 pub use connection::Connection;
 pub use control::Control;
 pub use endpoint::{ConnId, Endpoint, Refusal};

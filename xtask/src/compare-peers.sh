@@ -40,10 +40,12 @@ counters() {
 }
 # The line that closes a run's counters, from the counters before ($1) and after ($2): the
 # packets it sent, then every other counter that moved ("### pkts sent=N name=delta ...").
+# (One stream with a separator line: the VM has no /dev/fd for process substitution.)
 pkts_line() {
-    awk 'NR == FNR { b[$1] = $2; next }
+    printf '%s\n--\n%s\n' "$1" "$2" | awk '$0 == "--" { after = 1; next }
+        !after { b[$1] = $2; next }
         { d = $2 - b[$1]; if ($1 == "sent_pkts") s = d; else if (d) o = o " " $1 "=" d }
-        END { print "### pkts sent=" s + 0 o }' <(echo "$1") <(echo "$2")
+        END { print "### pkts sent=" s + 0 o }'
 }
 
 # Sets the case's variables (op size batch qps threads need) from OP:SIZE:BATCH:QPS:THREADS.

@@ -545,6 +545,10 @@ pub fn summarize(runs: &[Run], case: &Case, opts: &ComparePeersOpts) -> (String,
             failures.push(format!(
                 "{what}: no rxe packets were sent (not RDMA over the device?)"
             ));
+        } else if ok && r.pkts.is_none() {
+            failures.push(format!(
+                "{what}: no packet count (`### pkts` line): whether it crossed the device is unknown"
+            ));
         }
         if let Some(p) = r.pkts_per_mib() {
             pkts.entry(r.tool.clone()).or_default().push(p);
@@ -982,6 +986,14 @@ target: digest side=target value=dead blocks=512 block_size=65536
         let (_, _, failures) = summarize(&runs[..2], case, &o);
         assert!(
             failures.iter().any(|f| f.contains("gdr-q4 has 0 runs")),
+            "{failures:?}"
+        );
+        // A run without its packet count is a failure: it may not have crossed the device.
+        let uncounted = text.replacen("### pkts sent=10\n", "", 1);
+        let (_, _, failures) = summarize(&parse(&uncounted, case), case, &o);
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert!(
+            failures[0].contains("gdr round 1: no packet count"),
             "{failures:?}"
         );
         for bad in ["noequals", "Poll=-q 4", "=x", "x=--a '1'", "x=$(id)"] {

@@ -890,6 +890,20 @@ fn a_batch_is_at_most_a_chunk_on_one_rail_and_a_stripe_chunk_on_several() {
     assert_eq!(sizes.iter().sum::<usize>(), 100);
     assert_eq!(sizes[0], crate::STRIPE_CHUNK, "{sizes:?}");
     assert!(sizes.iter().all(|&n| n <= crate::STRIPE_CHUNK), "{sizes:?}");
+    // Large slices: a batch holds the stripe's 2 MiB, not STRIPE_CHUNK slices.
+    let mut c = cfg(2, 1);
+    c.send_depth = 1000;
+    c.slice_size = 256 << 10;
+    let mut t = T::new(c);
+    let spec = t.spec(1, Op::Write, runs(1, 40 * (256 << 10)), None);
+    t.submit_spec(0, spec).unwrap();
+    let sizes: Vec<usize> = t.io.posts.iter().map(|p| p.pieces.len()).collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 40, "{sizes:?}");
+    assert!(sizes.iter().all(|&n| n <= 8), "{sizes:?}");
+    assert_eq!(sizes[0], 8, "{sizes:?}");
+    assert_eq!(crate::stripe_chunk(1), crate::STRIPE_CHUNK as u64);
+    assert_eq!(crate::stripe_chunk(0), crate::STRIPE_CHUNK as u64);
+    assert_eq!(crate::stripe_chunk(1 << 30), 1);
 }
 
 #[test]

@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use super::Connection;
-use crate::config::{CHUNK, STRIPE_CHUNK};
+use crate::config::{stripe_chunk, CHUNK};
 use crate::fault::{DriverError, RailFault, Rejection, Step, Unposted};
 use crate::io::{Header, Io, LaneRef, Pieces, PostResult};
 use crate::lane::{Lane, Posted};
@@ -137,7 +137,11 @@ impl<I: Io> Connection<I> {
         let rails = self.cfg.rails;
         let w = self.cfg.lanes_per_rail;
         let slice = self.cfg.slice_size;
-        let chunk = if rails > 1 { STRIPE_CHUNK } else { CHUNK } as u64;
+        let chunk = if rails > 1 {
+            stripe_chunk(slice)
+        } else {
+            CHUNK as u64
+        };
         let end_hint = slice * chunk;
         let Some(t) = self.transfers.get(key) else {
             return Next::Pop;
