@@ -68,17 +68,30 @@ def wait_for(cond, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture
-def pair():
-    """Two agents of this process, ``a`` connected to ``b``: (a, b, a's peer b, b's peer a)."""
-    a = agent("py-a")
-    b = agent("py-b")
+def connected_pair(**kwargs):
+    """Two agents of this process (``kwargs`` for both), ``a`` connected to ``b``: yields (a,
+    b, a's peer b, b's peer a), then shuts both down."""
+    a = agent("py-a", **kwargs)
+    b = agent("py-b", **kwargs)
     addr = b.listen("127.0.0.1:0")
     pb = a.connect(addr)
     pa = b.wait_peer("py-a", timeout_s=10)
     yield a, b, pb, pa
     a.shutdown(1.0)
     b.shutdown(1.0)
+
+
+@pytest.fixture
+def pair():
+    """Two agents of this process, ``a`` connected to ``b``: (a, b, a's peer b, b's peer a)."""
+    yield from connected_pair()
+
+
+@pytest.fixture
+def one_qp_pair():
+    """As ``pair``, with one queue pair per peer: its send queue holds 256 requests of 256 KiB
+    (64 MiB), so a submitting call cannot post a 128 MiB transfer whole."""
+    yield from connected_pair(qps_per_peer=1)
 
 
 @pytest.fixture

@@ -117,10 +117,11 @@ def test_numpy_index_arrays_of_any_integer_type_are_read_whole(pair):
     assert np.array_equal(pool, before), "nothing was posted for a refused table"
 
 
-def test_source_deleted_mid_transfer_is_released_only_after_the_nic_is_done(pair):
-    a, b, pb, pa = pair
-    # Large enough that the submitting call cannot post all of it (rxe moves what it posts
-    # within the call): the progress thread posts the rest while the test deletes the array.
+def test_source_deleted_mid_transfer_is_released_only_after_the_nic_is_done(one_qp_pair):
+    a, b, pb, pa = one_qp_pair
+    # Larger than one queue pair's send queue holds (256 requests of 256 KiB), so the submitting
+    # call cannot post all of it (rxe moves what it posts within the call): the progress thread
+    # posts the rest while the test deletes the array.
     n = 128 << 20
     dst = np.zeros(n, np.uint8)
     b.register(dst, "dst")
