@@ -21,7 +21,7 @@ Examples:
 
 /// Arguments of `gdr xfer-bench`.
 #[derive(Debug, Args)]
-// A later option overrides an earlier one (`-q 2 ... -q 4` means 4), as in perftest: a script can
+// A later option overrides an earlier one (`-q 2 ... -q 4` means 4): a script can
 // append its variations to a common command line.
 #[command(after_help = AFTER_HELP, args_override_self = true)]
 pub struct XferBenchArgs {
@@ -157,5 +157,27 @@ pub fn run(args: XferBenchArgs) -> u8 {
             eprintln!("gdr xfer-bench: {e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: XferBenchArgs,
+    }
+
+    #[test]
+    fn a_later_option_overrides_an_earlier_one() {
+        let c = Cli::try_parse_from(["x", "h:1", "-q", "2", "--slice-size", "65536", "-q", "4"])
+            .expect("a repeated option parses");
+        assert_eq!(c.args.qps, 4);
+        assert_eq!(c.args.slice_size, 65536);
+        let c = Cli::try_parse_from(["x", "h:1"]).unwrap();
+        assert_eq!(c.args.slice_size, 256 * 1024, "the engine's default");
     }
 }

@@ -904,6 +904,7 @@ fn a_batch_is_at_most_a_chunk_on_one_rail_and_a_stripe_chunk_on_several() {
     assert_eq!(crate::stripe_chunk(1), crate::STRIPE_CHUNK as u64);
     assert_eq!(crate::stripe_chunk(0), crate::STRIPE_CHUNK as u64);
     assert_eq!(crate::stripe_chunk(1 << 30), 1);
+    assert_eq!(crate::stripe_chunk(u64::MAX), 1);
 }
 
 #[test]
