@@ -78,6 +78,13 @@ pub struct XferBenchArgs {
     /// the completion channel.
     #[arg(long, default_value_t = 200)]
     pub busy_poll_us: u64,
+    /// Local ACK timeout exponent of the queue pairs (4.096 us x 2^n; the engine's default).
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    pub ack_timeout: u8,
+    /// Send-queue depth of each queue pair: the most requests in flight on one (the engine's
+    /// default).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub send_queue_depth: u32,
     /// Check the data: both sides fill their buffers with patterns, and after the run both
     /// print a digest of the last block size's blocks (`... digest 0x...`; give it to the
     /// target too); equal digests mean every block landed where it belongs.
@@ -101,6 +108,8 @@ pub fn run(args: XferBenchArgs) -> u8 {
     .device(args.device.clone());
     cfg.gid_index = args.gid_index;
     cfg.busy_poll = std::time::Duration::from_micros(args.busy_poll_us);
+    cfg.ack_timeout = args.ack_timeout;
+    cfg.send_queue_depth = args.send_queue_depth;
     let result = if args.target {
         xfer_bench::run_target(
             cfg,
@@ -179,5 +188,13 @@ mod tests {
         assert_eq!(c.args.slice_size, 65536);
         let c = Cli::try_parse_from(["x", "h:1"]).unwrap();
         assert_eq!(c.args.slice_size, 256 * 1024, "the engine's default");
+        let d = AgentConfig::new("x");
+        assert_eq!(c.args.ack_timeout, d.ack_timeout, "the engine's default");
+        assert_eq!(
+            c.args.send_queue_depth, d.send_queue_depth,
+            "the engine's default"
+        );
+        assert!(Cli::try_parse_from(["x", "h:1", "--ack-timeout", "32"]).is_err());
+        assert!(Cli::try_parse_from(["x", "h:1", "--send-queue-depth", "0"]).is_err());
     }
 }
