@@ -9,6 +9,7 @@
 #   (the initiator's output)
 #   target: (the target's output)
 #   ### pkts sent=N
+#   ### cpu busy=B0,B1 softirq=S0,S1   (each vCPU's share of the timed part, in percent)
 #   ### end rc=A server_rc=B
 # gdr and Mooncake's C++ bench start a target and an initiator for every case. The Python
 # drivers start one pair per round (and QP count) that runs every case, and print the sections
@@ -46,6 +47,33 @@ pkts_line() {
         !after { b[$1] = $2; next }
         { d = $2 - b[$1]; if ($1 == "sent_pkts") s = d; else if (d) o = o " " $1 "=" d }
         END { print "### pkts sent=" s + 0 o }'
+}
+
+# The per-CPU lines of /proc/stat (cpuN user nice system idle iowait irq softirq steal ...).
+cpu_stat() { grep '^cpu[0-9]' /proc/stat; }
+# The line of a run's CPU use, from two cpu_stat snapshots ($1 before, $2 after): each vCPU's
+# busy share of the time between them (all but idle and iowait) and its softirq share (where
+# rxe's protocol work runs), in percent, in CPU order ("### cpu busy=B0,B1 softirq=S0,S1").
+cpu_line() {
+    printf '%s\n--\n%s\n' "$1" "$2" | awk '$0 == "--" { after = 1; next }
+        { t = 0; for (i = 2; i <= 9; i++) t += $i; idle = $5 + $6 }
+        !after { bt[$1] = t; bi[$1] = idle; bs[$1] = $8; next }
+        { dt = t - bt[$1]; if (dt <= 0) dt = 1
+          b = b sep int(100 * (dt - (idle - bi[$1])) / dt + 0.5)
+          q = q sep int(100 * ($8 - bs[$1]) / dt + 0.5); sep = "," }
+        END { print "### cpu busy=" b " softirq=" q }'
+}
+# Samples the CPUs in the timed part of a native tool's run, which starts after the tool's own
+# start-up: from 1.5 s after the initiator starts to 0.5 s before its timed part would end
+# (nothing for runs under 3 s). Prints the cpu line when done; run it in the background.
+cpu_window() {
+    local s=${secs%.*} a b
+    [ "$s" -ge 3 ] || return 0
+    sleep 1.5
+    a=$(cpu_stat)
+    sleep $((s - 2))
+    b=$(cpu_stat)
+    cpu_line "$a" "$b"
 }
 
 # Sets the case's variables (op size batch qps threads need) from OP:SIZE:BATCH:QPS:THREADS.
@@ -131,7 +159,7 @@ stop_target() {
 
 # One case of gdr or Mooncake's C++ bench: a target, then an initiator once it is ready.
 run_native() {
-    local tool=$1 log spid rc src before after cmd segment
+    local tool=$1 log spid rc src before after cmd segment cpu=
     port=$((port + 1))
     log=$(mktemp)
     command_of "$tool" target
@@ -145,14 +173,19 @@ run_native() {
     else
         before=$(counters)
         command_of "$tool" initiator
+        cpu=$(mktemp)
+        cpu_window >"$cpu" &
         timeout $((${secs%.*} + 180)) "${cmd[@]}" 2>&1
         rc=$?
         after=$(counters)
+        wait $!
     fi
     stop_target "$tool" "$spid"
     sed 's/^/target: /' "$log"
     rm -f "$log"
     pkts_line "${before:-}" "${after:-}"
+    [ -n "${cpu:-}" ] && cat "$cpu" && rm -f "$cpu"
+    cpu=
     echo "### end rc=$rc server_rc=$src"
 }
 

@@ -330,6 +330,9 @@ pub struct Run {
     /// rxe's other counters that moved during the run (`hw_counters`: retries, sequence
     /// errors, duplicate requests, ...), by name.
     pub counters: BTreeMap<String, u64>,
+    /// Each vCPU's busy and softirq shares of the timed part, in percent, in CPU order (the
+    /// `### cpu` line; empty when the run printed none).
+    pub cpu: Vec<(u32, u32)>,
     pub check: Check,
     pub rc: (i32, i32),
 }
@@ -390,6 +393,22 @@ pub fn parse(text: &str, case: &Case) -> Vec<Run> {
                 }
                 continue;
             }
+            if let Some(rest) = head.strip_prefix("cpu ") {
+                if let Some(r) = cur.as_mut() {
+                    let list = |k| -> Vec<u32> {
+                        kv(rest, k)
+                            .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+                            .unwrap_or_default()
+                    };
+                    let (busy, sirq) = (list("busy"), list("softirq"));
+                    r.cpu = if busy.len() == sirq.len() {
+                        busy.into_iter().zip(sirq).collect()
+                    } else {
+                        Vec::new()
+                    };
+                }
+                continue;
+            }
             let mut w = head.split_whitespace();
             let tool = w.next().unwrap_or_default();
             if TOOLS.contains(&tool) || is_gdr(tool) {
@@ -404,6 +423,7 @@ pub fn parse(text: &str, case: &Case) -> Vec<Run> {
                     bytes: None,
                     pkts: None,
                     counters: BTreeMap::new(),
+                    cpu: Vec::new(),
                     check: Check::None,
                     rc: (-1, -1),
                 });
@@ -682,7 +702,47 @@ pub fn summarize(runs: &[Run], case: &Case, opts: &ComparePeersOpts) -> (String,
             "rxe's other counters, summed over the runs:{line}\n"
         ));
     }
+    s.push_str(&cpu_line(runs, &tools));
     (s, row, failures)
+}
+
+/// The line of the tools' CPU use in the timed part: per tool, its vCPUs busiest first, each
+/// as the median over the runs of the busy share with the softirq share (rxe's protocol work)
+/// in brackets, in percent. Where one vCPU is saturated and the other is not, the tool's
+/// throughput is bound by the work that runs on one CPU. Empty when no run printed a cpu line.
+fn cpu_line(runs: &[Run], tools: &[String]) -> String {
+    let mut line = String::new();
+    for t in tools {
+        let mut sorted: Vec<Vec<(u32, u32)>> = runs
+            .iter()
+            .filter(|r| r.tool == *t && !r.cpu.is_empty())
+            .map(|r| r.cpu.clone())
+            .collect();
+        if sorted.is_empty() {
+            continue;
+        }
+        for c in &mut sorted {
+            c.sort_by(|a, b| b.cmp(a));
+        }
+        let n = sorted.iter().map(Vec::len).min().unwrap_or(0);
+        let cpus: Vec<String> = (0..n)
+            .map(|i| {
+                let at = |f: fn(&(u32, u32)) -> u32| {
+                    let v: Vec<f64> = sorted.iter().map(|c| f64::from(f(&c[i]))).collect();
+                    median(&v).unwrap_or(0.0)
+                };
+                format!("{:.0} ({:.0})", at(|c| c.0), at(|c| c.1))
+            })
+            .collect();
+        line.push_str(&format!(" {t} {};", cpus.join(", ")));
+    }
+    if line.is_empty() {
+        return line;
+    }
+    line.pop();
+    format!(
+        "vCPU busy % (softirq %) in the timed part, busiest first, medians of the runs:{line}\n"
+    )
 }
 
 /// The table of every case: Gb/s medians, the paired ratio to the best peer, the checks.
@@ -803,16 +863,19 @@ xfer-bench: digest 0x00000000000000aa over 512 blocks of 65536 B
 target: xfer-bench target: listening on 127.0.0.1:1 (rxe0:1), buffer 1 bytes
 target: xfer-bench target: digest 0x00000000000000aa over 512 blocks of 65536 B
 ### pkts sent=163840 rcvd_pkts=163000 duplicate_request=3 ack_deferred=0
+### cpu busy=48,100 softirq=2,71
 ### end rc=0 server_rc=0
 ### mooncake round=1
 result gbit_s=0.200000 bytes=83886080 seconds=4.0 batches=5
 digest side=initiator value=beef blocks=512 block_size=65536
 target: digest side=target value=beef blocks=512 block_size=65536
 ### pkts sent=81920
+### cpu busy=97,99 softirq=40,35
 ### end rc=0 server_rc=0
 ### mooncake-cpp round=1
 I1207 12:00:00.0 1 bench.cpp:1] Test completed: duration 4.00, batch count 12, throughput 0.05 GB/s
 ### pkts sent=196608
+### cpu busy=1,2,3 softirq=0
 ### end rc=0 server_rc=0
 ### nixl round=1
 result gbit_s=0.300000 bytes=100 seconds=4.0 batches=5
@@ -844,7 +907,13 @@ target: digest side=target value=dead blocks=512 block_size=65536
             ],
             "the counters that moved, besides sent packets"
         );
+        assert_eq!(runs[0].cpu, [(48, 2), (100, 71)], "each vCPU, in CPU order");
         assert_eq!(runs[1].check, Check::Equal);
+        assert!(
+            runs[2].cpu.is_empty(),
+            "a cpu line whose lists differ in length is dropped"
+        );
+        assert!(runs[3].cpu.is_empty(), "no cpu line");
         // 12 batches of 16 MiB in 4 s (not the two-decimal throughput it prints).
         assert!((runs[2].gbps.unwrap() - 12.0 * 256.0 * 65536.0 * 8.0 / 4.0 / 1e9).abs() < 1e-12);
         assert_eq!(runs[2].check, Check::None);
@@ -861,6 +930,10 @@ target: digest side=target value=dead blocks=512 block_size=65536
         assert!(table.contains("paired 0.9934"), "{table}");
         assert!(
             table.contains("summed over the runs: gdr duplicate_request=3 rcvd_pkts=163000\n"),
+            "{table}"
+        );
+        assert!(
+            table.contains("busiest first, medians of the runs: gdr 100 (71), 48 (2); mooncake 99 (35), 97 (40)\n"),
             "{table}"
         );
         let sum = summary_table(&[(case.clone(), row)], &o);

@@ -15,6 +15,7 @@ case starts from fresh bytes on both sides. The initiator prints each case's sec
     digest side=initiator value=HEX blocks=N block_size=S
     target: digest side=target value=HEX blocks=N block_size=S   (the target's, sent back)
     ### pkts sent=N
+    ### cpu busy=B0,B1 softirq=S0,S1   (each vCPU's share of the timed part, in percent)
     ### end rc=0 server_rc=0
 
 A case that fails leaves its section open and ends the process; compare-peers.sh closes it
@@ -267,7 +268,9 @@ def run_case(a, k, c, eng, view, conn):
         th.start()
     start_line.wait()
     began = time.perf_counter()
+    cpu_before = cpu_stat()
     time.sleep(a.seconds)
+    cpu_after = cpu_stat()
     stop.set()
     for th in ths:
         th.join()
@@ -292,6 +295,7 @@ def run_case(a, k, c, eng, view, conn):
     for h in (h for hs in per_thread for h in hs):
         eng.release(h)
     print(pkts_line(before, counters(a.device)), flush=True)
+    print(cpu_line(cpu_before, cpu_after), flush=True)
     if answer["digest"] != value:
         why = explain(view, lb, c.block_size, block_digests(view, lb, c.block_size), answer["blocks"], own_seed, used)
         print(f"initiator: data check failed: {why}", file=sys.stderr, flush=True)
@@ -324,6 +328,27 @@ def pkts_line(before, after):
     moved = {k: v - before.get(k, 0) for k, v in after.items()}
     others = " ".join(f"{k}={d}" for k, d in sorted(moved.items()) if d and k != "sent_pkts")
     return f"### pkts sent={moved.get('sent_pkts', 0)}" + (f" {others}" if others else "")
+
+
+def cpu_stat():
+    """The per-CPU lines of /proc/stat: for each vCPU in order, its first eight counters
+    (user nice system idle iowait irq softirq steal)."""
+    with open("/proc/stat") as f:
+        rows = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+    return [[int(v) for v in row[1:9]] for row in rows]
+
+
+def cpu_line(before, after):
+    """The line of the timed part's CPU use, as compare-peers.sh prints it: each vCPU's busy
+    share (all but idle and iowait) and softirq share, in percent
+    (`### cpu busy=B0,B1 softirq=S0,S1`)."""
+    busy, sirq = [], []
+    for b, e in zip(before, after):
+        d = [y - x for x, y in zip(b, e)]
+        total = max(sum(d), 1)
+        busy.append(round(100 * (total - d[3] - d[4]) / total))
+        sirq.append(round(100 * d[6] / total))
+    return f"### cpu busy={','.join(map(str, busy))} softirq={','.join(map(str, sirq))}"
 
 
 def initiate(a, make_initiator):
