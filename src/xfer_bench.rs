@@ -523,6 +523,11 @@ fn run_size(
     }
     start_line.wait();
     let began = Instant::now();
+    // On stderr, for scripts that sample the host during the measurement (compare-peers).
+    eprintln!(
+        "xfer-bench: measuring {bs} B blocks for {} s",
+        duration.as_secs_f64()
+    );
     std::thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();

@@ -63,15 +63,27 @@ cpu_line() {
           q = q sep int(100 * ($8 - bs[$1]) / dt + 0.5); sep = "," }
         END { print "### cpu busy=" b " softirq=" q }'
 }
-# Samples the CPUs in the timed part of a native tool's run, which starts after the tool's own
-# start-up: from 1.5 s after the initiator starts to 0.5 s before its timed part would end
-# (nothing for runs under 3 s). Prints the cpu line when done; run it in the background.
+# Samples the CPUs in the timed part of a native tool's run, whose initiator writes its output
+# to the file $1: gdr xfer-bench says when its timed part starts ("xfer-bench: measuring"),
+# Mooncake's C++ bench does not, so its part is taken to start 1.5 s after the initiator.
+# The sample ends 0.25 s before the timed part would. Prints the cpu line when done (nothing
+# for runs under 2 s, or when the marker never came); run it in the background.
 cpu_window() {
-    local s=${secs%.*} a b
-    [ "$s" -ge 3 ] || return 0
-    sleep 1.5
+    local out=$1 len a b t=0
+    [ "${secs%.*}" -ge 2 ] || return 0
+    if [[ $tool == gdr* ]]; then
+        until grep -q 'xfer-bench: measuring' "$out" 2>/dev/null; do
+            [ $t -lt 3000 ] || return 0
+            sleep 0.05
+            t=$((t + 1))
+        done
+        len=$(awk -v s="$secs" 'BEGIN { print s - 0.25 }')
+    else
+        sleep 1.5
+        len=$(awk -v s="$secs" 'BEGIN { print s - 1.75 }')
+    fi
     a=$(cpu_stat)
-    sleep $((s - 2))
+    sleep "$len"
     b=$(cpu_stat)
     cpu_line "$a" "$b"
 }
@@ -159,7 +171,7 @@ stop_target() {
 
 # One case of gdr or Mooncake's C++ bench: a target, then an initiator once it is ready.
 run_native() {
-    local tool=$1 log spid rc src before after cmd segment cpu=
+    local tool=$1 log spid rc src before after cmd segment cpu= out
     port=$((port + 1))
     log=$(mktemp)
     command_of "$tool" target
@@ -173,12 +185,13 @@ run_native() {
     else
         before=$(counters)
         command_of "$tool" initiator
-        cpu=$(mktemp)
-        cpu_window >"$cpu" &
-        timeout $((${secs%.*} + 180)) "${cmd[@]}" 2>&1
-        rc=$?
+        cpu=$(mktemp) out=$(mktemp)
+        cpu_window "$out" >"$cpu" &
+        timeout $((${secs%.*} + 180)) "${cmd[@]}" 2>&1 | tee "$out"
+        rc=${PIPESTATUS[0]}
         after=$(counters)
         wait $!
+        rm -f "$out"
     fi
     stop_target "$tool" "$spid"
     sed 's/^/target: /' "$log"
