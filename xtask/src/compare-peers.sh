@@ -171,7 +171,7 @@ stop_target() {
 
 # One case of gdr or Mooncake's C++ bench: a target, then an initiator once it is ready.
 run_native() {
-    local tool=$1 log spid rc src before after cmd segment cpu= out
+    local tool=$1 log spid rc src before after cmd segment cpu= out sampler
     port=$((port + 1))
     log=$(mktemp)
     command_of "$tool" target
@@ -187,10 +187,14 @@ run_native() {
         command_of "$tool" initiator
         cpu=$(mktemp) out=$(mktemp)
         cpu_window "$out" >"$cpu" &
+        sampler=$!
         timeout $((${secs%.*} + 180)) "${cmd[@]}" 2>&1 | tee "$out"
         rc=${PIPESTATUS[0]}
         after=$(counters)
-        wait $!
+        # An initiator that ended before its timed part leaves the sampler waiting for the
+        # marker: stop it (no cpu line then).
+        [[ $tool == gdr* ]] && ! grep -q 'xfer-bench: measuring' "$out" && kill "$sampler" 2>/dev/null
+        wait "$sampler"
         rm -f "$out"
     fi
     stop_target "$tool" "$spid"

@@ -395,16 +395,14 @@ pub fn parse(text: &str, case: &Case) -> Vec<Run> {
             }
             if let Some(rest) = head.strip_prefix("cpu ") {
                 if let Some(r) = cur.as_mut() {
-                    let list = |k| -> Vec<u32> {
-                        kv(rest, k)
-                            .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
-                            .unwrap_or_default()
+                    // All or nothing: a value that does not parse drops the line, so that no
+                    // vCPU's busy share is paired with another's softirq share.
+                    let list = |k| -> Option<Vec<u32>> {
+                        kv(rest, k)?.split(',').map(|x| x.parse().ok()).collect()
                     };
-                    let (busy, sirq) = (list("busy"), list("softirq"));
-                    r.cpu = if busy.len() == sirq.len() {
-                        busy.into_iter().zip(sirq).collect()
-                    } else {
-                        Vec::new()
+                    r.cpu = match (list("busy"), list("softirq")) {
+                        (Some(b), Some(q)) if b.len() == q.len() => b.into_iter().zip(q).collect(),
+                        _ => Vec::new(),
                     };
                 }
                 continue;
@@ -914,6 +912,11 @@ target: digest side=target value=dead blocks=512 block_size=65536
             "a cpu line whose lists differ in length is dropped"
         );
         assert!(runs[3].cpu.is_empty(), "no cpu line");
+        let bad = OUT.replace("busy=48,100 softirq=2,71", "busy=x,100 softirq=2");
+        assert!(
+            parse(&bad, case)[0].cpu.is_empty(),
+            "a value that does not parse drops the whole line"
+        );
         // 12 batches of 16 MiB in 4 s (not the two-decimal throughput it prints).
         assert!((runs[2].gbps.unwrap() - 12.0 * 256.0 * 65536.0 * 8.0 / 4.0 / 1e9).abs() < 1e-12);
         assert_eq!(runs[2].check, Check::None);
