@@ -222,6 +222,7 @@ mod segment;
 mod shared;
 mod shutdown;
 mod side;
+mod spacing;
 mod staged;
 mod staged_memory;
 pub mod staging;

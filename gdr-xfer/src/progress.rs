@@ -20,16 +20,15 @@ use gdr_xfer_proto::{Failure, Lost};
 
 use crate::config::TICK;
 use crate::shared::AgentShared;
+use crate::spacing::Spacing;
 
 pub(crate) fn run(agent: Arc<AgentShared>, rail: usize) {
     let cq = agent.rails[rail].cq.clone();
     let mut wcs = vec![Completion::default(); 64];
-    let mut last_work = Instant::now();
-    // The average time between polls that found completions (nanoseconds, each new gap weighing
-    // a quarter): polling on after a completion only pays when the next one tends to come
-    // sooner than `busy_poll`; otherwise it takes a core from whatever else would run there
-    // (on a few cores: a software NIC's kernel work).
-    let mut gap_ns = u64::MAX;
+    // The spacing of polls that found completions: polling on after a completion only pays
+    // when the next one tends to come sooner than `busy_poll`; otherwise it takes a core from
+    // whatever else would run there (on a few cores: a software NIC's kernel work).
+    let mut found = Spacing::new();
     let mut armed = false;
     while !agent.shutdown.load(Ordering::Acquire) {
         let n = match cq.poll(&mut wcs) {
@@ -48,9 +47,7 @@ pub(crate) fn run(agent: Arc<AgentShared>, rail: usize) {
         }
         let now = Instant::now();
         if n > 0 {
-            let gap = u64::try_from(now.duration_since(last_work).as_nanos()).unwrap_or(u64::MAX);
-            gap_ns = gap_ns / 4 * 3 + gap / 4;
-            last_work = now;
+            found.record(now);
             armed = false;
         }
         if catch_unwind(AssertUnwindSafe(|| agent.run_timers(now))).is_err() {
@@ -59,9 +56,7 @@ pub(crate) fn run(agent: Arc<AgentShared>, rail: usize) {
                 agent.config.name
             );
         }
-        let busy_poll = agent.config.busy_poll;
-        let polling_pays = u128::from(gap_ns) < busy_poll.as_nanos();
-        if n == 0 && (!polling_pays || now.duration_since(last_work) >= busy_poll) {
+        if n == 0 && !found.polling_pays(now, agent.config.busy_poll) {
             if !armed {
                 if let Err(e) = cq.arm() {
                     log::error!("{}: arming the completion queue: {e}", agent.config.name);

@@ -11,6 +11,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::spacing::Spacing;
+
 /// What the driver does before its next round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wait {
@@ -24,11 +26,8 @@ pub(crate) enum Wait {
 #[derive(Debug, Clone)]
 pub(crate) struct Pace {
     busy_poll: Duration,
-    /// When a round last moved something.
-    last_moved: Option<Instant>,
-    /// The average spacing of rounds that moved something (ns; each new gap weighs a quarter),
-    /// `None` before the second such round.
-    gap_ns: Option<u64>,
+    /// The spacing of rounds that moved something.
+    moves: Spacing,
     /// The next sleep.
     pause: Duration,
 }
@@ -43,8 +42,7 @@ impl Pace {
     pub(crate) fn new(busy_poll: Duration) -> Pace {
         Pace {
             busy_poll,
-            last_moved: None,
-            gap_ns: None,
+            moves: Spacing::new(),
             pause: Self::SLEEP_MIN,
         }
     }
@@ -53,23 +51,10 @@ impl Pace {
     /// before the next one.
     pub(crate) fn after_round(&mut self, now: Instant, moved: bool) -> Wait {
         if moved {
-            if let Some(last) = self.last_moved {
-                let gap = u64::try_from(now.saturating_duration_since(last).as_nanos())
-                    .unwrap_or(u64::MAX);
-                self.gap_ns = Some(match self.gap_ns {
-                    Some(avg) => avg / 4 * 3 + gap / 4,
-                    None => gap,
-                });
-            }
-            self.last_moved = Some(now);
+            self.moves.record(now);
             self.pause = Self::SLEEP_MIN;
         }
-        let budget = self.busy_poll.as_nanos();
-        let recent = self
-            .last_moved
-            .is_some_and(|t| now.saturating_duration_since(t).as_nanos() < budget);
-        let often = self.gap_ns.is_some_and(|g| u128::from(g) < budget);
-        if recent && often {
+        if self.moves.polling_pays(now, self.busy_poll) {
             return Wait::Poll;
         }
         let pause = self.pause;
