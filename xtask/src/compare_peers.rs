@@ -1079,4 +1079,28 @@ target: digest side=target value=dead blocks=512 block_size=65536
             );
         }
     }
+
+    /// The drivers' shared workload in Python (`peers/test_bench_common.py`): the warm-up moves
+    /// every block range even when one submission outlasts the timed part, a block that never
+    /// moved fails the data check by name, and the lines this module parses. Debian's python3
+    /// with python3-numpy (`cargo xtask setup`), not whatever `python3` comes first on PATH.
+    #[test]
+    fn the_peer_drivers_pass_their_tests() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/peers");
+        let out = std::process::Command::new("/usr/bin/python3")
+            .args(["-B", "test_bench_common.py"])
+            .current_dir(&dir)
+            .output()
+            .expect("/usr/bin/python3 runs (cargo xtask setup installs it)");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{text}");
+        assert!(
+            text.contains("Ran 4 tests") && text.contains("\nOK"),
+            "{text}"
+        );
+    }
 }

@@ -40,6 +40,9 @@ pub const PACKAGES: &[&str] = &[
     // pytest (pip installs them from PyPI), in which the gdr-py wheel is built and tested.
     "python3",
     "python3-venv",
+    // compare-peers' Python drivers import numpy; the xtask's own test of their workload
+    // (`the_peer_drivers_pass_their_tests`) runs them under Debian's python3.
+    "python3-numpy",
 ];
 
 static APT_UPDATED: AtomicBool = AtomicBool::new(false);

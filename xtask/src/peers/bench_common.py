@@ -187,8 +187,7 @@ def recv(sock):
 
 def serve(a, make_target):
     """The target: one buffer and one engine for every case. It hands its info to the
-    initiator, then answers its messages: `case` (fill the case's blocks with fresh bytes),
-    `check` (the digests of the case's remote blocks), `bye`."""
+    initiator, then answers its messages (`answer`)."""
     size = bytes_needed(a)
     mm, view, addr = alloc(size)
     target = make_target(view, addr, a)
@@ -196,10 +195,20 @@ def serve(a, make_target):
     print(f"target: listening on 127.0.0.1:{a.port}, buffer {size} bytes", flush=True)
     conn, _ = ls.accept()
     send(conn, {"addr": addr, "len": size, "info": target.info()})
+    answer(a, view, conn)
+    conn.close()
+    del target, mm
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def answer(a, view, conn):
+    """The target's side of the control connection, until `bye`: `case` fills the case's
+    blocks with fresh bytes, `check` answers the digests of its remote blocks."""
     while True:
         msg = recv(conn)
         if "bye" in msg:
-            break
+            return
         c = Case(msg["case"])
         used = blocks_needed(c, a.depth) * c.block_size
         if msg.get("check"):
@@ -209,10 +218,6 @@ def serve(a, make_target):
         else:
             fill(view[:used], seeds(msg["k"])[1])
             send(conn, {"filled": used})
-    conn.close()
-    del target, mm
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def run_case(a, k, c, eng, view, conn):
