@@ -18,7 +18,7 @@ import bench_common as bc
 class CopyingEngine:
     """An engine whose `submit` copies the blocks of a range itself and takes `delay` seconds
     doing it, as NIXL's `transfer()` of a 32 MiB batch takes over a second under TCG. `lose`
-    names a (local block) the engine never moves."""
+    is a local block the engine never moves."""
 
     def __init__(self, initiator, target, delay, lose=None):
         self.initiator, self.target = initiator, target
