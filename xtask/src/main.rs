@@ -8,6 +8,7 @@
 //! * `gpu-bundle`: collect the `gpu_*` test binaries for the GPU machine.
 //! * `compare-perftest`: gdr bw/lat against perftest, medians and ratios.
 //! * `compare-xfer`: gdr-xfer's batched block writes against ib_write_bw, paired ratios.
+//! * `dropins`: gdr.nixl and gdr.mooncake against NIXL and Mooncake, call by call, in the VM.
 //! * `compare-rails`: gdr-xfer on one rail, on two, and ib_write_bw on both, on a cluster.
 //! * `bench`: `cargo bench` (benches/perf.rs) inside the VM.
 //! * `post-cost`: gdr-xfer's instructions per posted block, under callgrind in the VM.
@@ -30,6 +31,7 @@ mod coverage;
 mod demo;
 mod docs;
 mod downstream;
+mod dropins;
 mod fuzz;
 mod mutants;
 mod package;
@@ -88,6 +90,9 @@ enum Command {
     CompareXfer(compare_xfer::CompareXferOpts),
     /// gdr xfer-bench against Mooncake TE (Python and C++) and NIXL, same workload, one VM boot.
     ComparePeers(compare_peers::ComparePeersOpts),
+    /// gdr's drop-ins (gdr.nixl, gdr.mooncake) against NIXL and Mooncake themselves: the same
+    /// API check programs on both, every call's result compared, in one VM boot.
+    Dropins(dropins::DropinsOpts),
     /// gdr-xfer on one rail and on two against ib_write_bw on both rails, on a 2-host cluster.
     CompareRails(compare_rails::CompareRailsOpts),
     /// Run `cargo bench` (write bandwidth and latency, benches/perf.rs) inside the VM.
@@ -135,6 +140,7 @@ fn main() -> ExitCode {
         Command::CompareXfer(opts) => compare_xfer::compare(&opts),
         Command::ComparePeers(opts) => compare_peers::compare(&opts),
         Command::PostCost(opts) => post_cost::post_cost(&opts),
+        Command::Dropins(opts) => dropins::dropins(&opts),
         Command::CompareRails(opts) => compare_rails::compare(&opts),
         Command::Bench(opts) => bench::bench(&opts),
         Command::Downstream => downstream::downstream(),
