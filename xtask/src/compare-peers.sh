@@ -18,11 +18,13 @@
 # packet counter shows that the traffic crossed the device (a silent TCP fallback sends none).
 #
 # usage: compare-peers.sh DEVICE GID_INDEX ROUNDS SECONDS DEPTH TOOLS CASE...
-#   TOOLS: comma-separated, of gdr, mooncake, mooncake-cpp, nixl, and gdr-NAME: a variant of
-#     gdr, xfer-bench with the extra arguments in GDR_ARGS_NAME (target and initiator).
+#   TOOLS: comma-separated, of gdr, mooncake, mooncake-cpp, nixl, nixl-on-gdr and
+#     mooncake-on-gdr (the Python drivers on gdr's drop-ins), and gdr-NAME: a variant of gdr,
+#     xfer-bench with the extra arguments in GDR_ARGS_NAME (target and initiator).
 #   CASE: OP:SIZE:BATCH:QPS:THREADS, e.g. write:65536:256:2:1.
 # Environment: GDR (the gdr binary), PEERS_VENV (the peers' virtual environment), PEERS_DIR
-# (the drivers' folder), PORT_BASE.
+# (the drivers' folder), GDR_PY (the Python of the wheel's venv, for the *-on-gdr tools),
+# PORT_BASE.
 set -u
 dev=$1 gid=$2 rounds=$3 secs=$4 depth=$5 tools=$6
 shift 6
@@ -127,6 +129,11 @@ command_of() {
         --csv --verify "${extra[@]}") ;;
     mooncake,*) cmd=("${mc_env[@]}" "$py" "$PEERS_DIR/mooncake_bench.py" --mode "$side" --port "$port" $common) ;;
     nixl,*) cmd=("${nixl_env[@]}" "$py" "$PEERS_DIR/nixl_bench.py" --mode "$side" --port "$port" $common) ;;
+    # The same drivers, unchanged, on gdr's drop-ins: as_gdr/ answers their imports.
+    nixl-on-gdr,*) cmd=(env UCX_NET_DEVICES="$dev:1" UCX_IB_GID_INDEX="$gid" COMPARE_PEERS_TOOL="$tool"
+        PYTHONPATH="$PEERS_DIR/as_gdr" "$GDR_PY" "$PEERS_DIR/nixl_bench.py" --mode "$side" --port "$port" $common) ;;
+    mooncake-on-gdr,*) cmd=(env MC_GID_INDEX="$gid" MC_NUM_QP_PER_EP="$qps" COMPARE_PEERS_TOOL="$tool"
+        PYTHONPATH="$PEERS_DIR/as_gdr" "$GDR_PY" "$PEERS_DIR/mooncake_bench.py" --mode "$side" --port "$port" $common) ;;
     mooncake-cpp,target) cmd=("${mc_bench[@]}" --mode=target --local_server_name="127.0.0.1:$port") ;;
     mooncake-cpp,initiator) cmd=("${mc_bench[@]}" --mode=initiator --local_server_name="127.0.0.1:$((port + 50))"
         --segment_id="$segment" --operation="$op" --duration="${secs%.*}" --report_unit=GB) ;;
@@ -250,7 +257,7 @@ while [ "$r" -le "$rounds" ]; do
     while [ $i -lt "$n" ]; do
         tool=${list[$(((i + r - 1) % n))]}
         case $tool in
-        mooncake | nixl)
+        mooncake | nixl | *-on-gdr)
             for q in "${qp_counts[@]}"; do
                 group=
                 for c in "${cases[@]}"; do

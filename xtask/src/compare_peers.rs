@@ -8,6 +8,9 @@
 //! sides; Mooncake's C++ bench has no such check) and the rxe packets a run sent are counted,
 //! per MiB moved, to show the traffic crossed the device. The guest side is
 //! `compare-peers.sh`, the peers' drivers `peers/*.py`. Ratios are reported, never asserted.
+//! The tools `nixl-on-gdr` and `mooncake-on-gdr` run the NIXL and Mooncake drivers unchanged
+//! on gdr's drop-ins (`gdr.nixl`, `gdr.mooncake`; `peers/as_gdr/` answers their imports):
+//! they count as gdr's, not as peers.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,7 +21,14 @@ use crate::vm::{self, shell_quote, VmOpts};
 use crate::{cargo, say, setup, Result};
 
 /// The tools, in the order of the tables.
-pub const TOOLS: [&str; 4] = ["gdr", "mooncake", "mooncake-cpp", "nixl"];
+pub const TOOLS: [&str; 6] = [
+    "gdr",
+    "mooncake",
+    "mooncake-cpp",
+    "nixl",
+    "nixl-on-gdr",
+    "mooncake-on-gdr",
+];
 
 /// Options of `cargo xtask compare-peers`.
 #[derive(clap::Args, Debug, Clone)]
@@ -107,9 +117,10 @@ fn parse_variant(s: &str) -> std::result::Result<GdrVariant, String> {
     })
 }
 
-/// Whether a tool is gdr-xfer or one of its variants (not a peer).
+/// Whether a tool is gdr-xfer, one of its variants, or a peer's driver on gdr's drop-in
+/// (`nixl-on-gdr`): not a peer.
 fn is_gdr(tool: &str) -> bool {
-    tool == "gdr" || tool.starts_with("gdr-")
+    tool == "gdr" || tool.starts_with("gdr-") || tool.ends_with("-on-gdr")
 }
 
 /// The tools of a run, in the order of the tables: the chosen ones of [`TOOLS`], gdr's
@@ -238,15 +249,22 @@ pub fn compare(opts: &ComparePeersOpts) -> Result<i32> {
     let gdr = meta.target_dir.join("release/gdr");
     let venv = ensure_peers(&meta.target_dir)?;
     let drivers = meta.root.join(DRIVERS);
+    // The peers' drivers on gdr's drop-ins run in the wheel's virtual environment.
+    let gdr_py = if opts.tools.iter().any(|t| t.ends_with("-on-gdr")) {
+        crate::py_test::build_wheel("python3")?.python
+    } else {
+        PathBuf::from("/nonexistent")
+    };
     let cases = cases(opts);
     let mut vm_opts = opts.vm.clone();
     vm_opts.icount = !opts.wall;
     let q = |p: &Path| shell_quote(&p.to_string_lossy());
     let mut script = format!(
-        "export GDR={} PEERS_VENV={} PEERS_DIR={}\n",
+        "export GDR={} PEERS_VENV={} PEERS_DIR={} GDR_PY={}\n",
         q(&gdr),
         q(&venv),
-        q(&drivers)
+        q(&drivers),
+        q(&gdr_py)
     );
     for v in &opts.gdr_variants {
         script.push_str(&format!(

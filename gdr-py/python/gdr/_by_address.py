@@ -162,27 +162,49 @@ def _ipv4_of_gid(gid: str) -> Optional[str]:
         return None
 
 
-def device_and_gid_from_ucx() -> Tuple[Optional[str], Optional[int]]:
-    """The rails and GID index UCX would use, from ``UCX_NET_DEVICES`` (``mlx5_0:1,...``,
-    the list form gdr takes too; ``all`` means every device) and ``UCX_IB_GID_INDEX``."""
-    dev = os.environ.get("UCX_NET_DEVICES", "").strip()
-    if dev.lower() in ("", "all"):
-        dev = ""
-    # UCX lists network interfaces too (eth0): keep the RDMA devices only.
-    rails = [d for d in dev.split(",") if d and os.path.isdir(f"/sys/class/infiniband/{d.split(':')[0]}")]
-    gid = os.environ.get("UCX_IB_GID_INDEX", "").strip()
-    return (",".join(rails) or None), (int(gid) if gid.isdigit() else None)
+def rails_from_env() -> Tuple[Optional[str], Optional[int], Optional[int]]:
+    """The rails, GID index and queue pairs per peer the drop-ins' agents use:
+    ``GDR_DEVICE`` (gdr's list form, ``mlx5_0:1,mlx5_1:1``), else ``UCX_NET_DEVICES`` (the same
+    form, as UCX reads it; ``all`` or unset: every active port); ``GDR_GID_INDEX``, else
+    ``UCX_IB_GID_INDEX``; ``GDR_QPS_PER_PEER`` (gdr's default when unset)."""
+    dev = os.environ.get("GDR_DEVICE", "").strip()
+    if not dev:
+        ucx = os.environ.get("UCX_NET_DEVICES", "").strip()
+        # UCX lists network interfaces too (eth0): keep the RDMA devices.
+        names = [] if ucx.lower() == "all" else [d for d in ucx.split(",") if d]
+        dev = ",".join(d for d in names if os.path.isdir(f"/sys/class/infiniband/{d.split(':')[0]}"))
+
+    def number(*names: str) -> Optional[int]:
+        for n in names:
+            v = os.environ.get(n, "").strip()
+            if v.isdigit():
+                return int(v)
+        return None
+
+    return (dev or None), number("GDR_GID_INDEX", "UCX_IB_GID_INDEX"), number("GDR_QPS_PER_PEER")
 
 
 class _DLDevice(ctypes.Structure):
+    device_type: int
+    device_id: int
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
 
 class _DLDataType(ctypes.Structure):
+    code: int
+    bits: int
+    lanes: int
     _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
 
 
 class _DLTensor(ctypes.Structure):
+    data: Any
+    device: _DLDevice
+    ndim: int
+    dtype: _DLDataType
+    shape: Any
+    strides: Any
+    byte_offset: int
     _fields_ = [
         ("data", ctypes.c_void_p),
         ("device", _DLDevice),
@@ -195,7 +217,9 @@ class _DLTensor(ctypes.Structure):
 
 
 class _DLManagedTensor(ctypes.Structure):
-    pass
+    dl_tensor: _DLTensor
+    manager_ctx: Any
+    deleter: Any
 
 
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))

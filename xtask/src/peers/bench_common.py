@@ -382,7 +382,9 @@ def initiate(a, make_initiator):
 
 def main(engine, make_target, make_initiator):
     a = parse_args(engine)
-    a.engine = engine
+    # The tool's name in the sections: the driver's engine, or another where the same driver
+    # runs on another engine (compare-peers' nixl-on-gdr: NIXL's driver on gdr's drop-in).
+    a.engine = os.environ.get("COMPARE_PEERS_TOOL", engine)
     if a.mode == "target":
         serve(a, make_target)
     else:

@@ -120,7 +120,8 @@ class TransferEngine:
         self.last_error = why
         hint = getattr(why, "hint", None)
         text = str(why)
-        log.error("%s%s%s", "" if text.startswith(call) else f"{call}: ", text, f" (hint: {hint})" if hint else "")
+        more = f" (hint: {hint})" if hint and hint not in text else ""
+        log.error("%s%s%s", "" if text.startswith(call) else f"{call}: ", text, more)
         return code
 
     def _run(self, call: str, fn: Any, *args: Any) -> int:
@@ -154,8 +155,10 @@ class TransferEngine:
             raise _Failed(f"initialize: protocol {protocol!r}: gdr moves memory over RDMA only (rdma); it never falls back to TCP")
         host, _, port_s = local_hostname.rpartition(":") if ":" in local_hostname else (local_hostname, "", "")
         port = int(port_s) if port_s.isdigit() else 0
-        device = device_name or None
-        gid, qps = _env_int("MC_GID_INDEX"), _env_int("MC_NUM_QP_PER_EP")
+        env_device, env_gid, env_qps = by_address.rails_from_env()
+        device = device_name or env_device
+        gid = _env_int("MC_GID_INDEX") if _env_int("MC_GID_INDEX") is not None else env_gid
+        qps = _env_int("MC_NUM_QP_PER_EP") or env_qps
         if metadata_server == "P2PHANDSHAKE":
             port = port or _free_port(host)
             agent = gdr.Agent(f"{host}:{port}", device=device, gid_index=gid, qps_per_peer=qps)

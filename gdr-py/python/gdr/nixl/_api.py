@@ -12,13 +12,13 @@ How NIXL's concepts land on gdr's:
   checked once); a prepared transfer is ``Peer.transfer_indexed`` over them, submitted anew
   by each ``transfer``.
 - Rails: ``UCX_NET_DEVICES`` and ``UCX_IB_GID_INDEX`` choose them as they choose UCX's
-  (``rxe0:1``; unset: every active port); ``GDR_DEVICE`` overrides.
+  (``rxe0:1``; unset: every active port); ``GDR_DEVICE``, ``GDR_GID_INDEX`` and
+  ``GDR_QPS_PER_PEER`` override (:func:`gdr._by_address.rails_from_env`).
 
 Where NIXL's contract is unsafe, gdr's rules apply (listed in :mod:`gdr.nixl`).
 """
 
 import itertools
-import os
 import pickle
 import time
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -49,7 +49,7 @@ def _name(agent: Union[str, bytes]) -> str:
 
 def _why(e: BaseException) -> str:
     hint = getattr(e, "hint", None)
-    return f"{e} (hint: {hint})" if hint else str(e)
+    return f"{e} (hint: {hint})" if hint and hint not in str(e) else str(e)
 
 
 def _nixl_error(e: BaseException) -> Exception:
@@ -217,10 +217,9 @@ class nixl_agent:
     def __init__(self, agent_name: str, nixl_conf: Optional[nixl_agent_config] = None, instantiate_all: bool = False):
         conf = nixl_conf or nixl_agent_config()
         self._check_backends(conf.backends, "nixl_agent_config(backends=...)")
-        device, gid = by_address.device_and_gid_from_ucx()
-        device = os.environ.get("GDR_DEVICE") or device
+        device, gid, qps = by_address.rails_from_env()
         try:
-            self._agent = gdr.Agent(agent_name, device=device, gid_index=gid)
+            self._agent = gdr.Agent(agent_name, device=device, gid_index=gid, qps_per_peer=qps)
             host = by_address.advertise_host(self._agent.device)
             self._addr = self._agent.listen(f"{host}:0")
         except gdr.GdrError as e:

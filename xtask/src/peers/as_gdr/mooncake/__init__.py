@@ -1,0 +1,1 @@
+"""Mooncake's package name, answered by gdr's drop-in (see ../README.md)."""
