@@ -85,6 +85,8 @@ RUNNERS = {
     ("gdr-py/README.md", "## Use", 0): "test_py_readme_use",
     ("gdr-py/README.md", "## Peers found by name: etcd", 0): "test_py_readme_etcd_and_asyncio",
     ("gdr-py/README.md", "## asyncio", 0): "test_py_readme_etcd_and_asyncio",
+    ("docs/src/guide/dropins.md", "## NIXL", 0): "test_book_dropin_nixl",
+    ("docs/src/guide/dropins.md", "## Mooncake", 0): "test_book_dropin_mooncake",
 }
 
 
@@ -166,3 +168,23 @@ def test_py_readme_etcd_and_asyncio(etcd_server):
     shutdown(other, env["agent"], env["target"])
     env["directory"].close()
 
+
+
+@device
+def test_book_dropin_nixl(monkeypatch):
+    """The NIXL drop-in's hand-over, as written, on this machine's device (UCX's setting)."""
+    monkeypatch.setenv("UCX_NET_DEVICES", f"{device_under_test()}:1")
+    env: dict = {}
+    exec(block("docs/src/guide/dropins.md", "## NIXL"), env)
+    assert env["name"] == b"decode-0" and (env["pool"] == env["kv"]).all()
+    shutdown(env["initiator"].gdr_agent, env["target"].gdr_agent)
+
+
+@device
+def test_book_dropin_mooncake(monkeypatch):
+    """The Mooncake drop-in's batch, as written, with GDR_DEVICE naming this machine's device."""
+    monkeypatch.setenv("GDR_DEVICE", device_under_test())
+    env: dict = {}
+    exec(block("docs/src/guide/dropins.md", "## Mooncake"), env)
+    assert env["target"].read_bytes_from_buffer(env["pool"], 5) == b"hello"
+    shutdown(env["initiator"].gdr_agent, env["target"].gdr_agent)

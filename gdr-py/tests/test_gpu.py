@@ -169,6 +169,34 @@ def test_gdrs_staging_copies_move_a_cuda_tensors_bytes_both_ways():
     _raises(gdr.InvalidArgument, _gdr._staged_read_for_test, torch.zeros(8))
 
 
+def test_a_cuda_address_alone_is_checked_as_its_tensor_would_be():
+    # The drop-ins' VRAM by address (NIXL's (address, length, device) tuples, Mooncake's
+    # location "cuda:N"): a DLPack exporter over the range (gdr._by_address.DeviceRange),
+    # through the same pointer checks as a tensor.
+    torch = _torch()
+    import ctypes
+
+    from gdr import _by_address
+
+    t = torch.zeros(4 << 20, dtype=torch.uint8, device="cuda")
+    r = _by_address.DeviceRange(t.data_ptr() + 65536, 1 << 20, 0)
+    info = gdr.inspect_memory(r)
+    print(f"a CUDA address alone, 1 MiB at offset 64 KiB: {info['pointer_kind']}, {info['path']}")
+    assert info["pointer_kind"] == "device" and info["ordinal"] == 0
+    assert (info["address"], info["length"]) == (t.data_ptr() + 65536, 1 << 20)
+    assert info["allocation_base"] <= t.data_ptr()
+    assert info["path"] == "gpudirect-dmabuf", info["why"]
+    # A range running past its allocation, and host memory named as CUDA memory, are refused.
+    e = _raises(gdr.GdrError, gdr.inspect_memory, _by_address.DeviceRange(t.data_ptr(), 1 << 40, 0))
+    print(f"past its allocation: {type(e).__name__}: {e}")
+    host = bytearray(65536)
+    addr = ctypes.addressof((ctypes.c_char * len(host)).from_buffer(host))
+    e = _raises(gdr.GdrError, gdr.inspect_memory, _by_address.DeviceRange(addr, len(host), 0))
+    print(f"host memory as CUDA memory: {type(e).__name__}: {e}")
+    gc.collect()
+    assert not _by_address._EXPORTED, "a DLPack struct was never given back"
+
+
 def test_no_rdma_device_here_is_a_typed_error():
     e = _raises(gdr.RdmaError, gdr.Agent, "gpu-tier")
     print(f"Agent() on a machine without RDMA devices: {type(e).__name__}: {e}")

@@ -120,7 +120,12 @@ fn parse_variant(s: &str) -> std::result::Result<GdrVariant, String> {
 /// Whether a tool is gdr-xfer, one of its variants, or a peer's driver on gdr's drop-in
 /// (`nixl-on-gdr`): not a peer.
 fn is_gdr(tool: &str) -> bool {
-    tool == "gdr" || tool.starts_with("gdr-") || tool.ends_with("-on-gdr")
+    is_xfer_bench(tool) || tool.ends_with("-on-gdr")
+}
+
+/// Whether a tool is `gdr xfer-bench` (gdr-xfer or one of its variants): its CSV output.
+fn is_xfer_bench(tool: &str) -> bool {
+    tool == "gdr" || tool.starts_with("gdr-")
 }
 
 /// The tools of a run, in the order of the tables: the chosen ones of [`TOOLS`], gdr's
@@ -472,7 +477,7 @@ pub fn parse(text: &str, case: &Case) -> Vec<Run> {
             continue;
         }
         match r.tool.as_str() {
-            t if is_gdr(t) => {
+            t if is_xfer_bench(t) => {
                 // block_size,batch_size,batches,gb_s,gbit_s,...
                 let cols: Vec<&str> = l.split(',').collect();
                 if cols.first() == Some(&size.as_str()) && cols.len() > 4 {
@@ -683,6 +688,17 @@ pub fn summarize(runs: &[Run], case: &Case, opts: &ComparePeersOpts) -> (String,
     s.push_str(&format!("  paired {}\n", f4(row.vs_best)));
     for (t, r) in &row.variants_vs_best {
         s.push_str(&format!("{t}/best peer, paired: {r:.4}\n"));
+    }
+    // A peer's driver on gdr's drop-in against the same driver on the peer itself.
+    for t in tools.iter().filter(|t| t.ends_with("-on-gdr")) {
+        let original = t.trim_end_matches("-on-gdr");
+        let paired: Vec<f64> = by_round
+            .values()
+            .filter_map(|m| Some(m.get(t.as_str())? / m.get(original)?))
+            .collect();
+        if let Some(r) = median(&paired) {
+            s.push_str(&format!("{t}/{original}, paired: {r:.4}\n"));
+        }
     }
     s.push_str("data check (equal digests / runs) and rxe packets per MiB:");
     for t in &tools {
@@ -1012,6 +1028,47 @@ target: digest side=target value=dead blocks=512 block_size=65536
         assert_eq!(got, [("nixl", 1), ("gdr", 2), ("nixl", 2)]);
         assert!(runs.iter().all(|x| x.check == Check::Equal));
         assert_eq!(parse(&split[1].1, r).len(), 2);
+    }
+
+    #[test]
+    fn a_peers_driver_on_a_drop_in_is_parsed_as_python_counts_as_gdr_and_pairs_with_the_peer() {
+        let o = opts(&[
+            "--size",
+            "1024",
+            "--batch",
+            "1",
+            "--op",
+            "write",
+            "--rounds",
+            "1",
+            "--tools",
+            "nixl,nixl-on-gdr",
+        ]);
+        let case = &cases(&o)[0];
+        let run = |tool: &str, gbps: &str| {
+            format!(
+                "{}\n### {tool} round=1\nresult gbit_s={gbps} bytes=1 seconds=1 batches=1\n\
+                 digest side=initiator value=ab blocks=1 block_size=1024\n\
+                 target: digest side=target value=ab blocks=1 block_size=1024\n\
+                 ### pkts sent=1\n### end rc=0 server_rc=0\n",
+                case.marker()
+            )
+        };
+        let text = [run("nixl", "0.1"), run("nixl-on-gdr", "0.45")].concat();
+        let runs = parse(&text, case);
+        assert_eq!(
+            runs.iter().find(|r| r.tool == "nixl-on-gdr").unwrap().gbps,
+            Some(0.45)
+        );
+        let (table, row, failures) = summarize(&runs, case, &o);
+        assert!(failures.is_empty(), "{failures:?}");
+        // Not a peer: the best peer is NIXL itself, and the drop-in gets its own ratios.
+        assert_eq!(row.best.as_deref(), Some("nixl"));
+        assert!((row.variants_vs_best["nixl-on-gdr"] - 4.5).abs() < 1e-9);
+        assert!(
+            table.contains("nixl-on-gdr/nixl, paired: 4.5000"),
+            "{table}"
+        );
     }
 
     #[test]

@@ -255,7 +255,13 @@ pub fn compare(runs: &Runs) -> (Vec<Table>, Vec<String>) {
 const SCRIPT: &str = "xtask/src/dropins.sh";
 const DRIVERS: &str = "xtask/src/peers";
 
+/// `cargo xtask dropins`: the exit code.
 pub fn dropins(opts: &DropinsOpts) -> Result<i32> {
+    Ok(i32::from(!check(&opts.vm)?))
+}
+
+/// The differential test, as one test of `cargo xtask test`: whether it passed.
+pub fn check(vm_opts: &VmOpts) -> Result<bool> {
     let meta = cargo::metadata()?;
     std::env::set_current_dir(&meta.root).map_err(|e| e.to_string())?;
     let wheel = py_test::build_wheel("python3")?;
@@ -268,7 +274,7 @@ pub fn dropins(opts: &DropinsOpts) -> Result<i32> {
         q(&meta.root.join(DRIVERS)),
     );
     say!("the API check programs on NIXL, Mooncake and gdr's drop-ins, in the VM");
-    let outcome = vm::boot(&opts.vm, &script)?;
+    let outcome = vm::boot(vm_opts, &script)?;
     let runs = parse(&outcome.output);
     let (tables, mut failures) = compare(&runs);
     for (api, side, rows) in &tables {
@@ -305,7 +311,7 @@ pub fn dropins(opts: &DropinsOpts) -> Result<i32> {
             DIFFERENCES.len()
         );
     }
-    Ok(i32::from(!failures.is_empty()))
+    Ok(failures.is_empty())
 }
 
 #[cfg(test)]

@@ -132,6 +132,14 @@ pub fn test(opts: &TestOpts) -> Result<i32> {
         say!("python: {counts}");
         ok &= py_ok;
         total.add(counts);
+        // The drop-ins against NIXL and Mooncake from PyPI, call by call: one test.
+        let same = crate::dropins::check(&opts.vm)?;
+        say!("dropins: {}", if same { "passed" } else { "FAILED" });
+        ok &= same;
+        total.add(Counts {
+            passed: u64::from(same),
+            failed: u64::from(!same),
+        });
     }
     if opts.cluster_only || !(opts.no_cluster || opts.host_only || opts.vm_only) {
         let (cluster_ok, counts) = cluster_tests(opts)?;
