@@ -306,7 +306,7 @@ def test_mooncake_a_batch_whose_buffer_was_unregistered_in_flight_ends_and_nothi
     assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", dev) == 0
     # The mmaps stay referenced: an address is the caller's promise (a dropped mmap is
     # unmapped, and its registration fails: EFAULT, "not mapped in this process").
-    (lm, _, la), (tm, tview, ta) = _region(BIG), _region(BIG)
+    (lm, _, la), (tm, _, ta) = _region(BIG), _region(BIG)
     assert a.register_memory(la, BIG) == 0 and b.register_memory(ta, BIG) == 0
     session = f"127.0.0.1:{b.get_rpc_port()}"
     bid = a.batch_transfer_async_write(session, [la], [ta], [BIG])

@@ -10,31 +10,14 @@ Mooncake answers with integers (0, or a negative code); the values are printed. 
 checked on both sides.
 """
 
-import argparse
 import os
-import signal
 import socket
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_common  # noqa: E402
-from nixl_api_check import BLOCK, BLOCKS, digest, region, step  # noqa: E402
-
-
-def forked(name, fn, *args):
-    """A call that may crash the process (the original engine's use of a freed batch): run
-    in a forked child, which prints its line; a child killed by a signal prints
-    `step NAME: crashes SIGNAL`."""
-    sys.stdout.flush()
-    pid = os.fork()
-    if pid == 0:
-        step(name, fn, *args)
-        sys.stdout.flush()
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        print(f"step {name}: crashes {signal.Signals(os.WTERMSIG(status)).name}", flush=True)
+import bench_common  # noqa: E402 - the control socket's messages and the fill
+from api_check import BLOCK, BLOCKS, dial, digest, forked, goodbye, main, region, step  # noqa: E402
 
 
 def load(impl):
@@ -83,13 +66,7 @@ def initiator(TE, a):
     mm, view, addr = region(2 * BLOCKS * BLOCK)
     bench_common.fill(view, 8)
     step("register_memory", te.register_memory, addr, len(view))
-    conn = None
-    for _ in range(600):
-        try:
-            conn = socket.create_connection(("127.0.0.1", a.port))
-            break
-        except OSError:
-            time.sleep(0.1)
+    conn = dial(a.port)
     peer = bench_common.recv(conn)
     session, raddr = peer["session"], peer["addr"]
     first = step("get_first_buffer_address", te.get_first_buffer_address, session, show=False)
@@ -142,22 +119,8 @@ def initiator(TE, a):
         step("free_managed_buffer", te.free_managed_buffer, buf, 1 << 20)
     step("unregister_memory", te.unregister_memory, addr)
     step("unregister_memory(never registered)", te.unregister_memory, addr + 4096)
-    bench_common.send(conn, {"bye": True})
-    time.sleep(0.5)
-    sys.stdout.flush()
-    os._exit(0)
-
-
-def main():
-    p = argparse.ArgumentParser(description="one side of the Mooncake drop-in's differential test")
-    p.add_argument("--impl", choices=["mooncake", "gdr"], required=True)
-    p.add_argument("--mode", choices=["target", "initiator"], required=True)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--device", default="rxe0")
-    a = p.parse_args()
-    TE = load(a.impl)
-    (target if a.mode == "target" else initiator)(TE, a)
+    goodbye(bench_common.send, conn)
 
 
 if __name__ == "__main__":
-    main()
+    main("Mooncake", ["mooncake", "gdr"], load, target, initiator)

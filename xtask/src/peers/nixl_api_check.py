@@ -10,22 +10,14 @@ and an initiator, on a loopback control socket). Each call it makes prints one l
 notification came after its bytes.
 """
 
-import argparse
-import ctypes
-import hashlib
-import mmap
 import os
 import socket
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_common  # noqa: E402 - the control socket and the fill
-
-BLOCK = 4096
-BLOCKS = 16
+import bench_common  # noqa: E402 - the control socket's messages and the fill
+from api_check import BLOCK, BLOCKS, dial, digest, goodbye, main, region, step  # noqa: E402
 
 
 def load(impl):
@@ -36,36 +28,7 @@ def load(impl):
     return _api
 
 
-def step(name, fn, *args, show=True, **kw):
-    """Runs one call and prints its line; returns its value (None when it raised)."""
-    try:
-        v = fn(*args, **kw)
-    except Exception as e:  # noqa: BLE001 - the class is the result
-        print(f"step {name}: raises {type(e).__name__}", flush=True)
-        print(f"  ({str(e).splitlines()[0][:160] if str(e) else ''})", file=sys.stderr, flush=True)
-        return None
-    shown = ""
-    if show and isinstance(v, (str, bool, int)) and not isinstance(v, type(None)):
-        shown = f" {v!r}"
-    elif show and isinstance(v, (list, tuple, dict)):
-        shown = f" len={len(v)}"
-    print(f"step {name}: ok {type(v).__name__}{shown}", flush=True)
-    return v
-
-
-def region(n):
-    mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return mm, np.frombuffer(mm, dtype=np.uint8), ctypes.addressof(ctypes.c_char.from_buffer(mm))
-
-
-def digest(view, blocks):
-    h = hashlib.blake2b(digest_size=8)
-    for b in blocks:
-        h.update(view[b * BLOCK : (b + 1) * BLOCK])
-    return h.hexdigest()
-
-
-def target(api, port):
+def target(api, a):
     cfg = step("nixl_agent_config", api.nixl_agent_config, backends=["UCX"], show=False)
     agent = step("nixl_agent", api.nixl_agent, "check-target", cfg, show=False)
     mm, view, addr = region(2 * BLOCKS * BLOCK)
@@ -76,7 +39,7 @@ def target(api, port):
     step("get_plugin_list has UCX", lambda: "UCX" in agent.get_plugin_list())
     step("get_backend_mem_types(UCX)", lambda: repr(agent.get_backend_mem_types("UCX")))
     step("get_plugin_mem_types(UCX)", lambda: repr(agent.get_plugin_mem_types("UCX")))
-    ls = socket.create_server(("127.0.0.1", port))
+    ls = socket.create_server(("127.0.0.1", a.port))
     conn, _ = ls.accept()
     bench_common.send(conn, {"md": md.hex(), "addr": addr, "len": len(view)})
     while True:
@@ -112,20 +75,14 @@ def target(api, port):
     os._exit(0)
 
 
-def initiator(api, port):
+def initiator(api, a):
     agent = step("nixl_agent", api.nixl_agent, "check-initiator", api.nixl_agent_config(backends=["UCX"]), show=False)
     step("nixl_agent(backends=[GDS])", api.nixl_agent, "check-gds", api.nixl_agent_config(backends=["GDS"]), show=False)
     mm, view, addr = region(2 * BLOCKS * BLOCK)
     bench_common.fill(view, 8)
     step("register_memory", agent.register_memory, [(addr, len(view), 0, "")], "DRAM", show=False)
     step("register_memory(FILE)", agent.register_memory, [(0, 4096, 3, "f")], "FILE", show=False)
-    conn = None
-    for _ in range(600):
-        try:
-            conn = socket.create_connection(("127.0.0.1", port))
-            break
-        except OSError:
-            time.sleep(0.1)
+    conn = dial(a.port)
     peer = bench_common.recv(conn)
     md, raddr = bytes.fromhex(peer["md"]), peer["addr"]
     name = step("add_remote_agent", agent.add_remote_agent, md)
@@ -205,22 +162,8 @@ def initiator(api, port):
     step("remove_remote_agent", agent.remove_remote_agent, name)
     step("check_remote_metadata after remove", agent.check_remote_metadata, name)
     step("prep_xfer_dlist after remove", agent.prep_xfer_dlist, name, remote, "DRAM", show=False)
-    bench_common.send(conn, {"bye": True})
-    time.sleep(0.5)
-    sys.stdout.flush()
-    os._exit(0)
-
-
-def main():
-    p = argparse.ArgumentParser(description="one side of the NIXL drop-in's differential test")
-    p.add_argument("--impl", choices=["nixl", "gdr"], required=True)
-    p.add_argument("--mode", choices=["target", "initiator"], required=True)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--device", default="rxe0", help="unused: UCX_NET_DEVICES picks the device for both")
-    a = p.parse_args()
-    api = load(a.impl)
-    (target if a.mode == "target" else initiator)(api, a.port)
+    goodbye(bench_common.send, conn)
 
 
 if __name__ == "__main__":
-    main()
+    main("NIXL", ["nixl", "gdr"], load, target, initiator)
