@@ -321,3 +321,37 @@ def test_mooncake_a_batch_whose_buffer_was_unregistered_in_flight_ends_and_nothi
     a.gdr_agent.shutdown(1.0)
     b.gdr_agent.shutdown(1.0)
     del lm, tm, lm2
+
+
+@pytest.mark.device
+def test_mooncake_through_etcd_metadata_and_a_notification(etcd_server):
+    # initialize with an etcd metadata server: each engine publishes itself under its
+    # local_hostname, and a batch names its target by that name. A batch with a notification:
+    # the target's get_notifies has it once the batch is done.
+    from conftest import device_under_test
+
+    dev = device_under_test()
+    meta = f"etcd://{etcd_server.endpoint}"
+    a, b = TransferEngine(), TransferEngine()
+    assert b.initialize("mc-decode-0", meta, "rdma", dev) == 0, b.last_error
+    assert a.initialize("mc-prefill-0", meta, "rdma", dev) == 0, a.last_error
+    (am, aview, la), (bm, bview, lb) = _region(1 << 20), _region(1 << 20)
+    aview[:] = 7
+    assert a.register_memory(la, 1 << 20) == 0 and b.register_memory(lb, 1 << 20) == 0
+    from gdr.mooncake import TransferOpcode
+
+    note = TransferNotify("mc-prefill-0", "req-7 done")
+    assert a.batch_transfer_sync("mc-decode-0", [la, la + 4096], [lb, lb + 8192], [4096, 4096], TransferOpcode.Write, note) == 0
+    assert (bview[:4096] == 7).all() and (bview[8192 : 8192 + 4096] == 7).all() and not bview[4096:8192].any()
+    got = []
+    import time
+
+    deadline = time.time() + 10
+    while not got and time.time() < deadline:
+        got = b.get_notifies()
+    assert [(n.name, n.msg) for n in got] == [("mc-prefill-0", "req-7 done")]
+    assert a.get_first_buffer_address("mc-decode-0") == lb
+    assert a.transfer_sync_read("nobody-here", la, lb, 8) == -1  # not published: refused
+    a.gdr_agent.shutdown(1.0)
+    b.gdr_agent.shutdown(1.0)
+    del am, bm

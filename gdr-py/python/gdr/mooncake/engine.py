@@ -166,11 +166,19 @@ class TransferEngine:
         elif metadata_server.startswith(("http://", "https://", "redis://")):
             raise _Failed(f"initialize: metadata server {metadata_server!r}: gdr's drop-in speaks P2PHANDSHAKE and etcd only")
         else:
+            # The name peers use is local_hostname (a segment name to Mooncake: an address or
+            # any name); the agent listens there when it is this host's, else on the address
+            # peers reach the device's host on, and publishes where it listens.
             endpoints = metadata_server.removeprefix("etcd://").split(",")
             agent = gdr.Agent(local_hostname, device=device, gid_index=gid, qps_per_peer=qps)
-            bound = agent.listen(f"{host}:{port}")
+            try:
+                ip = socket.gethostbyname(host) if host else ""
+            except OSError:
+                ip = ""
+            ip = ip if ip and ip != "0.0.0.0" else by_address.advertise_host(agent.device)
+            bound = agent.listen(f"{ip}:{port}")
             directory = gdr.Directory(endpoints)
-            agent.publish(directory, f"{by_address.advertise_host(agent.device) if host in ('0.0.0.0', '') else host}:{bound.rsplit(':', 1)[1]}")
+            agent.publish(directory, f"{ip}:{bound.rsplit(':', 1)[1]}")
             self._directory = directory
         self._agent = agent
         self._rpc_port = int(bound.rsplit(":", 1)[1])
