@@ -21,21 +21,22 @@ from api_check import BLOCK, BLOCKS, dial, digest, forked, goodbye, main, region
 
 
 def load(impl):
+    """The engine module: TransferEngine, TransferOpcode, TransferNotify."""
     if impl == "mooncake":
-        from mooncake.engine import TransferEngine
+        import mooncake.engine as mc
     else:
-        from gdr.mooncake import TransferEngine
-    return TransferEngine
+        import gdr.mooncake.engine as mc
+    return mc
 
 
-def engine(TE, device):
-    te = step("TransferEngine", TE, show=False)
+def engine(mc, device):
+    te = step("TransferEngine", mc.TransferEngine, show=False)
     step("initialize", te.initialize, "127.0.0.1", "P2PHANDSHAKE", "rdma", device)
     return te
 
 
-def target(TE, a):
-    te = engine(TE, a.device)
+def target(mc, a):
+    te = engine(mc, a.device)
     port = step("get_rpc_port", te.get_rpc_port, show=False)
     print(f"step get_rpc_port > 0: ok bool {bool(port and port > 0)!r}", flush=True)
     mm, view, addr = region(2 * BLOCKS * BLOCK)
@@ -50,6 +51,14 @@ def target(TE, a):
         msg = bench_common.recv(conn)
         if "bye" in msg:
             break
+        if "notifies" in msg:
+            got = []
+            deadline = time.time() + 30
+            while not got and time.time() < deadline:
+                got = te.get_notifies()
+            print(f"step get_notifies: ok list {sorted((n.name, n.msg) for n in got)!r}", flush=True)
+            bench_common.send(conn, {"ok": True})
+            continue
         bench_common.send(conn, {"digest": digest(view, msg["digest"])})
     step("batch_unregister_memory", te.batch_unregister_memory, [addr2])
     step("unregister_memory", te.unregister_memory, addr)
@@ -59,10 +68,13 @@ def target(TE, a):
     os._exit(0)
 
 
-def initiator(TE, a):
-    bad = step("TransferEngine (for a missing device)", TE, show=False)
+def initiator(mc, a):
+    bad = step("TransferEngine (for a missing device)", mc.TransferEngine, show=False)
     step("initialize(no such device)", bad.initialize, "127.0.0.1", "P2PHANDSHAKE", "rdma", "nosuchdev0")
-    te = engine(TE, a.device)
+    te = engine(mc, a.device)
+    ext = step("TransferEngine (initialize_ext)", mc.TransferEngine, show=False)
+    step("initialize_ext", ext.initialize_ext, "127.0.0.1", "P2PHANDSHAKE", "rdma", a.device, "")
+    step("get_local_topology", te.get_local_topology, a.device, show=False)
     mm, view, addr = region(2 * BLOCKS * BLOCK)
     bench_common.fill(view, 8)
     step("register_memory", te.register_memory, addr, len(view))
@@ -98,6 +110,14 @@ def initiator(TE, a):
     print(f"step batch_transfer_async_read bytes: ok bool {same!r}", flush=True)
     step("transfer_sync_read", te.transfer_sync_read, session, addr + BLOCKS * BLOCK, raddr, BLOCK)
     step("batch_transfer_sync_read", te.batch_transfer_sync_read, session, back, rb, [BLOCK] * BLOCKS)
+    bid = step("batch_transfer_async(Write)", te.batch_transfer_async, session, lb, rb, [BLOCK] * BLOCKS, mc.TransferOpcode.Write, show=False)
+    step("get_batch_transfer_status(batch_transfer_async)", te.get_batch_transfer_status, [bid])
+    step("transfer_sync(Read)", te.transfer_sync, session, addr + BLOCKS * BLOCK, raddr, BLOCK, mc.TransferOpcode.Read)
+    note = mc.TransferNotify("check-initiator", "batch 7 done")
+    step("batch_transfer_sync(Write, notify)", te.batch_transfer_sync, session, lb, rb, [BLOCK] * BLOCKS, mc.TransferOpcode.Write, note)
+    bench_common.send(conn, {"notifies": True})
+    bench_common.recv(conn)
+    step("send_probe", te.send_probe, session)
     sid = step("transfer_submit_write", te.transfer_submit_write, session, addr, raddr, BLOCK, show=False)
     st = 0
     deadline = time.time() + 30
@@ -117,6 +137,8 @@ def initiator(TE, a):
         step("read_bytes_from_buffer", te.read_bytes_from_buffer, buf, 5)
         step("transfer_sync_write(managed)", te.transfer_sync_write, session, buf, raddr + 5 * BLOCK, 5)
         step("free_managed_buffer", te.free_managed_buffer, buf, 1 << 20)
+    step("warmup_efa_segment", te.warmup_efa_segment, session)
+    step("get_engine_ptr", te.get_engine_ptr, show=False)
     step("unregister_memory", te.unregister_memory, addr)
     step("unregister_memory(never registered)", te.unregister_memory, addr + 4096)
     goodbye(bench_common.send, conn)

@@ -15,6 +15,8 @@ import socket
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common  # noqa: E402 - the control socket's messages and the fill
 from api_check import BLOCK, BLOCKS, dial, digest, goodbye, main, region, step  # noqa: E402
@@ -38,6 +40,12 @@ def target(api, a):
     md = step("get_agent_metadata", agent.get_agent_metadata, show=False)
     step("get_plugin_list has UCX", lambda: "UCX" in agent.get_plugin_list())
     step("get_backend_mem_types(UCX)", lambda: repr(agent.get_backend_mem_types("UCX")))
+    step("get_plugin_params(UCX) is a dict", lambda: isinstance(agent.get_plugin_params("UCX"), dict))
+    step("get_backend_params(UCX) is a dict", lambda: isinstance(agent.get_backend_params("UCX"), dict))
+    step("get_partial_agent_metadata", agent.get_partial_agent_metadata, reg, True, show=False)
+    step("query_memory", agent.query_memory, reg, "UCX", "DRAM", show=False)
+    step("send_local_metadata", agent.send_local_metadata)
+    step("invalidate_local_metadata", agent.invalidate_local_metadata)
     step("get_plugin_mem_types(UCX)", lambda: repr(agent.get_plugin_mem_types("UCX")))
     ls = socket.create_server(("127.0.0.1", a.port))
     conn, _ = ls.accept()
@@ -67,6 +75,7 @@ def target(api, a):
                 if not got:
                     time.sleep(0.01)
             print(f"step get_new_notifs: ok {type(got).__name__} {sorted((k, v) for k, v in got.items())!r}", flush=True)
+            step("update_notifs", agent.update_notifs)
             bench_common.send(conn, {"ok": True})
     step("deregister_memory", agent.deregister_memory, reg)
     step("deregister_memory again", agent.deregister_memory, reg)
@@ -90,6 +99,8 @@ def initiator(api, a):
     step("add_remote_agent(garbage)", agent.add_remote_agent, b"not metadata", show=False)
     step("check_remote_metadata", agent.check_remote_metadata, name)
     step("check_remote_metadata(nobody)", agent.check_remote_metadata, "nobody")
+    step("make_connection", agent.make_connection, name)
+    step("fetch_remote_metadata(nobody)", agent.fetch_remote_metadata, "nobody")
 
     local = [(addr + i * BLOCK, BLOCK, 0) for i in range(BLOCKS)]
     remote = [(raddr + bench_common.scatter(i, BLOCKS) * BLOCK, BLOCK, 0) for i in range(BLOCKS)]
@@ -121,6 +132,7 @@ def initiator(api, a):
     theirs = bench_common.recv(conn)["digest"]
     print(f"step WRITE bytes: ok bool {theirs == digest(view, idx)!r}", flush=True)
     step("query_xfer_backend", agent.query_xfer_backend, xh)
+    step("estimate_xfer_cost", agent.estimate_xfer_cost, xh, show=False)
     step("get_xfer_telemetry(no capture)", agent.get_xfer_telemetry, xh, show=False)
     step("transfer(WRITE, again)", lambda: agent.transfer(xh) in ("PROC", "DONE"))
     while agent.check_xfer_state(xh) == "PROC":
@@ -141,6 +153,11 @@ def initiator(api, a):
     ld = step("get_xfer_descs", agent.get_xfer_descs, back, "DRAM", show=False)
     rd = agent.get_xfer_descs(remote, "DRAM")
     step("get_xfer_descs descCount", ld.descCount)
+    nx3 = np.array(back, dtype=np.uint64)
+    step("get_xfer_descs(Nx3 array) descCount", lambda: agent.get_xfer_descs(nx3, "DRAM").descCount())
+    strided = np.array([[addr + BLOCKS * BLOCK, BLOCK, 0, BLOCK, BLOCKS]], dtype=np.uint64)
+    step("prep_xfer_dlist(strided Nx5)", agent.prep_xfer_dlist, "NIXL_INIT_AGENT", strided, "DRAM", show=False)
+    step("prep_mem_view", agent.prep_mem_view, ld, show=False)
     xr = step("initialize_xfer(READ)", agent.initialize_xfer, "READ", ld, rd, name, b"", show=False)
     state = step("transfer(READ)", lambda: agent.transfer(xr) in ("PROC", "DONE"))
     while agent.check_xfer_state(xr) == "PROC":

@@ -422,7 +422,8 @@ class nixl_agent:
         return remote
 
     def _no_listener(self, what: str) -> None:
-        raise err.nixlNotSupportedError(
+        # NIXL raises nixlInvalidParamError here too when it has no listener or etcd.
+        raise err.nixlInvalidParamError(
             f"{what}: gdr's drop-in runs no metadata listener or server; hand get_agent_metadata()'s bytes to "
             "add_remote_agent yourself (or use gdr.Directory for etcd)"
         )
@@ -614,10 +615,11 @@ class nixl_agent:
         handle.release()
 
     def prep_mem_view(self, dlist: Any, *, backends: Optional[List[str]] = None) -> int:
-        raise err.nixlNotSupportedError("prep_mem_view: UCX's GPU device API (transfers posted by CUDA kernels) is not in gdr")
+        # The class NIXL raises where UCX lacks the GPU device API.
+        raise err.nixlBackendError("prep_mem_view: UCX's GPU device API (transfers posted by CUDA kernels) is not in gdr")
 
     def release_mem_view(self, mvh: int) -> None:
-        raise err.nixlNotSupportedError("release_mem_view: UCX's GPU device API is not in gdr")
+        raise err.nixlBackendError("release_mem_view: UCX's GPU device API is not in gdr")
 
     def get_remote_descs(self, descs: Any, mem_type: Optional[str] = None) -> Any:
         raise err.nixlNotSupportedError("get_remote_descs: its lists feed prep_mem_view, UCX's GPU device API, which gdr lacks")
