@@ -83,8 +83,7 @@ pub struct AgentConfig {
     /// completions further apart gains nothing from polling, and on a host with few cores the
     /// polling takes time from other work (a software NIC's protocol, for one). The staging
     /// driver (GPU memory staged through host bounce buffers) paces itself the same way: it
-    /// yields instead of sleeping while its copies and chunks finish that often. On a machine
-    /// with one CPU neither polls: what they would wait for runs on that CPU.
+    /// yields instead of sleeping while its copies and chunks finish that often.
     pub busy_poll: Duration,
     /// Whether the ranking of rails for a segment's memory takes this process's NCCL variables
     /// into account as `gdr doctor` does (`NCCL_IB_HCA` leaving a NIC out, a wrong

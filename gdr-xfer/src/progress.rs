@@ -56,7 +56,7 @@ pub(crate) fn run(agent: Arc<AgentShared>, rail: usize) {
                 agent.config.name
             );
         }
-        if n == 0 && !found.polling_pays(now, agent.busy_poll) {
+        if n == 0 && !found.polling_pays(now, agent.config.busy_poll) {
             if !armed {
                 if let Err(e) = cq.arm() {
                     log::error!("{}: arming the completion queue: {e}", agent.config.name);

@@ -33,9 +33,6 @@ use crate::wire::Message;
 /// under one lock, beside what the driver itself needs).
 pub(crate) struct AgentShared {
     pub(crate) config: AgentConfig,
-    /// How long the progress threads poll on after a completion: `config.busy_poll`, or none on
-    /// a machine with one CPU ([`crate::spacing::busy_poll_here`]).
-    pub(crate) busy_poll: std::time::Duration,
     /// The rails, shared with the connections (which make their queue pairs on them).
     pub(crate) rails: Arc<Rails>,
     /// The registration cache of GPU memory; held across a registration's verbs calls, so

@@ -11,28 +11,6 @@
 
 use std::time::{Duration, Instant};
 
-/// The polling budget that pays on a machine with `cpus` CPUs: the configured one, or none on
-/// one CPU. There whatever a polling loop waits for (a software NIC's protocol work, the
-/// thread that posts, a copy) runs on the same CPU, so every poll delays the event it waits
-/// for: measured under the VM's instruction clock (one vCPU) at 1 MiB blocks, polling 200 us
-/// after completions cost 0.5 % of the throughput (0.5608 against 0.5640 Gb/s).
-pub(crate) fn busy_poll_on(configured: Duration, cpus: usize) -> Duration {
-    if cpus <= 1 {
-        Duration::ZERO
-    } else {
-        configured
-    }
-}
-
-/// [`busy_poll_on`] this machine: its CPUs as `std::thread::available_parallelism` counts
-/// them (affinity and cgroup quotas included; 1 when unknown).
-pub(crate) fn busy_poll_here(configured: Duration) -> Duration {
-    busy_poll_on(
-        configured,
-        std::thread::available_parallelism().map_or(1, usize::from),
-    )
-}
-
 /// The spacing of events seen so far.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Spacing {
@@ -86,16 +64,6 @@ mod tests {
     use super::*;
 
     const US: Duration = Duration::from_micros(1);
-
-    #[test]
-    fn one_cpu_never_polls_and_more_keep_the_budget() {
-        let b = 200 * US;
-        assert_eq!(busy_poll_on(b, 0), Duration::ZERO);
-        assert_eq!(busy_poll_on(b, 1), Duration::ZERO);
-        assert_eq!(busy_poll_on(b, 2), b);
-        assert_eq!(busy_poll_on(Duration::MAX, 64), Duration::MAX);
-        assert!(busy_poll_here(b) <= b);
-    }
 
     #[test]
     fn two_events_make_an_average_and_the_first_gap_counts_whole() {

@@ -99,11 +99,10 @@ impl Agent {
         if staging.nic_rate == 0 {
             staging.nic_rate = rails_rate(&rails);
         }
-        let busy_poll = crate::spacing::busy_poll_here(config.busy_poll);
         let staging = Arc::new(StagingDriver::new(
             rails.iter().map(|r| r.pd.clone()).collect(),
             staging,
-            busy_poll,
+            config.busy_poll,
         ));
         static AGENTS: AtomicU64 = AtomicU64::new(1);
         let id = AGENTS.fetch_add(1, Ordering::Relaxed);
@@ -122,7 +121,6 @@ impl Agent {
             )),
             intake: Arc::new(Intake::new(id, config.default_timeout, staging)),
             config,
-            busy_poll,
             cache: Mutex::new(RegistrationCache::default()),
             endpoint: Arc::new(Mutex::new(Endpoint::new(id, nrails, max_peers))),
             notes,
