@@ -47,6 +47,22 @@ def test_the_address_map_finds_the_registration_holding_a_range():
     assert len(m) == 2
 
 
+def test_a_peers_segment_names_cannot_widen_its_segments():
+    class Seg:
+        def __init__(self, id, name, length):
+            self.id, self.name, self.length = id, name, length
+
+    lying = Seg(1, by_address.segment_name("DRAM", 0, 0x10000, 1 << 30, 1), 4096)  # claims 1 GiB
+    other = Seg(2, "kv-pool", 4096)  # gdr's own API: not by address
+    m, seen = by_address.AddressMap(), set()
+    by_address.learn_segments(m, seen, [lying, other])
+    assert m.find("DRAM", 0, 0x10000, 4096) == (lying, 0)
+    assert m.find("DRAM", 0, 0x10000 + 4096, 1) is None  # past its real length
+    assert seen == {1} and len(m) == 1
+    by_address.learn_segments(m, seen, [lying])  # known: not added twice
+    assert len(m) == 1
+
+
 def test_a_host_range_is_the_callers_memory_and_refuses_nonsense():
     buf = bytearray(b"abcdef")
     addr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))

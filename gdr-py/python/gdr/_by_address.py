@@ -43,6 +43,23 @@ def parse_segment_name(name: str) -> Optional[Tuple[str, int, int, int]]:
         return None
 
 
+def learn_segments(amap: "AddressMap", seen: set, segments: Iterable[Any]) -> None:
+    """Adds to ``amap`` a peer's segments that a drop-in registered and ``seen`` (their ids)
+    does not hold yet: at the address their name carries, for no more than the segment's
+    real length. A peer's names cannot widen what a transfer may touch (gdr checks every
+    range against the segment's real bounds as well); a lying peer only misdirects transfers
+    into its own memory."""
+    for seg in segments:
+        if seg.id in seen:
+            continue
+        parsed = parse_segment_name(seg.name)
+        if parsed is None:
+            continue
+        seen.add(seg.id)
+        kind, dev, address, length = parsed
+        amap.add(kind, dev, address, min(length, seg.length), seg)
+
+
 def host_range(address: int, length: int) -> Any:
     """A writable buffer over ``length`` bytes of host memory at ``address``, for
     ``Agent.register``: the caller's promise that the range is its memory and stays allocated

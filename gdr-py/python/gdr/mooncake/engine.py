@@ -312,12 +312,7 @@ class TransferEngine:
     @staticmethod
     def _refresh(entry: Tuple[gdr.Peer, by_address.AddressMap, set]) -> None:
         peer, amap, seen = entry
-        for seg in peer.segments():
-            if seg.id not in seen:
-                parsed = by_address.parse_segment_name(seg.name)
-                if parsed is not None:
-                    seen.add(seg.id)
-                    amap.add(*parsed, seg)
+        by_address.learn_segments(amap, seen, peer.segments())
 
     def _remote_range(self, entry: Any, target: str, addr: int, length: int) -> Tuple[Any, int]:
         hit = entry[1].find_any(addr, length)

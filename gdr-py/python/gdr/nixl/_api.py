@@ -194,13 +194,7 @@ class _Remote:
         self.seen: set = set()
 
     def refresh(self) -> None:
-        for seg in self.peer.segments():
-            if seg.id in self.seen:
-                continue
-            parsed = by_address.parse_segment_name(seg.name)
-            if parsed is not None:
-                self.seen.add(seg.id)
-                self.map.add(*parsed, seg)
+        by_address.learn_segments(self.map, self.seen, self.peer.segments())
 
     def find(self, kind: str, dev: int, addr: int, length: int) -> Optional[Tuple[Any, int]]:
         hit = self.map.find(kind, dev, addr, length)
