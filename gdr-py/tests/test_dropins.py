@@ -151,6 +151,16 @@ def test_nixl_refuses_descriptors_it_cannot_mean(descs, mem_type, cls):
         _descs.from_input(nixlXferDList, descs, mem_type)
 
 
+def test_nixl_notification_messages_are_bytes_or_str():
+    from gdr.nixl._api import _message
+
+    assert _message(b"req-1") == b"req-1" and _message(bytearray(b"x")) == b"x"
+    assert _message("req-1") == b"req-1"  # NIXL: "will work with str too"
+    assert _message(None) == b"" and _message(memoryview(b"ab")) == b"ab"
+    with pytest.raises(nixlInvalidParamError):
+        _message(3.5)
+
+
 def test_nixl_refuses_storage_backends_by_name():
     with pytest.raises(nixlNotFoundError, match="GDS"):
         nixl_agent("x", nixl_agent_config(backends=["GDS"]))

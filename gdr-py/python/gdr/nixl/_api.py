@@ -47,6 +47,18 @@ def _name(agent: Union[str, bytes]) -> str:
     return agent.decode() if isinstance(agent, (bytes, bytearray)) else str(agent)
 
 
+def _message(msg: Union[bytes, bytearray, memoryview, str, None]) -> bytes:
+    """A notification message as NIXL takes it: bytes, or str (sent as its UTF-8 bytes)."""
+    if msg is None:
+        return b""
+    if isinstance(msg, str):
+        return msg.encode()
+    try:
+        return bytes(msg)
+    except TypeError:
+        raise err.nixlInvalidParamError(f"a notification message is bytes or str, not {type(msg).__name__}") from None
+
+
 def _why(e: BaseException) -> str:
     hint = getattr(e, "hint", None)
     return f"{e} (hint: {hint})" if hint and hint not in str(e) else str(e)
@@ -497,7 +509,7 @@ class nixl_agent:
             if bad is not None:
                 raise err.nixlInvalidParamError(f"make_prepped_xfer: {side} index {bad} outside its list of {h._count}")
         remote = self._remote(remote_xfer_side._peer, "make_prepped_xfer")  # type: ignore[arg-type]
-        request = (op, remote, local_xfer_side._list, li, remote_xfer_side._list, ri, bytes(notif_msg or b""), local_xfer_side._segments)
+        request = (op, remote, local_xfer_side._list, li, remote_xfer_side._list, ri, _message(notif_msg), local_xfer_side._segments)
         return nixl_xfer_handle(self, next(self._handles), request, backend)
 
     def initialize_xfer(
@@ -550,7 +562,7 @@ class nixl_agent:
             raise err.nixlRepostActiveError("transfer: the handle's last transfer is still in flight (check_xfer_state until DONE)")
         assert h._request is not None  # a released handle was refused above
         op, remote, local_list, li, remote_list, ri, notif, segments = h._request
-        note = bytes(notif_msg) if notif_msg else notif
+        note = _message(notif_msg) or notif
         try:
             h._transfer = remote.peer.transfer_indexed(op, local_list, li, remote_list, ri, notify=note or None)
         except gdr.GdrError as e:
@@ -649,7 +661,7 @@ class nixl_agent:
 
     def send_notif(self, remote_agent_name: str, notif_msg: bytes, backend: Optional[str] = None) -> None:
         remote = self._remote(remote_agent_name, "send_notif")
-        data = notif_msg.encode() if isinstance(notif_msg, str) else bytes(notif_msg)
+        data = _message(notif_msg)
         self._sent = [t for t in self._sent if t.status == "pending"]
         try:
             self._sent.append(remote.peer.send_notification(data))
