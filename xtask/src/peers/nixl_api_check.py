@@ -139,22 +139,22 @@ def initiator(api, a):
         pass
 
     # A WRITE with a notification: the target checks its bytes once the tag arrived.
+    def notified(kind, h, tag):
+        step(f"transfer({kind})", lambda: agent.transfer(h) in ("PROC", "DONE"))
+        bench_common.send(conn, {"notif": tag, "blocks": [bench_common.scatter(i, BLOCKS) for i in idx]})
+        got = bench_common.recv(conn)
+        while agent.check_xfer_state(h) == "PROC":
+            pass
+        return got["found"] and got["digest"] == digest(view, idx)
+
     bench_common.fill(view[: BLOCKS * BLOCK], 9)
     xn = agent.make_prepped_xfer("WRITE", lh, idx, rh, idx, b"tag-1")
-    step("transfer(WRITE, notif)", lambda: agent.transfer(xn) in ("PROC", "DONE"))
-    bench_common.send(conn, {"notif": "tag", "blocks": [bench_common.scatter(i, BLOCKS) for i in idx]})
-    got = bench_common.recv(conn)
-    while agent.check_xfer_state(xn) == "PROC":
-        pass
-    print(f"step notification after the bytes: ok bool {got['found'] and got['digest'] == digest(view, idx)!r}", flush=True)
+    ok = notified("WRITE, notif", xn, "tag")
+    print(f"step notification after the bytes: ok bool {ok!r}", flush=True)
     # The message as str ("will work with str too", NIXL's docs say).
     xs = step("make_prepped_xfer(str notif)", agent.make_prepped_xfer, "WRITE", lh, idx, rh, idx, "tag-2", show=False)
-    step("transfer(str notif)", lambda: agent.transfer(xs) in ("PROC", "DONE"))
-    bench_common.send(conn, {"notif": "tag-2", "blocks": [bench_common.scatter(i, BLOCKS) for i in idx]})
-    got = bench_common.recv(conn)
-    while agent.check_xfer_state(xs) == "PROC":
-        pass
-    print(f"step str notification after the bytes: ok bool {got['found'] and got['digest'] == digest(view, idx)!r}", flush=True)
+    ok = notified("str notif", xs, "tag-2")
+    print(f"step str notification after the bytes: ok bool {ok!r}", flush=True)
 
     # A READ back into the second half, prepared in one call (initialize_xfer).
     back = [(addr + (BLOCKS + i) * BLOCK, BLOCK, 0) for i in range(BLOCKS)]
